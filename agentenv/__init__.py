@@ -1,0 +1,30 @@
+"""agentenv: token-exact, async rollouts for RL on tool-calling reasoning models."""
+
+from .checker import check_env
+from .config import RolloutConfig
+from .env import Environment, Task, TurnAction
+from .errors import (
+    AgentEnvError,
+    ConfigError,
+    EngineError,
+    EnvCheckError,
+    EnvNotFoundError,
+    ModelNotFoundError,
+    PromptTooLongError,
+    SandboxError,
+    TrajectoryError,
+)
+from .reactor import Group, Reactor
+from .registry import make, register, registered
+from .tools import FunctionTool, PythonTool, Tool
+from .trajectory import SCHEMA_VERSION, Segment, ToolCall, Trajectory, TurnStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentEnvError", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "Environment",
+    "FunctionTool", "Group", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
+    "RolloutConfig", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
+    "Trajectory", "TrajectoryError", "TurnAction", "TurnStats", "check_env", "make", "register",
+    "registered",
+]

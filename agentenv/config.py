@@ -1,0 +1,36 @@
+"""Rollout settings, validated once at the boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(slots=True, frozen=True)
+class RolloutConfig:
+    #: Model turns per program (a turn = one generation request).
+    max_turns: int = 4
+    #: Sampled tokens per program, all turns together.
+    max_new_tokens: int = 512
+    #: Sampled tokens per turn.
+    max_tokens_per_turn: int = 256
+    #: Programs in flight at once (each holds a sandbox session while it runs).
+    concurrency: int = 32
+    #: Wall-clock limit of one tool call.
+    tool_timeout: float = 5.0
+    #: Wall-clock limit of one reward computation.
+    reward_timeout: float = 60.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_new_tokens", "max_tokens_per_turn", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("tool_timeout", "reward_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ConfigError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0")

@@ -1,0 +1,79 @@
+"""The one async interface every inference engine implements.
+
+Tokens in, tokens out: ``generate`` takes prompt token ids and returns the sampled token
+ids, the logprob the sampler gave each one (of the distribution it sampled from, i.e. after
+temperature/top-p), why it stopped, and how many prompt tokens the prefix cache served.
+The weight version is stamped on every generation; ``load_weights`` installs new weights
+and bumps it (used by the trainer).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+    weight_version: int
+    stop_token_id: int | None = None
+    latency_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """An inference engine. Use as an async context manager; ``aclose`` is idempotent."""
+
+    #: Context window in tokens (prompt + generated).
+    max_model_len: int
+    #: The tokenizer matching the model (a transformers tokenizer).
+    tokenizer: Any
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int: ...
+
+    @abc.abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
+        """Sample a continuation. Cancelling the caller aborts the request in the engine.
+
+        Raises ``PromptTooLongError`` when the prompt leaves no room to generate, and
+        ``EngineError`` when the engine fails or is closed.
+        """
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def load_weights(
+        self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int | None = None
+    ) -> int:
+        """Install new weights (in-flight requests keep going); return the new version."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> "Engine":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,224 @@
+"""The embedded CPU engine: transformers' continuous batching behind the Engine interface.
+
+transformers (>= 5.16) ships a continuous-batching manager with a paged KV cache and
+block-level prefix sharing: a background thread runs the model over whatever requests are in
+flight, and a new request whose prompt starts with blocks already in the cache (the same
+program's previous turn, or a shared system prompt) reuses them instead of prefilling.
+
+What this wrapper adds:
+
+* real cached-token counts: the manager does not report them, so we record the length of
+  each request's prefix match at the one place it is computed (``search_prefix_match``);
+* sampled-token logprobs of the distribution actually sampled from (after temperature and
+  top-p: the manager applies the warpers before its softmax), one per token;
+* finish reasons (a stop token vs. the token budget), cancellation -> ``cancel_request``;
+* weight versions and in-place weight updates that pause the loop without dropping requests.
+
+Sampling settings (temperature, top-p, top-k) are fixed per engine: the manager builds its
+logits warpers once from the generation config. A request asking for other values is a
+configuration error rather than a silent difference.
+
+This needs an asyncio event loop (results come back through ``call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import anyio
+import torch
+
+from ..errors import ConfigError, EngineError, ModelNotFoundError, PromptTooLongError
+from .base import Engine, Generation, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def check_model_dir(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelNotFoundError(f"model directory not found: {p}")
+    if not (p / "config.json").is_file():
+        raise ModelNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
+    return p
+
+
+class EmbeddedEngine(Engine):
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_model_len: int | None = None,
+        page_size: int = 16,
+        kv_cache_tokens: int = 65536,
+        max_batch_tokens: int = 512,
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
+
+        path = check_model_dir(model)
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.model_path = path
+        self.tokenizer = load_tokenizer(path)
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+        self.model.eval()
+        cfg = self.model.config
+        self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 2048))
+        self.sampling = (float(temperature), float(top_p), int(top_k))
+        eos = self.tokenizer.eos_token_id
+        gen_cfg = GenerationConfig(
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_p=top_p if top_p < 1.0 else None,
+            top_k=top_k if top_k > 0 else None,
+            max_new_tokens=256,
+            eos_token_id=eos if eos is not None else -1,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        cb_cfg = ContinuousBatchingConfig(
+            page_size=page_size,
+            num_blocks=max(8, kv_cache_tokens // page_size),
+            max_batch_tokens=max_batch_tokens,
+            return_logprobs=True,
+            allow_block_sharing=True,
+            use_cuda_graph=False,
+        )
+        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
+        self._mgr = self.model.init_continuous_batching(generation_config=gen_cfg, continuous_batching_config=cb_cfg)
+        # Create the batch processor here (the manager reuses it) so the prefix-match hook is
+        # in place before the first request.
+        self._mgr.batch_processor = self._mgr._create_batch_processor()
+        self._cached: dict[str, int] = {}
+        self._hook_prefix_match(self._mgr.batch_processor.cache)
+        self._mgr.start()
+        self._version = 0
+        self._closed = False
+        self._weights_lock = threading.Lock()
+        self.page_size = page_size
+
+    # -- prefix-cache accounting -------------------------------------------------------------
+    def _hook_prefix_match(self, cache: Any) -> None:
+        original = cache.search_prefix_match
+        cached = self._cached
+
+        def search_prefix_match(request_id: str, prompt_ids: list[int]) -> int:
+            n = original(request_id, prompt_ids)
+            cached[request_id] = cached.get(request_id, 0) + n
+            return n
+
+        cache.search_prefix_match = search_prefix_match
+
+    # -- Engine interface --------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def _check_params(self, params: SamplingParams) -> None:
+        want = (float(params.temperature), float(params.top_p), int(params.top_k))
+        if want != self.sampling:
+            raise ConfigError(
+                f"the embedded engine samples with (temperature, top_p, top_k)={self.sampling} for every "
+                f"request; this one asked for {want}. Create the engine with those settings."
+            )
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
+        if self._closed:
+            raise EngineError("engine is closed")
+        if not self._mgr.is_running():
+            raise EngineError(f"the generation loop is not running: {self._mgr.background_thread_status.fatal_error}")
+        self._check_params(params)
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+        max_tokens = min(params.max_tokens, room)
+        version = self._version
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def on_result(out: Any) -> None:
+            if out.is_finished() and not fut.done():
+                fut.set_result(out)
+
+        start = time.perf_counter()
+        self._cached.pop(request_id, None)
+        self._mgr.register_result_handler(request_id, on_result)
+        stop_ids = list(dict.fromkeys(params.stop_token_ids)) or [-1]
+        try:
+            added = self._mgr.add_request(
+                list(prompt_ids), request_id=request_id, max_new_tokens=max_tokens, eos_token_id=stop_ids
+            )
+            if added is None:
+                raise EngineError("the engine refused the request (it is stopping or failed)")
+            out = await fut
+        except BaseException:
+            self._mgr.cancel_request(request_id)
+            with self._mgr.output_router._lock:
+                self._mgr.output_router.result_handlers.pop(request_id, None)
+            self._cached.pop(request_id, None)
+            raise
+        cached = self._cached.pop(request_id, 0)
+        if out.error is not None:
+            raise EngineError(f"generation failed: {out.error}")
+        tokens = list(out.generated_tokens)
+        logprobs = [float(x) for x in out.logprobs][: len(tokens)]
+        if len(logprobs) != len(tokens):
+            raise EngineError(f"engine returned {len(tokens)} tokens but {len(logprobs)} logprobs")
+        stop_tok = tokens[-1] if tokens and tokens[-1] in params.stop_token_ids else None
+        return Generation(
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason="stop" if stop_tok is not None else "length",
+            prompt_tokens=len(prompt_ids),
+            cached_tokens=min(cached, len(prompt_ids)),
+            weight_version=version,
+            stop_token_id=stop_tok,
+            latency_s=time.perf_counter() - start,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        self._mgr.cancel_request(request_id)
+
+    def _load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None) -> int:
+        params = self.model.state_dict(keep_vars=True)  # includes tied names (lm_head.weight)
+        with self._weights_lock, self._mgr.pause(), torch.no_grad():
+            for name, tensor in weights:
+                if name not in params:
+                    raise ConfigError(f"unknown parameter {name!r} in weight update")
+                params[name].copy_(tensor.to(params[name].dtype))
+            # KV computed by the old weights must not serve new requests.
+            bp = self._mgr.batch_processor
+            if bp is not None:
+                bp.cache.evict_cached_blocks()
+            self._version = self._version + 1 if version is None else int(version)
+        return self._version
+
+    async def load_weights(self, weights, version: int | None = None) -> int:
+        items = list(weights.items()) if isinstance(weights, dict) else list(weights)
+        return await anyio.to_thread.run_sync(self._load_weights_sync, items, version)
+
+    def close(self) -> None:
+        """Stop the generation thread (blocking). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._mgr.stop(block=True, timeout=30)
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.close)

@@ -1,0 +1,94 @@
+"""The Environment base class users subclass.
+
+An environment is a task source, a prompt, tools with a tool-call format, and a reward that
+may be slow. The reactor owns the loop (generate, parse, run tools, splice); the environment
+only answers questions about its tasks. Override:
+
+* ``tasks(n, seed)``            -> list of :class:`Task` (seeded, each with a stable id)
+* ``prompt(task)``              -> chat messages, rendered by the tokenizer's chat template
+* ``tools()``                   -> the tools (default: one sandboxed ``python`` tool)
+* ``async reward(task, traj)``  -> float, or a dict of named components (summed)
+* optional ``async group_reward(task, trajs)`` over the G samples of one task (GRPO group)
+* optional ``async on_turn(task, traj, turn_text)`` -> :class:`TurnAction` or None
+* optional ``sandbox_setup()``  -> code run once in each program's session before the model
+
+Rewards run after a program ends, concurrently with other programs still decoding. A reward
+that raises is recorded on the trajectory (``error``) with reward ``None``; it never stops the
+run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .formats import ToolFormat
+from .tools import PythonTool, Tool
+
+if TYPE_CHECKING:
+    from .trajectory import Trajectory
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    id: str
+    question: str
+    answer: Any = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TurnAction:
+    """What ``on_turn`` may ask for: end the program, and/or inject text (mask 0)."""
+
+    stop: bool = False
+    inject: str | None = None
+
+
+class Environment:
+    #: The registry id, e.g. "retool-math".
+    id: ClassVar[str] = ""
+    #: "retool", "hermes", or a ToolFormat instance.
+    tool_format: ClassVar[str | ToolFormat] = "retool"
+    #: Defaults for the program limits; the CLI/reactor may override them.
+    max_turns: ClassVar[int] = 4
+    tool_timeout: ClassVar[float] = 5.0
+    system_prompt: ClassVar[str | None] = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.options = kwargs
+
+    # -- required ------------------------------------------------------------------------
+    def tasks(self, n: int, seed: int = 0) -> list[Task]:
+        raise NotImplementedError
+
+    async def reward(self, task: Task, trajectory: "Trajectory") -> float | dict[str, float]:
+        raise NotImplementedError
+
+    # -- optional ------------------------------------------------------------------------
+    def prompt(self, task: Task) -> Messages:
+        msgs: Messages = []
+        if self.system_prompt:
+            msgs.append({"role": "system", "content": self.system_prompt})
+        msgs.append({"role": "user", "content": task.question})
+        return msgs
+
+    def tools(self) -> list[Tool]:
+        return [PythonTool()]
+
+    def sandbox_setup(self) -> str | None:
+        return None
+
+    async def on_turn(self, task: Task, trajectory: "Trajectory", turn_text: str) -> TurnAction | None:
+        return None
+
+    async def group_reward(
+        self, task: Task, trajectories: list["Trajectory"]
+    ) -> list[float | dict[str, float]] | None:
+        """Rewards for a whole GRPO group, or None to keep the per-sample rewards."""
+        return None
+
+    async def aclose(self) -> None:
+        """Release anything the environment holds (called once by the runner)."""

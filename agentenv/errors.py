@@ -1,0 +1,58 @@
+"""The one exception tree of agentenv.
+
+Errors raised to the caller are about how agentenv was asked to run (bad configuration, an
+unknown environment, a missing model or dependency). Failures *inside* a rollout (engine,
+sandbox, reward, a malformed tool call) are not raised: they are recorded on the trajectory
+as data (``Trajectory.finish_reason == "error:<type>"`` or a tool call with an error status).
+
+    AgentEnvError
+    ├── ConfigError            bad arguments or settings
+    │   └── ModelNotFoundError a --model path that is not a model directory
+    ├── EnvNotFoundError       unknown environment id (with "did you mean ...")
+    ├── EnvCheckError          a user Environment class that fails check_env()
+    ├── EngineError            the inference engine failed or was closed
+    │   └── PromptTooLongError a prompt longer than the engine's context
+    ├── SandboxError           a sandbox could not be started or was closed
+    └── TrajectoryError        a trajectory whose arrays disagree (schema violation)
+"""
+
+from __future__ import annotations
+
+
+class AgentEnvError(Exception):
+    """Root of every exception agentenv raises."""
+
+
+class ConfigError(AgentEnvError, ValueError):
+    """Invalid configuration or arguments."""
+
+
+class ModelNotFoundError(ConfigError):
+    """The model path does not hold a loadable model."""
+
+
+class EnvNotFoundError(AgentEnvError, KeyError):
+    """No environment is registered under that id."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain.
+        return str(self.args[0]) if self.args else ""
+
+
+class EnvCheckError(AgentEnvError, TypeError):
+    """An Environment subclass does not satisfy the Environment contract."""
+
+
+class EngineError(AgentEnvError, RuntimeError):
+    """The inference engine failed, was aborted, or is closed."""
+
+
+class PromptTooLongError(EngineError):
+    """The prompt does not fit in the engine's context window."""
+
+
+class SandboxError(AgentEnvError, RuntimeError):
+    """A sandbox session could not be created or used."""
+
+
+class TrajectoryError(AgentEnvError, ValueError):
+    """A trajectory violates its schema (misaligned arrays, bad segment)."""

@@ -1,0 +1,148 @@
+"""Tool-call formats: how a model asks for a tool and how the answer is spliced back.
+
+A format parses the text of one model turn into tool requests, and renders tool outputs as
+the *environment text* appended after the model's own tokens (tokenized on its own and
+added with loss mask 0; the model's sampled ids are never re-encoded).
+
+* :class:`ReToolFormat`: ``<code>...</code>``; generation stops at ``</code>``; the result
+  returns as ``<interpreter>...</interpreter>``.
+* :class:`HermesFormat`: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  (Qwen/Hermes); the result is a ``tool`` chat message rendered by the tokenizer's own chat
+  template, so the glue between turns is exactly what the template would produce.
+
+Anything malformed (an unclosed tag, bad JSON, an unknown tool, wrong arguments) becomes a
+:class:`MalformedCall`; the reactor turns it into an error observation for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .errors import ConfigError
+
+
+@dataclass(slots=True)
+class ToolRequest:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class MalformedCall:
+    reason: str
+    raw: str = ""
+
+
+Parsed = ToolRequest | MalformedCall
+
+
+class ToolFormat:
+    name: str = ""
+    #: Strings that end a tool call; the engine stops on their token ids.
+    stop_strings: tuple[str, ...] = ()
+
+    def parse(self, text: str, tool_names: Sequence[str]) -> list[Parsed]:
+        """Tool calls in one model turn's text (empty: the model made none)."""
+        raise NotImplementedError
+
+    def observation(self, outputs: list[str], tokenizer: Any, ended_with_eos: bool) -> str:
+        """Environment text to splice after the model's turn, carrying the tool outputs."""
+        raise NotImplementedError
+
+    def error_text(self, call: MalformedCall) -> str:
+        return f"Error: malformed tool call: {call.reason}"
+
+
+class ReToolFormat(ToolFormat):
+    name = "retool"
+    stop_strings = ("</code>",)
+    OPEN, CLOSE = "<code>", "</code>"
+
+    def parse(self, text: str, tool_names: Sequence[str]) -> list[Parsed]:
+        start = text.rfind(self.OPEN)
+        if start < 0:
+            if self.CLOSE in text:
+                return [MalformedCall("</code> without an opening <code>", text[-200:])]
+            return []
+        end = text.find(self.CLOSE, start)
+        if end < 0:
+            return [MalformedCall("unclosed <code> block (no </code>)", text[start:][:200])]
+        code = text[start + len(self.OPEN) : end].strip("\n")
+        if not code.strip():
+            return [MalformedCall("empty <code> block")]
+        if "python" not in tool_names:
+            return [MalformedCall("this environment has no python tool")]
+        return [ToolRequest("python", {"code": code})]
+
+    def observation(self, outputs: list[str], tokenizer: Any, ended_with_eos: bool) -> str:
+        return "".join(f"\n<interpreter>\n{o}\n</interpreter>\n" for o in outputs)
+
+
+class HermesFormat(ToolFormat):
+    name = "hermes"
+    stop_strings = ("</tool_call>",)
+    _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
+    _A, _T = "\x00ASSISTANT\x00", "\x00TOOL{}\x00"
+
+    def parse(self, text: str, tool_names: Sequence[str]) -> list[Parsed]:
+        calls: list[Parsed] = []
+        for m in self._CALL.finditer(text):
+            body, closed = m.group(1).strip(), bool(m.group(2))
+            if not closed:
+                calls.append(MalformedCall("unclosed <tool_call> (no </tool_call>)", body[:200]))
+                continue
+            try:
+                obj = json.loads(body)
+            except json.JSONDecodeError as exc:
+                calls.append(MalformedCall(f"tool call is not valid JSON ({exc.msg})", body[:200]))
+                continue
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                calls.append(MalformedCall('tool call must be an object with a string "name"', body[:200]))
+                continue
+            args = obj.get("arguments", {})
+            if isinstance(args, str):  # some models double-encode arguments
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    pass
+            if not isinstance(args, dict):
+                calls.append(MalformedCall('"arguments" must be a JSON object', body[:200]))
+                continue
+            if obj["name"] not in tool_names:
+                calls.append(MalformedCall(f"unknown tool {obj['name']!r}; available: {', '.join(tool_names)}"))
+                continue
+            calls.append(ToolRequest(obj["name"], args))
+        return calls
+
+    def observation(self, outputs: list[str], tokenizer: Any, ended_with_eos: bool) -> str:
+        base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": self._A}]
+        tools = [{"role": "tool", "content": self._T.format(i)} for i in range(len(outputs))]
+        try:
+            text = tokenizer.apply_chat_template(base + tools, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(f"the tokenizer's chat template cannot render tool messages: {exc}") from exc
+        at = text.find(self._A)
+        if at < 0:
+            raise ConfigError("the chat template dropped the assistant content; cannot bridge turns")
+        tail = text[at + len(self._A) :]
+        eos = getattr(tokenizer, "eos_token", None)
+        if ended_with_eos and eos and tail.startswith(eos):
+            tail = tail[len(eos) :]
+        for i, out in enumerate(outputs):
+            tail = tail.replace(self._T.format(i), out)
+        return tail
+
+
+FORMATS: dict[str, type[ToolFormat]] = {"retool": ReToolFormat, "hermes": HermesFormat}
+
+
+def get_format(spec: str | ToolFormat) -> ToolFormat:
+    if isinstance(spec, ToolFormat):
+        return spec
+    try:
+        return FORMATS[spec]()
+    except KeyError:
+        raise ConfigError(f"unknown tool-call format {spec!r}; choose from {sorted(FORMATS)}") from None

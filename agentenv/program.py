@@ -1,0 +1,183 @@
+"""One program: the coroutine that drives a single rollout, turn by turn.
+
+    prompt ids ──► engine.generate ──► sampled ids appended verbatim (mask 1, logprob, version)
+         ▲                                   │ decoded only to *parse* the tool call
+         │                                   ▼
+    env text ids (mask 0) ◄── format.observation ◄── tool runs in the program's sandbox
+
+Every turn is a new engine request whose prompt is the whole sequence so far, so the engine's
+prefix cache serves everything but the newly spliced tool output. Failures are data: an
+engine, sandbox or environment error ends this program with ``finish_reason="error:<where>"``
+and the message in ``error``; the run goes on. Cancellation propagates (after the sandbox
+session is closed and the engine request aborted).
+
+Finish reasons:
+  stop              the model ended a turn with a stop token and asked for no tool
+  length            the program's sampled-token budget (max_new_tokens) ran out
+  max_turns         the last allowed turn still asked for a tool (it is not run)
+  context_overflow  the sequence reached the engine's context window
+  error:engine | error:sandbox | error:env | error:<ExceptionType>
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .config import RolloutConfig
+from .engines.base import Engine, SamplingParams
+from .env import Environment, Task
+from .errors import EngineError, PromptTooLongError, SandboxError
+from .formats import MalformedCall, ToolFormat
+from .tools import PythonTool, Tool, ToolContext
+from .trajectory import ToolCall, Trajectory, TurnStats
+
+
+@dataclass(slots=True)
+class ProgramContext:
+    """What every program of a run shares."""
+
+    engine: Engine
+    env: Environment
+    sandbox: Any  # sandboxes.base.Sandbox
+    config: RolloutConfig
+    fmt: ToolFormat
+    tools: dict[str, Tool]
+    prompt_cache: dict[str, list[int]]
+    stop_token_ids: tuple[int, ...]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def prompt_ids(self, task: Task) -> list[int]:
+        ids = self.prompt_cache.get(task.id)
+        if ids is None:
+            text = self.tokenizer.apply_chat_template(
+                self.env.prompt(task), tokenize=False, add_generation_prompt=True
+            )
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            self.prompt_cache[task.id] = ids
+        return list(ids)
+
+
+def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:
+    """EOS plus the single-token ids of the format's end-of-call strings."""
+    ids = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    for s in fmt.stop_strings:
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) == 1:
+            ids.append(enc[0])
+    return tuple(dict.fromkeys(ids))
+
+
+async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_index: int) -> Trajectory:
+    cfg, tok = ctx.config, ctx.tokenizer
+    traj = Trajectory(
+        id=uuid.uuid4().hex[:16],
+        env=ctx.env.id,
+        task_id=task.id,
+        group_id=group_id,
+        sample_index=sample_index,
+        prompt_ids=ctx.prompt_ids(task),
+    )
+    start = time.perf_counter()
+    session = None
+    try:
+        if any(isinstance(t, PythonTool) for t in ctx.tools.values()):
+            session = await ctx.sandbox.session(ctx.env.sandbox_setup())
+        traj.finish_reason = await _turns(ctx, task, traj, session)
+    except PromptTooLongError as exc:
+        traj.finish_reason, traj.error = "context_overflow", str(exc)
+    except EngineError as exc:
+        traj.finish_reason, traj.error = "error:engine", f"{type(exc).__name__}: {exc}"
+    except SandboxError as exc:
+        traj.finish_reason, traj.error = "error:sandbox", f"{type(exc).__name__}: {exc}"
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bad rollout is data, not a crash
+        traj.finish_reason, traj.error = f"error:{type(exc).__name__}", f"{type(exc).__name__}: {exc}"
+    finally:
+        if session is not None:
+            with anyio.CancelScope(shield=True):
+                await session.aclose()
+        traj.duration_s = time.perf_counter() - start
+    traj.text = tok.decode(traj.completion_ids, skip_special_tokens=False)
+    return traj
+
+
+async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, session: Any) -> str:
+    cfg, tok, engine = ctx.config, ctx.tokenizer, ctx.engine
+    for turn in range(cfg.max_turns):
+        budget = cfg.max_new_tokens - traj.num_sampled_tokens
+        room = engine.max_model_len - traj.num_tokens
+        if room <= 0:
+            return "context_overflow"
+        if budget <= 0:
+            return "length"
+        params = SamplingParams(
+            max_tokens=min(cfg.max_tokens_per_turn, budget, room),
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop_token_ids=ctx.stop_token_ids,
+        )
+        gen = await engine.generate(traj.input_ids, params, f"{traj.id}-{turn}")
+        traj.add_model(gen.token_ids, gen.logprobs, gen.weight_version)
+        traj.turns.append(
+            TurnStats(gen.prompt_tokens, gen.cached_tokens, len(gen.token_ids), gen.finish_reason,
+                      gen.latency_s, gen.weight_version)
+        )
+        # Decoded only to find the tool call; the ids above are what the trajectory keeps.
+        text = tok.decode(gen.token_ids, skip_special_tokens=False)
+        calls = ctx.fmt.parse(text, list(ctx.tools))
+        if gen.finish_reason == "length":
+            if traj.num_tokens >= engine.max_model_len:
+                return "context_overflow"
+            if traj.num_sampled_tokens >= cfg.max_new_tokens:
+                return "length"
+        if not calls:
+            if gen.finish_reason == "stop":
+                return "stop"
+            continue  # hit the per-turn cap mid-thought: let the model go on next turn
+        if turn == cfg.max_turns - 1:
+            return "max_turns"
+        outputs = [await _run_call(ctx, call, turn, traj, session) for call in calls]
+        ended_with_eos = gen.stop_token_id is not None and gen.stop_token_id == tok.eos_token_id
+        obs = ctx.fmt.observation(outputs, tok, ended_with_eos)
+        obs_ids = tok.encode(obs, add_special_tokens=False)
+        if traj.num_tokens + len(obs_ids) >= engine.max_model_len:
+            return "context_overflow"
+        traj.add_env(obs_ids)
+        action = await ctx.env.on_turn(task, traj, text)
+        if action is not None:
+            if action.inject:
+                traj.add_env(tok.encode(action.inject, add_special_tokens=False))
+            if action.stop:
+                return "stop"
+    return "max_turns"
+
+
+async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory, session: Any) -> str:
+    start = time.perf_counter()
+    if isinstance(call, MalformedCall):
+        text = ctx.fmt.error_text(call)
+        traj.tool_calls.append(ToolCall(turn, "", {"raw": call.raw}, text, "malformed", 0.0, call.reason))
+        return text
+    tool = ctx.tools[call.name]
+    problem = tool.check_arguments(call.arguments)
+    if problem is not None:
+        text = ctx.fmt.error_text(MalformedCall(problem))
+        traj.tool_calls.append(ToolCall(turn, call.name, call.arguments, text, "malformed", 0.0, problem))
+        return text
+    out = await tool(ToolContext(session, ctx.config.tool_timeout), **call.arguments)
+    traj.tool_calls.append(
+        ToolCall(turn, call.name, call.arguments, out.text, out.status, time.perf_counter() - start, out.error)  # type: ignore[arg-type]
+    )
+    return out.text

@@ -1,0 +1,111 @@
+"""Run statistics: pure bookkeeping over finished trajectories (no I/O)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .trajectory import Trajectory
+
+
+def resume_reuse(traj: Trajectory, block_size: int = 1) -> tuple[int, int]:
+    """(cached, eligible) tokens over the *resumed* turns of one trajectory.
+
+    A resumed turn's eligible prefix is what the engine had already computed KV for in the
+    previous turn: that turn's prompt plus all but its last sampled token, rounded down to
+    whole cache blocks (engines cache full blocks only).
+    """
+    cached = eligible = 0
+    for prev, cur in zip(traj.turns, traj.turns[1:]):
+        seen = prev.prompt_tokens + max(prev.new_tokens - 1, 0)
+        seen = min(seen, cur.prompt_tokens - 1)  # at least one prompt token is always computed
+        elig = (seen // block_size) * block_size
+        eligible += elig
+        cached += min(cur.cached_tokens, elig) if elig else 0
+    return cached, eligible
+
+
+@dataclass
+class RunStats:
+    block_size: int = 1
+    total: int = 0
+    started: int = 0
+    finished: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    programs_with_ok_tool_call: int = 0
+    sampled_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    first_turn_cached: int = 0
+    resume_cached: int = 0
+    resume_eligible: int = 0
+    reward_sum: float = 0.0
+    rewarded: int = 0
+    finish_reasons: Counter = field(default_factory=Counter)
+    t0: float = 0.0
+    t1: float = 0.0
+
+    def start(self, total: int) -> None:
+        self.total, self.t0 = total, time.perf_counter()
+
+    def stop(self) -> None:
+        self.t1 = time.perf_counter()
+
+    def program_started(self) -> None:
+        self.started += 1
+
+    def add(self, t: Trajectory) -> None:
+        self.finished += 1
+        self.turns += len(t.turns)
+        self.tool_calls += len(t.tool_calls)
+        self.tool_errors += sum(c.status != "ok" for c in t.tool_calls)
+        self.programs_with_ok_tool_call += any(c.status == "ok" for c in t.tool_calls)
+        self.sampled_tokens += t.num_sampled_tokens
+        self.prompt_tokens += sum(x.prompt_tokens for x in t.turns)
+        self.cached_tokens += sum(x.cached_tokens for x in t.turns)
+        if t.turns:
+            self.first_turn_cached += t.turns[0].cached_tokens
+        c, e = resume_reuse(t, self.block_size)
+        self.resume_cached += c
+        self.resume_eligible += e
+        if t.reward is not None:
+            self.reward_sum += t.reward
+            self.rewarded += 1
+        self.finish_reasons[t.finish_reason] += 1
+
+    @property
+    def elapsed(self) -> float:
+        return (self.t1 or time.perf_counter()) - self.t0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.sampled_tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def resume_reuse(self) -> float:
+        return self.resume_cached / self.resume_eligible if self.resume_eligible else 0.0
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.rewarded if self.rewarded else None
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "programs": self.finished,
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "programs_with_ok_tool_call": self.programs_with_ok_tool_call,
+            "tokens_generated": self.sampled_tokens,
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefix_cache_hit_pct": round(100 * self.cached_tokens / self.prompt_tokens, 1) if self.prompt_tokens else 0.0,
+            "resume_reuse_pct": round(100 * self.resume_reuse, 1),
+            "mean_reward": None if self.mean_reward is None else round(self.mean_reward, 4),
+            "finish_reasons": dict(self.finish_reasons),
+            "wall_s": round(self.elapsed, 2),
+        }

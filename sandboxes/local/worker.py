@@ -1,0 +1,152 @@
+"""A persistent, stateful Python worker: the process side of ``sandboxes.local``.
+
+Run as ``python -I worker.py``. It speaks length-prefixed JSON frames on the stdin/stdout
+pipes it was started with, then points fds 0-2 at /dev/null so that stray writes from user
+code (``os.write(1, ...)``) cannot corrupt the protocol. Python-level stdout/stderr are
+captured per call into capped buffers.
+
+Request:  {"code": str, "max_output": int}
+Response: {"status": "ok"|"error"|"timeout", "stdout", "stderr", "value", "error",
+           "truncated": bool, "duration_s": float}
+
+A timeout is delivered by the parent as SIGINT, which surfaces as KeyboardInterrupt inside
+the user's code; the parent kills the worker if that does not come back in time.
+"""
+
+import ast
+import ctypes
+import io
+import json
+import os
+import signal
+import struct
+import sys
+import time
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+class CappedIO(io.TextIOBase):
+    """A text sink that keeps the first ``cap`` characters and counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.parts: list[str] = []
+        self.size = 0
+        self.dropped = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        room = self.cap - self.size
+        if room > 0:
+            self.parts.append(s[:room])
+            self.size += min(room, len(s))
+        self.dropped += max(0, len(s) - max(room, 0))
+        return len(s)
+
+    def getvalue(self) -> str:
+        return "".join(self.parts)
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _short_traceback(exc: BaseException) -> str:
+    """The traceback of the user's code only (our own frames dropped), capped in length."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    lines = traceback.format_exception(type(exc), exc, tb)
+    text = "".join(lines)
+    if len(text) > 2000:
+        text = text[:600] + "\n...\n" + text[-1200:]
+    return text
+
+
+def execute(code: str, ns: dict, max_output: int) -> dict:
+    out, err = CappedIO(max_output), CappedIO(max_output)
+    status, value, error = "ok", None, None
+    start = time.perf_counter()
+    old_out, old_err, old_in = sys.stdout, sys.stderr, sys.stdin
+    sys.stdout, sys.stderr, sys.stdin = out, err, io.StringIO("")
+    try:
+        tree = ast.parse(code, filename="<code>", mode="exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<code>", "exec"), ns)
+        if last is not None:
+            result = eval(compile(last, "<code>", "eval"), ns)
+            if result is not None:
+                value = repr(result)
+                if len(value) > max_output:
+                    value = value[:max_output] + "..."
+    except KeyboardInterrupt:
+        status, error = "timeout", "TimeoutError: execution exceeded the time limit"
+    except SystemExit as exc:
+        status, error = "error", f"SystemExit: {exc.code}"
+    except BaseException as exc:  # noqa: BLE001 - user code may raise anything
+        status, error = "error", _short_traceback(exc)
+    finally:
+        sys.stdout, sys.stderr, sys.stdin = old_out, old_err, old_in
+    return {
+        "status": status,
+        "stdout": out.getvalue(),
+        "stderr": err.getvalue(),
+        "value": value,
+        "error": error,
+        "truncated": bool(out.dropped or err.dropped),
+        "duration_s": time.perf_counter() - start,
+    }
+
+
+def _read_exact(f, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = f.read(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
+def main() -> None:
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)
+    rf = os.fdopen(os.dup(0), "rb", buffering=0)
+    wf = os.fdopen(os.dup(1), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    ns: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    while True:
+        try:
+            (n,) = struct.unpack(">I", _read_exact(rf, 4))
+            req = json.loads(_read_exact(rf, n))
+            resp = execute(req["code"], ns, int(req.get("max_output", 4000)))
+        except KeyboardInterrupt:  # a late timeout signal between calls: ignore it
+            continue
+        except EOFError:
+            break
+        payload = json.dumps(resp, ensure_ascii=True).encode()
+        try:
+            wf.write(struct.pack(">I", len(payload)) + payload)
+        except (BrokenPipeError, KeyboardInterrupt):
+            break
+
+
+if __name__ == "__main__":
+    main()

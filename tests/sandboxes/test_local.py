@@ -1,0 +1,100 @@
+"""The first local sandbox: real worker processes, real timeouts, real crashes."""
+
+import os
+
+import psutil
+import pytest
+
+from sandboxes.local import LocalSandbox
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_state_persists_and_trailing_expression_is_shown():
+    async with LocalSandbox() as sb:
+        s = await sb.session()
+        r = await s.run("x = 6 * 7\nprint('hi')\nx + 1")
+        assert (r.status, r.stdout, r.value) == ("ok", "hi\n", "43")
+        assert (await s.run("x")).value == "42"
+        assert (await s.run("None")).value is None
+        assert r.render() == "hi\n43"
+
+
+async def test_exception_comes_back_as_short_traceback():
+    async with LocalSandbox() as sb:
+        s = await sb.session()
+        r = await s.run("def f():\n    return 1/0\nf()")
+        assert r.status == "error"
+        assert "ZeroDivisionError" in r.error and "worker.py" not in r.error
+        assert (await s.run("1 + 1")).value == "2"  # the session survives
+
+
+async def test_timeout_interrupts_and_keeps_state():
+    async with LocalSandbox(default_timeout=0.5) as sb:
+        s = await sb.session()
+        await s.run("keep = 'me'")
+        r = await s.run("while True:\n    pass")
+        assert r.status == "timeout" and not r.state_lost
+        assert (await s.run("keep")).value == "'me'"
+
+
+async def test_code_that_ignores_interrupts_is_killed_and_replaced():
+    async with LocalSandbox(default_timeout=0.5, kill_grace=0.3) as sb:
+        s = await sb.session()
+        await s.run("keep = 1")
+        pid = s.pid
+        r = await s.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass")
+        assert r.status == "timeout" and r.state_lost
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        r2 = await s.run("keep")
+        assert r2.status == "error" and "NameError" in r2.error and r2.state_lost
+
+
+async def test_crash_is_reported_and_the_session_continues():
+    async with LocalSandbox() as sb:
+        s = await sb.session()
+        r = await s.run("import os; os._exit(3)")
+        assert r.status == "crashed" and r.state_lost
+        assert (await s.run("2 + 2")).value == "4"
+
+
+async def test_output_is_capped():
+    async with LocalSandbox(max_output=100) as sb:
+        s = await sb.session()
+        r = await s.run("print('a' * 100000)")
+        assert r.truncated and len(r.stdout) == 100
+        assert "[output truncated]" in r.render()
+
+
+async def test_parent_environment_is_not_visible(monkeypatch):
+    monkeypatch.setenv("AGENTENV_SECRET_TOKEN", "hunter2")
+    async with LocalSandbox() as sb:
+        s = await sb.session()
+        r = await s.run("import os\n'AGENTENV_SECRET_TOKEN' in os.environ, os.getcwd()")
+        assert r.value.startswith("(False, ")
+        assert "agentenv-sbx-" in r.value  # a private working directory
+
+
+async def test_invalid_utf8_output_is_sanitised():
+    async with LocalSandbox() as sb:
+        s = await sb.session()
+        r = await s.run("import sys\nprint(b'\\xff\\xfe'.decode('utf-8', 'surrogateescape'))")
+        r.render().encode("utf-8")  # must not raise
+
+
+async def test_setup_code_runs_first():
+    async with LocalSandbox() as sb:
+        s = await sb.session(setup_code="def helper(n):\n    return n * 2")
+        assert (await s.run("helper(21)")).value == "42"
+
+
+async def test_no_worker_survives_close():
+    sb = LocalSandbox()
+    sessions = [await sb.session() for _ in range(4)]
+    pids = sb.worker_pids
+    assert len(pids) == 4 and all(psutil.pid_exists(p) for p in pids)
+    await sessions[0].aclose()
+    await sb.aclose()
+    await sb.aclose()  # idempotent
+    me = psutil.Process(os.getpid())
+    assert not {c.pid for c in me.children(recursive=True)} & set(pids)

@@ -1,0 +1,73 @@
+import pytest
+
+from agentenv.errors import ConfigError
+from agentenv.formats import HermesFormat, MalformedCall, ReToolFormat, ToolRequest, get_format
+
+
+def test_retool_parses_the_last_closed_code_block():
+    f = ReToolFormat()
+    assert f.parse("Let me.\n<code>\nx = 1\nx\n</code>", ["python"]) == [ToolRequest("python", {"code": "x = 1\nx"})]
+    assert f.parse("no call here", ["python"]) == []
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("<code>\nprint(1)", "unclosed"),
+        ("<code>\n\n</code>", "empty"),
+        ("print(1)</code>", "without an opening"),
+    ],
+)
+def test_retool_malformed(text, reason):
+    (call,) = ReToolFormat().parse(text, ["python"])
+    assert isinstance(call, MalformedCall) and reason in call.reason
+
+
+def test_retool_observation_wraps_output():
+    assert ReToolFormat().observation(["42"], None, False) == "\n<interpreter>\n42\n</interpreter>\n"
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ('<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>', "not valid JSON"),
+        ('<tool_call>{"name": "mul", "arguments": {}}</tool_call>', "unknown tool"),
+        ('<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>', "must be a JSON object"),
+        ('<tool_call>{"arguments": {}}</tool_call>', '"name"'),
+        ('<tool_call>{"name": "add", "arguments": {}}', "unclosed"),
+    ],
+)
+def test_hermes_malformed_calls_are_data(text, reason):
+    (call,) = HermesFormat().parse(text, ["add"])
+    assert isinstance(call, MalformedCall)
+    assert reason in call.reason
+
+
+def test_hermes_parses_several_calls_and_string_arguments():
+    text = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
+    assert HermesFormat().parse(text, ["add"]) == [
+        ToolRequest("add", {"a": 1, "b": 2}),
+        ToolRequest("add", {"a": 3, "b": 4}),
+    ]
+
+
+@pytest.mark.parametrize("ended_with_eos", [False, True])
+def test_hermes_bridge_matches_the_chat_template_exactly(tokenizer, ended_with_eos):
+    """The token bridge: prompt + model text (+ eos) + observation == the template's own rendering."""
+    f = HermesFormat()
+    msgs = [{"role": "user", "content": "add 1 and 2"}]
+    prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    model_text = call + (tokenizer.eos_token if ended_with_eos else "")
+    obs = f.observation(["3"], tokenizer, ended_with_eos)
+    full = tokenizer.apply_chat_template(
+        msgs + [{"role": "assistant", "content": call}, {"role": "tool", "content": "3"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert prompt + model_text + obs == full
+
+
+def test_unknown_format():
+    with pytest.raises(ConfigError, match="unknown tool-call format"):
+        get_format("xml")
