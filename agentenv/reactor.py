@@ -34,6 +34,7 @@ from .env import Environment, Task
 from .formats import get_format
 from .program import ProgramContext, run_program, stop_token_ids
 from .stats import RunStats
+from .errors import TrajectoryError
 from .trajectory import Trajectory
 
 
@@ -155,7 +156,10 @@ class Reactor:
                 raise
             except Exception as exc:  # noqa: BLE001 - recorded on the trajectory
                 _reward_failed(traj, exc)
-            traj.validate()
+            try:
+                traj.validate()
+            except TrajectoryError as exc:  # an engine returned inconsistent data: keep it, flagged
+                traj.finish_reason, traj.error = "error:trajectory", str(exc)
             self.stats.add(traj)
             group.trajectories.append(traj)
             await send.send(traj)

@@ -49,11 +49,17 @@ class RetoolMathEnv(Environment):
     tool_timeout = 5.0
     system_prompt = SYSTEM_PROMPT
 
+    def __init__(self, extra_digits: int = 2, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if not 0 <= extra_digits <= 12:
+            raise ValueError("extra_digits must be between 0 and 12")
+        self.extra_digits = extra_digits
+
     def tasks(self, n: int, seed: int = 0) -> list[Task]:
         rng = random.Random(f"retool-math:{seed}")
         out = []
         for i in range(n):
-            kind, (question, answer, solution) = generate(rng)
+            kind, (question, answer, solution) = generate(rng, self.extra_digits)
             out.append(Task(f"retool-math/{seed}/{i}", question, answer, {"kind": kind, "solution": solution}))
         return out
 

@@ -14,8 +14,12 @@ from typing import Callable
 Problem = tuple[str, int, list[str]]
 
 
+# Extra digits added to every operand's upper bound (set by ``generate``): the difficulty knob.
+_EXTRA = [0]
+
+
 def _n(rng: random.Random, lo_digits: int = 2, hi_digits: int = 4) -> int:
-    d = rng.randint(lo_digits, hi_digits)
+    d = rng.randint(lo_digits, hi_digits + _EXTRA[0])
     return rng.randint(10 ** (d - 1), 10**d - 1)
 
 
@@ -67,7 +71,12 @@ GENERATORS: dict[str, tuple[Callable[[random.Random], Problem], float]] = {
 }
 
 
-def generate(rng: random.Random) -> tuple[str, Problem]:
+def generate(rng: random.Random, extra_digits: int = 0) -> tuple[str, Problem]:
+    """One problem; ``extra_digits`` makes operands up to that many digits longer."""
     kinds = list(GENERATORS)
     kind = rng.choices(kinds, weights=[GENERATORS[k][1] for k in kinds])[0]
-    return kind, GENERATORS[kind][0](rng)
+    _EXTRA[0] = extra_digits
+    try:
+        return kind, GENERATORS[kind][0](rng)
+    finally:
+        _EXTRA[0] = 0

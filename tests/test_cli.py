@@ -1,0 +1,89 @@
+"""The CLI as a user runs it: a real subprocess, the bundled model, real sandboxes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def agentenv(*args, timeout=300):
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [sys.executable, "-m", "agentenv.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
+    out = tmp_path / "r.jsonl"
+    r = agentenv("rollout", "--tasks", "3", "--group-size", "2", "--out", str(out), "--model", model_dir,
+                 "--no-progress", "--seed", "5")
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    assert len(lines) == 6
+    rows = [json.loads(line) for line in lines]
+    assert all(len(x["input_ids"]) == len(x["loss_mask"]) == len(x["logprobs"]) for x in rows)
+    for label in ("programs", "tool calls", "prefix-cache reuse", "mean reward", "finish reasons"):
+        assert label in r.stderr
+    from datasets import load_dataset
+
+    ds = load_dataset("json", data_files=str(out), split="train")
+    assert ds.num_rows == 6 and "input_ids" in ds.column_names
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["rollout", "--tasks", "0"], "must be > 0"),
+        (["rollout", "--tasks", "many"], "expected a number"),
+        (["rollout", "--model", "/nonexistent/model"], "model directory not found"),
+        (["rollout", "--env", "retool-mat"], "Did you mean 'retool-math'"),
+        (["rollout", "--out", "/nonexistent/dir/r.jsonl"], "output directory does not exist"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, message):
+    r = agentenv(*args, timeout=60)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_envs_lists_retool_math():
+    r = agentenv("envs", timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("retool-math")
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentenv.cli", "rollout", "--tasks", "64", "--group-size", "4", "--out", str(out),
+         "--model", model_dir, "--no-progress", "--concurrency", "16"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 120
+    workers: set[int] = set()
+    while time.time() < deadline:  # wait until programs are running (sandbox workers exist)
+        try:
+            workers = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            break
+        if len(workers) >= 4:
+            break
+        time.sleep(0.2)
+    assert workers, "the rollout never started its sandbox workers"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    time.sleep(0.5)
+    alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"sandbox workers left behind: {alive}"
+    for line in out.read_text().splitlines():  # whatever was written is complete JSON
+        json.loads(line)

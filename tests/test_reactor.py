@@ -1,0 +1,184 @@
+"""The reactor end to end: real embedded engine, real sandbox processes, the bundled model."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from agentenv import Environment, Group, Reactor, RolloutConfig, Trajectory, make
+from agentenv.formats import MalformedCall, ReToolFormat
+from envs.retool_math import RetoolMathEnv
+from sandboxes.local import LocalSandbox
+
+from .conftest import child_pids
+
+pytestmark = pytest.mark.anyio
+
+
+async def run(engine, env, n_tasks=4, group_size=2, seed=0, **cfg) -> list[Group]:
+    config = RolloutConfig(**{"max_turns": 4, "max_new_tokens": 256, "concurrency": 8, **cfg})
+    async with LocalSandbox() as sb:
+        return await Reactor(engine, env, sb, config).collect(env.tasks(n_tasks, seed=seed), group_size)
+
+
+def flat(groups: list[Group]) -> list[Trajectory]:
+    return [t for g in groups for t in g.trajectories]
+
+
+async def test_tokens_masks_logprobs_and_transcript(engine):
+    env = make("retool-math")
+    groups = await run(engine, env, n_tasks=6, group_size=2)
+    assert len(groups) == 6 and all(len(g.trajectories) == 2 for g in groups)
+    trajs = flat(groups)
+    tok = engine.tokenizer
+    with_tool = [t for t in trajs if any(c.status == "ok" for c in t.tool_calls)]
+    assert with_tool, "the bundled model should make at least one tool call that ran"
+    for t in trajs:
+        t.validate()
+        for seg in t.segments:
+            if seg.kind == "model":
+                assert all(lp <= 0 for lp in seg.logprobs)
+                assert set(seg.weight_versions) == {engine.weight_version}
+        mask, ids = t.loss_mask, t.input_ids
+        sampled = [i for s in t.segments if s.kind == "model" for i in s.token_ids]
+        assert [x for x, m in zip(ids, mask) if m == 1] == sampled
+        # Decoding input_ids reproduces the whole transcript: chat prompt + completion.
+        prompt_text = tok.apply_chat_template(env.prompt(next(g.task for g in groups if g.task.id == t.task_id)),
+                                              tokenize=False, add_generation_prompt=True)
+        assert tok.decode(ids) == prompt_text + t.text
+        assert t.reward in (0.0, 1.0)
+    for t in with_tool:
+        env_segs = [s for s in t.segments if s.kind == "env"]
+        ok = [c for c in t.tool_calls if c.status in ("ok", "error", "timeout")]
+        # Each tool output is spliced with mask 0, exactly as the format renders it.
+        for seg, call in zip(env_segs, ok):
+            assert tok.decode(seg.token_ids) == ReToolFormat().observation([call.output], tok, False)
+        # A resumed turn is served from the prefix cache.
+        assert len(t.turns) >= 2 and t.turns[1].cached_tokens > 0
+
+
+class AlwaysMalformed(ReToolFormat):
+    def parse(self, text, tool_names):
+        calls = super().parse(text, tool_names)
+        return [MalformedCall("test: every call is malformed") for _ in calls]
+
+
+class MalformedEnv(RetoolMathEnv):
+    tool_format = AlwaysMalformed()
+
+
+async def test_malformed_tool_call_becomes_an_observation_and_the_program_continues(engine):
+    groups = await run(engine, MalformedEnv(), n_tasks=4, group_size=2, max_turns=3)
+    trajs = flat(groups)
+    bad = [t for t in trajs if t.tool_calls]
+    assert bad, "the model made no tool call at all"
+    for t in bad:
+        assert all(c.status == "malformed" for c in t.tool_calls)
+        assert "Error: malformed tool call: test: every call is malformed" in t.text
+        assert not t.finish_reason.startswith("error")
+    assert any(len(t.turns) > 1 for t in bad), "after a malformed call the model gets another turn"
+
+
+class SlowToolEnv(RetoolMathEnv):
+    def sandbox_setup(self):
+        return "import builtins, time\nbuiltins.print = lambda *a, **k: time.sleep(60)"
+
+
+async def test_tool_timeout_is_recorded_and_the_program_continues(engine):
+    with anyio.fail_after(120):
+        groups = await run(engine, SlowToolEnv(), n_tasks=2, group_size=2, tool_timeout=0.5, max_turns=2)
+    calls = [c for t in flat(groups) for c in t.tool_calls]
+    timed_out = [c for c in calls if c.status == "timeout"]
+    assert timed_out, f"expected a timed-out print() call, got {[c.status for c in calls]}"
+    assert all(c.duration_s < 5 for c in timed_out)
+
+
+class BrokenReward(RetoolMathEnv):
+    async def reward(self, task, trajectory):
+        if trajectory.sample_index == 0:
+            raise RuntimeError("grader crashed")
+        return 1.0
+
+
+async def test_reward_exception_is_recorded_not_raised(engine):
+    trajs = flat(await run(engine, BrokenReward(), n_tasks=2, group_size=2))
+    broken = [t for t in trajs if t.sample_index == 0]
+    fine = [t for t in trajs if t.sample_index == 1]
+    assert all(t.finish_reason == "error:reward" and t.reward is None for t in broken)
+    assert all("grader crashed" in t.error for t in broken)
+    assert all(t.metadata["program_finish_reason"] for t in broken)
+    assert all(t.reward == 1.0 for t in fine)
+
+
+class GroupRanked(RetoolMathEnv):
+    async def group_reward(self, task, trajectories):
+        return [float(i) for i, _ in enumerate(trajectories)]
+
+
+async def test_group_reward_hook(engine):
+    groups = await run(engine, GroupRanked(), n_tasks=2, group_size=3)
+    for g in groups:
+        assert g.rewards == [0.0, 1.0, 2.0]
+
+
+async def test_max_turns_ends_the_program(engine):
+    trajs = flat(await run(engine, make("retool-math"), n_tasks=4, group_size=2, max_turns=1))
+    assert all(len(t.turns) == 1 for t in trajs)
+    assert all(t.finish_reason in ("max_turns", "stop", "length") for t in trajs)
+    callers = [t for t in trajs if "</code>" in t.text]
+    assert callers and all(t.finish_reason == "max_turns" and not t.tool_calls for t in callers)
+
+
+async def test_context_overflow(model_dir):
+    from agentenv.engines.embedded import EmbeddedEngine
+
+    env = make("retool-math")
+    eng = EmbeddedEngine(model_dir, max_model_len=96)
+    try:
+        trajs = flat(await run(eng, env, n_tasks=3, group_size=2, max_new_tokens=400))
+    finally:
+        await eng.aclose()
+    assert all(t.num_tokens <= 96 for t in trajs)
+    assert any(t.finish_reason == "context_overflow" for t in trajs)
+
+
+async def test_engine_failure_is_data(model_dir):
+    from agentenv.engines.embedded import EmbeddedEngine
+
+    eng = EmbeddedEngine(model_dir)
+    await eng.aclose()
+    trajs = flat(await run(eng, make("retool-math"), n_tasks=2, group_size=2))
+    assert len(trajs) == 4
+    assert all(t.finish_reason == "error:engine" and "closed" in t.error for t in trajs)
+
+
+async def test_cancelling_a_run_leaves_no_process_or_request_behind(engine):
+    env = make("retool-math")
+    before = child_pids()
+    seen = 0
+    async with LocalSandbox() as sb:
+        reactor = Reactor(engine, env, sb, RolloutConfig(concurrency=16, max_new_tokens=512))
+        with anyio.move_on_after(1.5):
+            async with reactor.rollouts(env.tasks(64, seed=3), group_size=4) as results:
+                async for _ in results:
+                    seen += 1
+        assert reactor.stats.started > 0 and seen < 256
+    assert child_pids() - before == set()
+    bp = engine._mgr.batch_processor
+    for _ in range(50):  # cancellations are applied by the engine loop's next step
+        if not bp.scheduler.active_requests and not bp.scheduler.waiting_requests:
+            break
+        await anyio.sleep(0.1)
+    assert not bp.scheduler.active_requests and not bp.scheduler.waiting_requests
+
+
+async def test_trajectories_stream_before_groups_complete(engine):
+    env = make("retool-math")
+    order = []
+    async with LocalSandbox() as sb:
+        reactor = Reactor(engine, env, sb, RolloutConfig(concurrency=4))
+        async with reactor.rollouts(env.tasks(3), group_size=2) as results:
+            async for item in results:
+                order.append(type(item).__name__)
+    assert order.count("Trajectory") == 6 and order.count("Group") == 3
+    assert order[0] == "Trajectory"
