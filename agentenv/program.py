@@ -176,7 +176,7 @@ async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory,
         text = ctx.fmt.error_text(MalformedCall(problem))
         traj.tool_calls.append(ToolCall(turn, call.name, call.arguments, text, "malformed", 0.0, problem))
         return text
-    out = await tool(ToolContext(session, ctx.config.tool_timeout), **call.arguments)
+    out = await tool(ToolContext(session, ctx.config.tool_timeout, traj, turn), **call.arguments)
     traj.tool_calls.append(
         ToolCall(turn, call.name, call.arguments, out.text, out.status, time.perf_counter() - start, out.error)  # type: ignore[arg-type]
     )

@@ -20,6 +20,8 @@ import anyio
 if TYPE_CHECKING:
     from sandboxes.base import Session
 
+    from .trajectory import Trajectory
+
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -29,6 +31,8 @@ class ToolContext:
 
     session: "Session | None"
     timeout: float
+    trajectory: "Trajectory | None" = None  # the calling program, read-only by convention
+    turn: int = 0
 
 
 @dataclass(slots=True)

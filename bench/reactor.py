@@ -54,10 +54,11 @@ class SlowPython(PythonTool):
 
     def __init__(self, median: float, sigma: float, cap: float) -> None:
         self.median, self.sigma, self.cap = median, sigma, cap
-        self.key = ""
 
     async def __call__(self, ctx: ToolContext, **arguments) -> ToolOutput:
-        await anyio.sleep(latency(arguments["code"] + self.key, self.median, self.sigma, self.cap))
+        t = ctx.trajectory
+        key = f"{t.task_id}/{t.sample_index}/{ctx.turn}" if t is not None else arguments["code"]
+        await anyio.sleep(latency(key, self.median, self.sigma, self.cap))
         return await super().__call__(ctx, **arguments)
 
 

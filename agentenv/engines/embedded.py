@@ -67,6 +67,7 @@ class EmbeddedEngine(Engine):
         kv_cache_tokens: int = 65536,
         max_batch_tokens: int = 512,
         dtype: torch.dtype = torch.float32,
+        attn_implementation: str = "sdpa",
         seed: int | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
@@ -76,7 +77,7 @@ class EmbeddedEngine(Engine):
             torch.manual_seed(seed)
         self.model_path = path
         self.tokenizer = load_tokenizer(path)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
         self.model.eval()
         cfg = self.model.config
         self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 2048))
