@@ -68,7 +68,7 @@ class MalformedEnv(RetoolMathEnv):
 
 
 async def test_malformed_tool_call_becomes_an_observation_and_the_program_continues(engine):
-    groups = await run(engine, MalformedEnv(), n_tasks=4, group_size=2, max_turns=3)
+    groups = await run(engine, MalformedEnv(extra_digits=0), n_tasks=4, group_size=2, max_turns=3)
     trajs = flat(groups)
     bad = [t for t in trajs if t.tool_calls]
     assert bad, "the model made no tool call at all"
@@ -86,7 +86,7 @@ class SlowToolEnv(RetoolMathEnv):
 
 async def test_tool_timeout_is_recorded_and_the_program_continues(engine):
     with anyio.fail_after(120):
-        groups = await run(engine, SlowToolEnv(), n_tasks=2, group_size=2, tool_timeout=0.5, max_turns=2)
+        groups = await run(engine, SlowToolEnv(extra_digits=0), n_tasks=3, group_size=2, tool_timeout=0.5, max_turns=2)
     calls = [c for t in flat(groups) for c in t.tool_calls]
     timed_out = [c for c in calls if c.status == "timeout"]
     assert timed_out, f"expected a timed-out print() call, got {[c.status for c in calls]}"

@@ -1,33 +1,66 @@
-"""The local sandbox: one persistent Python worker process per program session.
+"""The local sandbox: a pool of isolated, persistent Python workers forked from a warm template.
 
-This first version gives a notebook-like stateful session per program, a per-call wall-clock
-timeout (SIGINT, then kill-and-replace), output caps, a private temporary working directory,
-a clean environment (the parent's variables, and so its secrets, are not passed), and
-workers that die with their parent. It does NOT yet confine the code: no namespaces,
-rlimits or seccomp (that is the hardened pool of a later issue). Do not run untrusted code
-with it outside a throwaway machine.
+One fork server per :class:`LocalSandbox` imports the usual libraries once; each program
+session is a fork of it (or of a *template* fork server that already ran the environment's
+setup code, so that state is prepared once and shared copy-on-write). Each session worker:
+
+* lives in its own mount, network, pid, ipc and uts namespaces: no network (only a down
+  loopback), the whole filesystem read-only, a private size-capped tmpfs as ``/tmp`` and its
+  working directory, a fresh ``/proc`` that shows only its own processes;
+* runs with no capabilities (bounding set emptied, securebits locked, no_new_privs), so it
+  cannot remount, escape or regain privileges even as uid 0, and cannot see or signal the
+  parent or sibling sessions (separate pid namespaces);
+* has rlimits on address space, CPU time, file size and open files, and cgroup limits on
+  process count and memory (cgroup v1 ``pids``/``memory``), which hold for root too;
+* gets a clean environment (no parent variables, so no secrets);
+* dies with its parent, and takes every process it started with it (it is pid 1 of its pid
+  namespace).
+
+A call's wall-clock timeout interrupts the code (SIGINT); code that does not stop is killed
+and its worker replaced, and the result says the session state was lost. A crash is reported
+the same way. Where the namespace primitives are missing, ``LocalSandbox`` refuses to start
+unless ``allow_unisolated=True``, which logs a loud warning and keeps only the rlimits,
+cgroups and private working directory.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
 import signal
+import socket
 import struct
 import sys
-import tempfile
+import threading
 import time
+import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import anyio
-from anyio.abc import Process
+from anyio.abc import Process, SocketStream, TaskGroup
 
-from ..base import ExecResult, Sandbox, Session
 from agentenv.errors import SandboxError
 
-WORKER = Path(__file__).with_name("worker.py")
-CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+from ..base import ExecResult, Sandbox, Session
+
+log = logging.getLogger(__name__)
+FORKSERVER = Path(__file__).with_name("forkserver.py")
+CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+             "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+CGROUP_V1 = Path("/sys/fs/cgroup")
+MAX_FRAME = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    memory_mb: int = 1024  # address space per process, and the session's cgroup memory
+    cpu_s: int = 120  # CPU seconds per worker process (a session's lifetime budget)
+    fsize_mb: int = 64  # largest file it may write
+    nofile: int = 256  # open files
+    pids: int = 64  # processes and threads in the session (cgroup pids.max)
+    tmp_mb: int = 128  # its private /tmp
 
 
 def _clean(s: str | None) -> str | None:
@@ -35,108 +68,186 @@ def _clean(s: str | None) -> str | None:
     return None if s is None else s.encode("utf-8", "replace").decode("utf-8")
 
 
+class _Control:
+    """A blocking request/response channel to one fork server (used from worker threads)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def request(self, req: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:  # type: ignore[assignment]
+        with self.lock:
+            try:
+                socket.send_fds(self.sock, [json.dumps(req).encode()], list(fds))
+                msg, rfds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+            except OSError as exc:
+                raise SandboxError(f"the sandbox fork server is gone: {exc}") from exc
+        if not msg:
+            raise SandboxError("the sandbox fork server is gone")
+        return json.loads(msg), rfds
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Cgroups:
+    """Per-session cgroup v1 directories (pids, memory) under an agentenv parent."""
+
+    def __init__(self) -> None:
+        self.roots = {}
+        for ctl in ("pids", "memory"):
+            base = CGROUP_V1 / ctl
+            if (base / "cgroup.procs").exists() and os.access(base, os.W_OK):
+                self.roots[ctl] = base / f"agentenv-{os.getpid()}"
+        self.n = 0
+
+    @property
+    def available(self) -> bool:
+        return "pids" in self.roots
+
+    def create(self, limits: Limits) -> list[str]:
+        self.n += 1
+        dirs = []
+        for ctl, root in self.roots.items():
+            d = root / f"s{self.n}"
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                if ctl == "pids":
+                    (d / "pids.max").write_text(str(limits.pids))
+                else:
+                    (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 1024 * 1024))
+            except OSError as exc:
+                raise SandboxError(f"cannot set up cgroup {d}: {exc}") from exc
+            dirs.append(str(d))
+        return dirs
+
+    @staticmethod
+    def remove(dirs: list[str]) -> bool:
+        ok = True
+        for d in dirs:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                ok = False
+        return ok
+
+    def remove_roots(self) -> None:
+        for root in self.roots.values():
+            try:
+                os.rmdir(root)
+            except OSError:
+                pass
+
+
 class LocalSession(Session):
-    def __init__(self, sandbox: "LocalSandbox") -> None:
+    def __init__(self, sandbox: "LocalSandbox", setup_code: str | None) -> None:
         self._sandbox = sandbox
-        self._proc: Process | None = None
-        self._tmp = Path(tempfile.mkdtemp(prefix="agentenv-sbx-"))
+        self._setup = setup_code
+        self._stream: SocketStream | None = None
+        self._pid: int | None = None
+        self._reaper: int | None = None
+        self._cgroups: list[str] = []
         self._lock = anyio.Lock()
         self._closed = False
-        self._setup_code: str | None = None
+        self._started_once = False
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        """Host pid of the worker process (pid 1 of its namespace)."""
+        return self._pid
 
     async def _start(self) -> None:
-        try:
-            self._proc = await anyio.open_process(
-                [sys.executable, "-I", "-u", str(WORKER)],
-                stdin=-1,
-                stdout=-1,
-                stderr=-3,  # DEVNULL
-                cwd=str(self._tmp),
-                env={**CLEAN_ENV, "HOME": str(self._tmp), "TMPDIR": str(self._tmp)},
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise SandboxError(f"cannot start a sandbox worker: {exc}") from exc
-        self._sandbox._live.add(self)
-        if self._setup_code:
-            res = await self._call(self._setup_code, self._sandbox.setup_timeout)
-            if res.status != "ok":
-                raise SandboxError(f"environment setup code failed: {res.render()[-500:]}")
+        self._stream, self._pid, self._reaper, self._cgroups = await self._sandbox._spawn(self._setup)
 
     async def _read_exact(self, n: int) -> bytes:
-        assert self._proc is not None and self._proc.stdout is not None
+        assert self._stream is not None
         buf = bytearray()
         while len(buf) < n:
-            buf += await self._proc.stdout.receive(n - len(buf))
+            buf += await self._stream.receive(n - len(buf))
         return bytes(buf)
 
-    async def _call(self, code: str, timeout: float) -> ExecResult:
-        assert self._proc is not None and self._proc.stdin is not None
-        payload = json.dumps({"code": code, "max_output": self._sandbox.max_output}).encode()
-        start = time.perf_counter()
-        await self._proc.stdin.send(struct.pack(">I", len(payload)) + payload)
-        resp = None
-        with anyio.move_on_after(timeout):
-            resp = await self._read_frame()
-        if resp is None:  # deadline: interrupt the code, give it a moment to unwind
-            self._signal(signal.SIGINT)
-            with anyio.move_on_after(self._sandbox.kill_grace):
-                resp = await self._read_frame()
-            if resp is None:
-                await self._kill()
-                return ExecResult(
-                    "timeout",
-                    error=f"TimeoutError: execution exceeded {timeout:g}s and was killed",
-                    duration_s=time.perf_counter() - start,
-                    state_lost=True,
-                )
-        if resp == "eof":
-            await self._kill()
-            return ExecResult(
-                "crashed",
-                error="the interpreter process died (crash or exit)",
-                duration_s=time.perf_counter() - start,
-                state_lost=True,
-            )
-        return ExecResult(
-            status=resp["status"],
-            stdout=_clean(resp["stdout"]) or "",
-            stderr=_clean(resp["stderr"]) or "",
-            value=_clean(resp["value"]),
-            error=_clean(resp["error"]),
-            duration_s=time.perf_counter() - start,
-            truncated=resp["truncated"],
-        )
-
     async def _read_frame(self):
+        """One response, or "eof" when the worker died or broke the protocol (code can write
+        to the socket fd it inherits: anything malformed is treated as a crash)."""
         try:
             (n,) = struct.unpack(">I", await self._read_exact(4))
-            return json.loads(await self._read_exact(n))
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            if n > MAX_FRAME:
+                return "eof"
+            resp = json.loads(await self._read_exact(n))
+            if not isinstance(resp, dict) or resp.get("status") not in ("ok", "error", "timeout"):
+                return "eof"
+            for key in ("stdout", "stderr", "value", "error"):
+                if not isinstance(resp.get(key), (str, type(None))):
+                    return "eof"
+            resp["truncated"] = bool(resp.get("truncated"))
+            return resp
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ValueError):
             return "eof"
 
     def _signal(self, sig: int) -> None:
-        if self._proc is not None and self._proc.returncode is None:
+        if self._pid is not None:
             try:
-                os.killpg(self._proc.pid, sig)
+                os.kill(self._pid, sig)
             except ProcessLookupError:
                 pass
 
     async def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        self._sandbox._live.discard(self)
+        stream, self._stream = self._stream, None
+        # The worker leads its process group (and, isolated, is pid 1 of its pid namespace, so
+        # its death takes every process it started); the reaper exits once the worker is gone.
+        for kill, pid in ((os.killpg, self._pid), (os.kill, self._pid), (os.kill, self._reaper)):
+            if pid is None:
+                continue
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._pid = self._reaper = None
+        if stream is not None:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+        if self._cgroups:
+            self._sandbox._retire_cgroups(self._cgroups)
+            self._cgroups = []
+
+    async def _call(self, code: str, timeout: float) -> ExecResult:
+        assert self._stream is not None
+        payload = json.dumps({"code": code, "max_output": self._sandbox.max_output}).encode()
+        start = time.perf_counter()
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        with anyio.CancelScope(shield=True):
-            await proc.aclose()
+            await self._stream.send(struct.pack(">I", len(payload)) + payload)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            resp = "eof"
+        else:
+            resp = None
+            with anyio.move_on_after(timeout):
+                resp = await self._read_frame()
+            if resp is None:  # deadline: interrupt the code, give it a moment to unwind
+                self._signal(signal.SIGINT)
+                with anyio.move_on_after(self._sandbox.kill_grace):
+                    resp = await self._read_frame()
+                if resp is None or resp == "eof":
+                    await self._kill()
+                    return ExecResult("timeout", error=f"TimeoutError: execution exceeded {timeout:g}s and was "
+                                      "killed", duration_s=time.perf_counter() - start, state_lost=True)
+        if resp == "eof":
+            await self._kill()
+            return ExecResult("crashed", error="the interpreter process died (crash, exit or a resource limit)",
+                              duration_s=time.perf_counter() - start, state_lost=True)
+        return ExecResult(
+            status=resp["status"],
+            stdout=_clean(resp.get("stdout")) or "",
+            stderr=_clean(resp.get("stderr")) or "",
+            value=_clean(resp.get("value")),
+            error=_clean(resp.get("error")),
+            duration_s=time.perf_counter() - start,
+            truncated=resp["truncated"],
+        )
 
     async def run(self, code: str, timeout: float | None = None) -> ExecResult:
         if self._closed:
@@ -144,21 +255,18 @@ class LocalSession(Session):
         timeout = self._sandbox.default_timeout if timeout is None else timeout
         async with self._lock:
             restarted = False
-            if self._proc is None:
+            if self._stream is None:
                 restarted = True
                 await self._start()
             try:
                 res = await self._call(code, timeout)
             except BaseException:
-                # Cancelled or broken mid-call: the worker's state is unknown, so drop it.
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True):  # cancelled mid-call: state unknown, drop it
                     await self._kill()
                 raise
             res.state_lost = res.state_lost or (restarted and self._started_once)
             self._started_once = True
             return res
-
-    _started_once = False
 
     async def aclose(self) -> None:
         if self._closed:
@@ -166,46 +274,203 @@ class LocalSession(Session):
         self._closed = True
         with anyio.CancelScope(shield=True):
             await self._kill()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._sandbox._sessions.discard(self)
 
 
 class LocalSandbox(Sandbox):
-    """Hands out :class:`LocalSession` objects and closes every one still open on ``aclose``."""
+    """A pool of isolated session workers. Use as ``async with`` to get prewarming."""
 
     def __init__(
         self,
+        *,
+        limits: Limits = Limits(),
         default_timeout: float = 5.0,
         max_output: int = 2000,
         kill_grace: float = 0.5,
-        setup_timeout: float = 60.0,
+        prewarm: int = 4,
+        isolate: bool = True,
+        allow_unisolated: bool = False,
+        setup_timeout: float = 120.0,
     ) -> None:
+        self.limits = limits
         self.default_timeout = default_timeout
         self.max_output = max_output
         self.kill_grace = kill_grace
+        self.prewarm = prewarm
         self.setup_timeout = setup_timeout
-        self._live: set[LocalSession] = set()
+        self.isolate = isolate
+        self.allow_unisolated = allow_unisolated
+        self._proc: Process | None = None
+        self._control: _Control | None = None
+        self._templates: dict[str, _Control] = {}
         self._sessions: set[LocalSession] = set()
+        self._ready: dict[str | None, list[LocalSession]] = {}
+        self._cgroups = _Cgroups()
+        self._dead_cgroups: list[str] = []
+        self._start_lock = anyio.Lock()
+        self._tg: TaskGroup | None = None
         self._closed = False
 
-    @property
-    def worker_pids(self) -> list[int]:
-        return [s.pid for s in self._live if s.pid is not None]
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> "LocalSandbox":
+        await self.start()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        if self.prewarm:
+            self._tg.start_soon(self._refill, None)
+        return self
 
-    async def session(self, setup_code: str | None = None) -> LocalSession:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
-        s = LocalSession(self)
-        s._setup_code = setup_code
-        self._sessions.add(s)
-        # Start eagerly so a broken host fails here, and setup code runs before the first call.
-        async with s._lock:
-            await s._start()
-            s._started_once = True
-        return s
+    async def __aexit__(self, *exc: object) -> None:
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self._tg = None
+        await self.aclose()
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._control is not None:
+                return
+            if self._closed:
+                raise SandboxError("sandbox is closed")
+            if self.isolate and not self._cgroups.available and not self.allow_unisolated:
+                raise SandboxError("no writable cgroup v1 'pids' hierarchy: the process-count limit cannot be "
+                                   "enforced; pass allow_unisolated=True to run without it")
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                self._proc = await anyio.open_process(
+                    [sys.executable, "-I", str(FORKSERVER), str(theirs.fileno())],
+                    pass_fds=[theirs.fileno()], stdin=-3, stdout=-3, stderr=None, env=CLEAN_ENV, cwd="/",
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise SandboxError(f"cannot start the sandbox fork server: {exc}") from exc
+            finally:
+                theirs.close()
+            mine.settimeout(120)
+            hello = await anyio.to_thread.run_sync(mine.recv, 1 << 16)
+            mine.settimeout(None)
+            if not hello:
+                raise SandboxError("the sandbox fork server exited at start")
+            self._control = _Control(mine)
+            await self._probe()
+
+    async def _probe(self) -> None:
+        """Refuse to run weaker than asked: a first isolated session must really be isolated."""
+        try:
+            s = await self.session()
+        except SandboxError as exc:
+            if not self.isolate:
+                raise
+            if not self.allow_unisolated:
+                await self.aclose()
+                raise SandboxError(
+                    f"sandbox isolation is not available on this host ({exc}); pass allow_unisolated=True "
+                    "to run without namespaces (NOT safe for untrusted code)"
+                ) from exc
+            warnings.warn(f"agentenv: sandbox isolation unavailable ({exc}); running UNISOLATED", stacklevel=2)
+            log.warning("sandbox isolation unavailable (%s); running UNISOLATED", exc)
+            self.isolate = False
+            s = await self.session()
+        if self.isolate:
+            r = await s.run("import os\n(os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()])", timeout=10)
+            if r.value != "(1, ['1'])":
+                await s.aclose()
+                raise SandboxError(f"sandbox isolation check failed: {r.render()[:300]}")
+        await s.aclose()
 
     async def aclose(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         with anyio.CancelScope(shield=True):
             for s in list(self._sessions):
                 await s.aclose()
-        self._sessions.clear()
+            for ctl in self._templates.values():
+                ctl.close()
+            if self._control is not None:
+                self._control.close()
+            if self._proc is not None:
+                try:
+                    self._proc.kill()
+                except ProcessLookupError:
+                    pass
+                await self._proc.aclose()
+            for _ in range(20):  # workers exit within milliseconds of SIGKILL
+                self._dead_cgroups = [d for d in self._dead_cgroups if not _Cgroups.remove([d])]
+                if not self._dead_cgroups:
+                    break
+                await anyio.sleep(0.05)
+            self._cgroups.remove_roots()
+
+    # -- sessions --------------------------------------------------------------------------
+    @property
+    def worker_pids(self) -> list[int]:
+        return [s.pid for s in self._sessions if s.pid is not None]
+
+    async def session(self, setup_code: str | None = None) -> LocalSession:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        if self._control is None:
+            await self.start()
+        ready = self._ready.get(setup_code)
+        if ready:
+            s = ready.pop()
+        else:
+            s = LocalSession(self, setup_code)
+            self._sessions.add(s)
+            async with s._lock:
+                await s._start()
+                s._started_once = True
+        if self._tg is not None and self.prewarm:
+            self._tg.start_soon(self._refill, setup_code)
+        return s
+
+    async def _refill(self, setup_code: str | None) -> None:
+        ready = self._ready.setdefault(setup_code, [])
+        while len(ready) < self.prewarm and not self._closed:
+            s = LocalSession(self, setup_code)
+            self._sessions.add(s)
+            try:
+                await s._start()
+            except SandboxError:
+                self._sessions.discard(s)
+                return
+            s._started_once = True
+            ready.append(s)
+
+    async def _server_for(self, setup_code: str | None) -> _Control:
+        assert self._control is not None
+        if setup_code is None:
+            return self._control
+        ctl = self._templates.get(setup_code)
+        if ctl is None:
+            with anyio.fail_after(self.setup_timeout):
+                resp, fds = await anyio.to_thread.run_sync(
+                    self._control.request, {"op": "template", "setup": setup_code}
+                )
+            if "error" in resp or not fds:
+                raise SandboxError(f"environment setup code failed: {resp.get('error')}")
+            ctl = self._templates[setup_code] = _Control(socket.socket(fileno=fds[0]))
+        return ctl
+
+    async def _spawn(self, setup_code: str | None) -> tuple[SocketStream, int, int, list[str]]:
+        with anyio.CancelScope(shield=True):  # a half-made worker must not leak
+            server = await self._server_for(setup_code)
+            cgroups = self._cgroups.create(self.limits) if self._cgroups.available else []
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups}
+            try:
+                resp, _ = await anyio.to_thread.run_sync(server.request, req, [theirs.fileno()])
+            finally:
+                theirs.close()
+            if "error" in resp:
+                mine.close()
+                _Cgroups.remove(cgroups)
+                raise SandboxError(f"cannot start a sandbox worker: {resp['error']}")
+            stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
+            return stream, resp["pid"], resp["reaper"], cgroups
+
+    def _retire_cgroups(self, dirs: list[str]) -> None:
+        if not _Cgroups.remove(dirs):
+            self._dead_cgroups.extend(dirs)

@@ -120,6 +120,28 @@ def _read_exact(f, n: int) -> bytes:
     return buf
 
 
+def serve(rf, wf, ns: dict) -> None:
+    """Answer framed requests on (rf, wf) until EOF."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    me = os.getpid()
+    while True:
+        try:
+            (n,) = struct.unpack(">I", _read_exact(rf, 4))
+            req = json.loads(_read_exact(rf, n))
+            resp = execute(req["code"], ns, int(req.get("max_output", 4000)))
+        except KeyboardInterrupt:  # a late timeout signal between calls: ignore it
+            continue
+        except (EOFError, OSError):
+            break
+        if os.getpid() != me:  # a process the user's code forked must never answer
+            os._exit(0)
+        payload = json.dumps(resp, ensure_ascii=True).encode()
+        try:
+            wf.write(struct.pack(">I", len(payload)) + payload)
+        except (OSError, KeyboardInterrupt):
+            break
+
+
 def main() -> None:
     parent = os.getppid()
     _die_with_parent()
@@ -130,22 +152,7 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    ns: dict = {"__name__": "__main__", "__builtins__": __builtins__}
-    while True:
-        try:
-            (n,) = struct.unpack(">I", _read_exact(rf, 4))
-            req = json.loads(_read_exact(rf, n))
-            resp = execute(req["code"], ns, int(req.get("max_output", 4000)))
-        except KeyboardInterrupt:  # a late timeout signal between calls: ignore it
-            continue
-        except EOFError:
-            break
-        payload = json.dumps(resp, ensure_ascii=True).encode()
-        try:
-            wf.write(struct.pack(">I", len(payload)) + payload)
-        except (BrokenPipeError, KeyboardInterrupt):
-            break
+    serve(rf, wf, {"__name__": "__main__", "__builtins__": __builtins__})
 
 
 if __name__ == "__main__":

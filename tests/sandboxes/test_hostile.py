@@ -1,0 +1,296 @@
+"""Hostile code against the local sandbox: every case must be contained, and the pool must
+keep serving afterwards. Real worker processes, real namespaces, real limits."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import anyio
+import psutil
+import pytest
+
+from sandboxes.local import LocalSandbox, Limits
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = Limits(memory_mb=512, cpu_s=20, fsize_mb=8, nofile=128, pids=32, tmp_mb=16)
+SECRET = "AGENTENV_TEST_SECRET"
+MARK = "/tmp/agentenv-hostile-mark"  # on the host: must never be written by sandboxed code
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def sandbox():
+    os.environ[SECRET] = "hunter2"
+    spawned: set[int] = set()
+    async with LocalSandbox(limits=LIMITS, default_timeout=2.0, kill_grace=0.3, prewarm=2) as sb:
+        sb.spawned = spawned  # type: ignore[attr-defined]
+        yield sb
+    os.environ.pop(SECRET, None)
+    # After the suite: every worker this sandbox ever started is gone.
+    deadline = time.time() + 5
+    while time.time() < deadline and any(_alive(p) for p in spawned):
+        time.sleep(0.05)
+    assert not [p for p in spawned if _alive(p)], "leaked sandbox processes"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def hostile(sandbox, code: str, timeout: float = 2.0):
+    """Run ``code`` in a fresh session; check the session and the pool still work after it."""
+    s = await sandbox.session()
+    sandbox.spawned.add(s.pid)
+    try:
+        res = await s.run(code, timeout=timeout)
+        if s.pid:
+            sandbox.spawned.add(s.pid)
+        after = await s.run("6 * 7", timeout=5)
+        assert after.value == "42", f"session unusable after hostile code: {after}"
+    finally:
+        await s.aclose()
+    fresh = await sandbox.session()
+    try:
+        assert (await fresh.run("1 + 1")).value == "2", "pool unhealthy after hostile code"
+    finally:
+        await fresh.aclose()
+    assert os.getpid() and psutil.Process(os.getpid()).is_running()
+    return res
+
+
+# -- resource exhaustion --------------------------------------------------------------------
+async def test_fork_bomb(sandbox):
+    before = len(psutil.pids())
+    r = await hostile(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    assert r.status in ("timeout", "error", "crashed")
+    assert len(psutil.pids()) < before + 40  # the cgroup pids limit held
+
+
+async def test_memory_bomb_single_allocation(sandbox):
+    r = await hostile(sandbox, "x = bytearray(8 * 1024**3)")
+    assert r.status == "error" and "MemoryError" in r.error
+
+
+async def test_memory_bomb_incremental(sandbox):
+    r = await hostile(sandbox, "a = []\nwhile True:\n    a.append(bytearray(10**7))", timeout=10)
+    assert r.status in ("error", "crashed") and (r.status == "crashed" or "MemoryError" in r.error)
+
+
+async def test_infinite_loop(sandbox):
+    r = await hostile(sandbox, "while True:\n    pass")
+    assert r.status == "timeout" and not r.state_lost
+
+
+async def test_cpu_spin_in_thread_ignoring_interrupts(sandbox):
+    code = ("import threading\ndef spin():\n    while True:\n        pass\n"
+            "t = threading.Thread(target=spin, daemon=True)\nt.start()\nt.join()")
+    r = await hostile(sandbox, code)
+    assert r.status == "timeout"
+
+
+async def test_busy_c_extension_loop_is_killed(sandbox):
+    # sum() over a range runs in C and never checks for signals: only a kill stops it.
+    r = await hostile(sandbox, "sum(range(10**13))")
+    assert r.status == "timeout" and r.state_lost
+
+
+async def test_infinite_recursion(sandbox):
+    r = await hostile(sandbox, "def f(n):\n    return f(n + 1)\nf(0)")
+    assert r.status == "error" and "RecursionError" in r.error
+
+
+async def test_sleeping_forever(sandbox):
+    r = await hostile(sandbox, "import time\ntime.sleep(10**6)")
+    assert r.status == "timeout" and not r.state_lost
+
+
+async def test_ignoring_sigint_is_killed(sandbox):
+    r = await hostile(sandbox, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass")
+    assert r.status == "timeout" and r.state_lost
+
+
+async def test_too_many_open_files(sandbox):
+    r = await hostile(sandbox, "fs = [open('/dev/null') for _ in range(10000)]")
+    assert r.status == "error" and "Too many open files" in r.error
+
+
+async def test_filling_the_temp_disk(sandbox):
+    r = await hostile(sandbox, "with open('/tmp/big', 'wb') as f:\n    for _ in range(100):\n        f.write(b'x' * 10**6)")
+    assert r.status in ("error", "crashed")  # EFBIG / ENOSPC / SIGXFSZ
+
+
+# -- network --------------------------------------------------------------------------------
+async def test_tcp_egress(sandbox):
+    r = await hostile(sandbox, "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)")
+    assert r.status == "error" and ("unreachable" in r.error or "OSError" in r.error)
+
+
+async def test_udp_egress(sandbox):
+    r = await hostile(sandbox, "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                               "s.sendto(b'x', ('8.8.8.8', 53))")
+    assert r.status == "error" and "unreachable" in r.error
+
+
+async def test_dns_lookup(sandbox):
+    r = await hostile(sandbox, "import socket\nsocket.getaddrinfo('example.com', 80)")
+    assert r.status == "error"
+
+
+async def test_host_loopback_services_unreachable(sandbox):
+    r = await hostile(sandbox, "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)")
+    assert r.status == "error"
+
+
+async def test_only_a_loopback_interface(sandbox):
+    r = await hostile(sandbox, "import socket\nsorted(n for _, n in socket.if_nameindex())")
+    assert r.value == "['lo']"
+
+
+# -- filesystem -----------------------------------------------------------------------------
+async def test_write_outside_temp_dir(sandbox):
+    for path in ("/etc/agentenv-pwn", "/usr/agentenv-pwn", os.path.abspath("pwn.txt")):
+        r = await hostile(sandbox, f"open({path!r}, 'w').write('x')")
+        assert r.status == "error" and ("Read-only" in r.error or "No such file" in r.error), path
+        assert not os.path.exists(path)
+
+
+async def test_host_tmp_is_not_the_sandbox_tmp(sandbox):
+    r = await hostile(sandbox, f"open({MARK!r}, 'w').write('x')")
+    assert r.status == "ok" and not os.path.exists(MARK)
+
+
+async def test_reading_private_host_files(sandbox):
+    r = await hostile(sandbox, "import os\n(open('/etc/shadow').read(), os.listdir('/root'), os.listdir('/home'))")
+    assert r.status == "ok"
+    shadow, root, home = eval(r.value)
+    assert shadow == "" and root in ([], [".pyenv"]) and home == []
+
+
+async def test_reading_the_repository(sandbox):
+    here = os.path.abspath(__file__)
+    r = await hostile(sandbox, f"open({here!r}).read()")
+    assert r.status == "error" and "No such file" in r.error
+
+
+async def test_remount_is_refused(sandbox):
+    r = await hostile(sandbox, "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                               "(libc.mount(b'none', b'/', None, 32 | 4096, None), ctypes.get_errno())")
+    assert r.value == "(-1, 1)"  # EPERM: no CAP_SYS_ADMIN
+
+
+async def test_deleting_its_own_files_and_changing_cwd(sandbox):
+    r = await hostile(sandbox, "import os, shutil\nos.chdir('/')\nshutil.rmtree('/tmp', ignore_errors=True)\n"
+                               "os.listdir('/tmp')")
+    assert r.status == "ok"
+
+
+# -- processes, signals, environment --------------------------------------------------------
+async def test_reading_the_parent_environment(sandbox):
+    r = await hostile(sandbox, f"import os\n(os.environ.get({SECRET!r}), open('/proc/1/environ', 'rb').read())")
+    assert r.status == "ok" and "hunter2" not in r.value
+
+
+async def test_cannot_see_host_processes(sandbox):
+    r = await hostile(sandbox, "import os\n[p for p in os.listdir('/proc') if p.isdigit()]")
+    assert r.value == "['1']"
+
+
+async def test_killing_the_parent_and_everyone(sandbox):
+    me = os.getpid()
+    r = await hostile(sandbox, f"import os, signal\nfor pid in (os.getppid(), {me}, -1):\n    try:\n"
+                               "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass")
+    assert r.status in ("crashed", "ok", "error")
+    assert psutil.pid_exists(me)
+
+
+async def test_killing_a_sibling_session(sandbox):
+    other = await sandbox.session()
+    sandbox.spawned.add(other.pid)
+    try:
+        await hostile(sandbox, f"import os\nos.kill({other.pid}, 9)")
+        assert (await other.run("'alive'")).value == "'alive'" and not (await other.run("1")).state_lost
+    finally:
+        await other.aclose()
+
+
+async def test_signals_to_itself(sandbox):
+    # The worker is pid 1 of its namespace: signals without a handler, sent from inside, are
+    # dropped by the kernel; whatever happens, the host and the pool are unaffected.
+    r = await hostile(sandbox, "import os, signal\nfor s in (signal.SIGTERM, signal.SIGSEGV, signal.SIGSTOP):\n"
+                               "    os.kill(os.getpid(), s)\n'still here'")
+    assert r.status in ("ok", "crashed")
+
+
+async def test_os_exit(sandbox):
+    r = await hostile(sandbox, "import os\nos._exit(7)")
+    assert r.status == "crashed"
+
+
+async def test_sys_exit(sandbox):
+    r = await hostile(sandbox, "import sys\nsys.exit(3)")
+    assert r.status == "error" and "SystemExit" in r.error
+
+
+async def test_segfault_via_ctypes(sandbox):
+    r = await hostile(sandbox, "import ctypes\nctypes.string_at(0)")
+    assert r.status == "crashed"
+
+
+async def test_spawning_subprocesses(sandbox):
+    r = await hostile(sandbox, "import subprocess\np = subprocess.Popen(['sleep', '4242'])\np.pid")
+    assert r.status == "ok"
+    await anyio.sleep(0.2)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4242"]]
+
+
+async def test_forked_child_cannot_answer_for_the_worker(sandbox):
+    r = await hostile(sandbox, "import os, time\nif os.fork() == 0:\n    time.sleep(0.2)\nelse:\n    time.sleep(0.5)\n'parent'")
+    assert r.value == "'parent'"
+
+
+async def test_leaving_daemon_threads(sandbox):
+    r = await hostile(sandbox, "import threading, time\nthreading.Thread(target=time.sleep, args=(1000,), daemon=True).start()")
+    assert r.status == "ok"
+
+
+async def test_stdin_reads(sandbox):
+    r = await hostile(sandbox, "input('give me data: ')")
+    assert r.status == "error" and "EOFError" in r.error
+
+
+async def test_privilege_escalation_via_setuid_binary(sandbox):
+    r = await hostile(sandbox, "import subprocess\nsubprocess.run(['su', '-c', 'id'], capture_output=True, timeout=2).returncode")
+    assert r.status in ("ok", "error") and r.value != "0"
+
+
+# -- output ---------------------------------------------------------------------------------
+async def test_huge_stdout(sandbox):
+    r = await hostile(sandbox, "for _ in range(1000):\n    print('x' * 100000)")
+    assert r.status == "ok" and r.truncated and len(r.stdout) <= sandbox.max_output
+
+
+async def test_huge_trailing_value(sandbox):
+    r = await hostile(sandbox, "'y' * 10**7")
+    assert r.status == "ok" and len(r.value) <= sandbox.max_output + 3
+
+
+async def test_invalid_utf8_and_binary_output(sandbox):
+    r = await hostile(sandbox, "import sys\nprint(bytes(range(256)).decode('latin-1'))\n"
+                               "print(b'\\xff\\xfe'.decode('utf-8', 'surrogateescape'))")
+    assert r.status == "ok"
+    r.render().encode("utf-8")
+
+
+async def test_garbage_on_the_protocol_socket(sandbox):
+    r = await hostile(sandbox, "import os\nfor fd in range(3, 64):\n    try:\n"
+                               "        os.write(fd, b'\\xff' * 64)\n    except OSError:\n        pass")
+    assert r.status in ("crashed", "ok")
