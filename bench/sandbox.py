@@ -1,0 +1,105 @@
+"""Local sandbox pool vs. a fresh python3 process per call, side by side in one run.
+
+    python bench/sandbox.py [--calls 2000 --baseline-calls 100]
+
+For concurrency 1 and 32: trivial code (``1 + 1``) through the pool (each concurrent client
+holds its own isolated session) and through a fresh ``python3 -c`` process per call (what a
+naive sandbox does, with no isolation at all). Prints call latency p50/p99 and calls/s for
+both, then as the last line ``sandbox_speedup: <baseline time per call / pool time per call>``
+at concurrency 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sandboxes.local import LocalSandbox  # noqa: E402
+
+CODE = "1 + 1"
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def pool_run(sb: LocalSandbox, concurrency: int, calls: int) -> tuple[float, list[float]]:
+    sessions = [await sb.session() for _ in range(concurrency)]
+    lat: list[float] = []
+    per = calls // concurrency
+
+    async def client(s) -> None:
+        for _ in range(per):
+            t = time.perf_counter()
+            r = await s.run(CODE)
+            lat.append(time.perf_counter() - t)
+            assert r.value == "2", r
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for s in sessions:
+            tg.start_soon(client, s)
+    wall = time.perf_counter() - t0
+    for s in sessions:
+        await s.aclose()
+    return wall, lat
+
+
+async def baseline_run(concurrency: int, calls: int) -> tuple[float, list[float]]:
+    lat: list[float] = []
+    per = max(1, calls // concurrency)
+
+    async def client() -> None:
+        for _ in range(per):
+            t = time.perf_counter()
+            r = await anyio.run_process([sys.executable, "-c", f"print({CODE})"])
+            lat.append(time.perf_counter() - t)
+            assert r.stdout.strip() == b"2"
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(client)
+    return time.perf_counter() - t0, lat
+
+
+def line(name: str, wall: float, lat: list[float]) -> str:
+    return (f"{name:28s} calls {len(lat):5d}  p50 {1000 * statistics.median(lat):7.2f} ms  "
+            f"p99 {1000 * pct(lat, 0.99):7.2f} ms  {len(lat) / wall:8.1f} calls/s")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=3200)
+    ap.add_argument("--baseline-calls", type=int, default=96)
+    a = ap.parse_args()
+    results = {}
+    async with LocalSandbox(prewarm=0) as sb:
+        t = time.perf_counter()
+        s = await sb.session()
+        spawn = time.perf_counter() - t
+        await s.aclose()
+        print(f"isolated session start (fork + namespaces + limits): {1000 * spawn:.1f} ms")
+        for c in (1, 32):
+            await pool_run(sb, c, 64)  # warm up
+            results[("pool", c)] = await pool_run(sb, c, a.calls)
+    for c in (1, 32):
+        results[("baseline", c)] = await baseline_run(c, a.baseline_calls)
+    for c in (1, 32):
+        print(line(f"pool, concurrency {c}", *results[("pool", c)]))
+        print(line(f"fresh python3, concurrency {c}", *results[("baseline", c)]))
+    per_call = {k: wall / len(lat) for k, (wall, lat) in results.items()}
+    print(f"speedup at concurrency 1: {per_call[('baseline', 1)] / per_call[('pool', 1)]:.1f}")
+    print(f"sandbox_speedup: {per_call[('baseline', 32)] / per_call[('pool', 32)]:.1f}")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
