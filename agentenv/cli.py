@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, default=Path("rollouts.jsonl"), help="output JSONL file")
     r.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
     r.add_argument("--engine", default="embedded", choices=["embedded"], help="inference engine")
+    r.add_argument("--sandbox", default="local", choices=["local", "e2b"],
+                   help="tool sandbox: the isolated local pool (default) or E2B (E2B_API_KEY)")
     r.add_argument("--concurrency", type=_positive(int), default=32, help="programs in flight (default 32)")
     r.add_argument("--max-turns", type=_positive(int), default=None, help="model turns per program (default: env's)")
     r.add_argument("--max-new-tokens", type=_positive(int), default=384, help="sampled tokens per program")
@@ -101,6 +104,8 @@ def _rollout(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
     )
+    if args.sandbox == "e2b" and not (os.environ.get("E2B_API_KEY") or os.environ.get("E2B_DEBUG")):
+        raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
     if args.out.parent and not args.out.parent.exists():
         raise AgentEnvError(f"output directory does not exist: {args.out.parent}")
     tasks = env.tasks(args.tasks, seed=args.seed)
@@ -132,7 +137,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
         TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
     )
     try:
-        async with engine, default_sandbox() as sandbox, Reactor(engine, env, sandbox, config) as reactor:
+        async with engine, default_sandbox(args.sandbox) as sandbox, Reactor(engine, env, sandbox, config) as reactor:
             with progress, args.out.open("w", encoding="utf-8") as f:
                 bar = progress.add_task("rollouts", total=total, info="")
                 async with reactor.rollouts(tasks, args.group_size) as results:

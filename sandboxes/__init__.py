@@ -1,11 +1,20 @@
-"""Execution backends for tool code: ``sandboxes.local`` (default) and, later, E2B."""
+"""Execution backends for tool code: ``sandboxes.local`` (default) and ``sandboxes.e2b``."""
 
 from .base import ExecResult, ExecStatus, Sandbox, Session
 
 __all__ = ["ExecResult", "ExecStatus", "Sandbox", "Session", "default_sandbox"]
 
 
-def default_sandbox(**kwargs) -> Sandbox:
-    from .local import LocalSandbox
+def default_sandbox(kind: str = "local", **kwargs) -> Sandbox:
+    """``local`` (the hardened local pool, default) or ``e2b`` (needs ``agentenv[e2b]``)."""
+    if kind == "local":
+        from .local import LocalSandbox
 
-    return LocalSandbox(**kwargs)
+        return LocalSandbox(**kwargs)
+    if kind == "e2b":
+        from .e2b import E2BSandbox
+
+        return E2BSandbox(**kwargs)
+    from agentenv.errors import ConfigError
+
+    raise ConfigError(f"unknown sandbox {kind!r}; choose local or e2b")
