@@ -61,6 +61,7 @@ class Limits:
     nofile: int = 256  # open files
     pids: int = 64  # processes and threads in the session (cgroup pids.max)
     tmp_mb: int = 128  # its private /tmp
+    seccomp: bool = True  # deny syscalls a session never needs (needs libseccomp)
 
 
 def _clean(s: str | None) -> str | None:
@@ -274,7 +275,9 @@ class LocalSession(Session):
         self._closed = True
         with anyio.CancelScope(shield=True):
             await self._kill()
-        self._sandbox._sessions.discard(self)
+        if self in self._sandbox._sessions:
+            self._sandbox._sessions.discard(self)
+            self._sandbox._slots.release()
 
 
 class LocalSandbox(Sandbox):
@@ -288,6 +291,7 @@ class LocalSandbox(Sandbox):
         max_output: int = 2000,
         kill_grace: float = 0.5,
         prewarm: int = 4,
+        max_workers: int = 256,
         isolate: bool = True,
         allow_unisolated: bool = False,
         setup_timeout: float = 120.0,
@@ -297,6 +301,8 @@ class LocalSandbox(Sandbox):
         self.max_output = max_output
         self.kill_grace = kill_grace
         self.prewarm = prewarm
+        self.max_workers = max_workers
+        self._slots = anyio.Semaphore(max_workers)
         self.setup_timeout = setup_timeout
         self.isolate = isolate
         self.allow_unisolated = allow_unisolated
@@ -333,9 +339,13 @@ class LocalSandbox(Sandbox):
                 return
             if self._closed:
                 raise SandboxError("sandbox is closed")
-            if self.isolate and not self._cgroups.available and not self.allow_unisolated:
-                raise SandboxError("no writable cgroup v1 'pids' hierarchy: the process-count limit cannot be "
-                                   "enforced; pass allow_unisolated=True to run without it")
+            if self.isolate and not self._cgroups.available:
+                if not self.allow_unisolated:
+                    raise SandboxError("no writable cgroup v1 'pids' hierarchy: the process-count limit cannot be "
+                                       "enforced; pass allow_unisolated=True to run without it")
+                warnings.warn("agentenv: no cgroup 'pids' hierarchy: sandbox sessions run WITHOUT a process-count "
+                              "or memory cgroup limit", stacklevel=2)
+                log.warning("no cgroup pids hierarchy: sandbox sessions run without process/memory cgroup limits")
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 self._proc = await anyio.open_process(
@@ -352,6 +362,9 @@ class LocalSandbox(Sandbox):
             mine.settimeout(None)
             if not hello:
                 raise SandboxError("the sandbox fork server exited at start")
+            if self.limits.seccomp and not json.loads(hello).get("seccomp"):
+                warnings.warn("agentenv: libseccomp/pyseccomp unavailable: sandbox sessions run without a "
+                              "seccomp filter", stacklevel=2)
             self._control = _Control(mine)
             await self._probe()
 
@@ -417,11 +430,17 @@ class LocalSandbox(Sandbox):
         if ready:
             s = ready.pop()
         else:
+            await self._slots.acquire()  # at most max_workers sessions at once
             s = LocalSession(self, setup_code)
             self._sessions.add(s)
-            async with s._lock:
-                await s._start()
-                s._started_once = True
+            try:
+                async with s._lock:
+                    await s._start()
+                    s._started_once = True
+            except BaseException:
+                self._sessions.discard(s)
+                self._slots.release()
+                raise
         if self._tg is not None and self.prewarm:
             self._tg.start_soon(self._refill, setup_code)
         return s
@@ -429,12 +448,17 @@ class LocalSandbox(Sandbox):
     async def _refill(self, setup_code: str | None) -> None:
         ready = self._ready.setdefault(setup_code, [])
         while len(ready) < self.prewarm and not self._closed:
+            try:
+                self._slots.acquire_nowait()  # prewarm only into free capacity
+            except anyio.WouldBlock:
+                return
             s = LocalSession(self, setup_code)
             self._sessions.add(s)
             try:
                 await s._start()
             except SandboxError:
                 self._sessions.discard(s)
+                self._slots.release()
                 return
             s._started_once = True
             ready.append(s)

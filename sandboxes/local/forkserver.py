@@ -47,6 +47,21 @@ for _mod in ("math", "json", "re", "itertools", "functools", "collections", "fra
     except Exception:  # noqa: BLE001 - optional warm imports
         pass
 
+try:
+    import pyseccomp
+except Exception:  # noqa: BLE001 - optional: libseccomp may be missing
+    pyseccomp = None
+
+# Syscalls a session never needs that widen the kernel surface (user namespaces, tracing,
+# module and keyring calls, io_uring, bpf, ...): they fail with EPERM under seccomp.
+SECCOMP_DENY = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
+    "unshare", "setns", "kexec_load", "kexec_file_load", "bpf", "perf_event_open", "userfaultfd",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key",
+    "init_module", "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at",
+    "swapon", "swapoff", "reboot", "acct", "quotactl",
+)
+
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 
@@ -136,6 +151,18 @@ def drop_privileges() -> None:
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
+def apply_seccomp() -> None:
+    import errno
+
+    f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in SECCOMP_DENY:
+        try:
+            f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+        except Exception:  # noqa: BLE001 - a syscall this kernel/arch does not have
+            pass
+    f.load()
+
+
 def apply_rlimits(limits: dict) -> None:
     mb = 1024 * 1024
     for res, value in (
@@ -167,6 +194,8 @@ def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: 
     apply_rlimits(limits)
     if isolate:
         drop_privileges()
+        if limits.get("seccomp") and pyseccomp is not None:
+            apply_seccomp()
     worker.serve(sock.makefile("rb", buffering=0), sock.makefile("wb", buffering=0), ns)
     os._exit(0)
 
@@ -293,7 +322,7 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):
         os.dup2(devnull, fd)
-    ctrl.send(json.dumps({"ok": True, "pid": os.getpid()}).encode())
+    ctrl.send(json.dumps({"ok": True, "pid": os.getpid(), "seccomp": pyseccomp is not None}).encode())
     serve_control(ctrl, {"__name__": "__main__", "__builtins__": __builtins__})
 
 

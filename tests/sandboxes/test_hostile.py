@@ -4,6 +4,7 @@ keep serving afterwards. Real worker processes, real namespaces, real limits."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import anyio
@@ -157,10 +158,14 @@ async def test_only_a_loopback_interface(sandbox):
 
 # -- filesystem -----------------------------------------------------------------------------
 async def test_write_outside_temp_dir(sandbox):
-    for path in ("/etc/agentenv-pwn", "/usr/agentenv-pwn", os.path.abspath("pwn.txt")):
+    for path in ("/etc/agentenv-pwn", "/usr/agentenv-pwn", sys.executable + "-pwn"):
         r = await hostile(sandbox, f"open({path!r}, 'w').write('x')")
         assert r.status == "error" and ("Read-only" in r.error or "No such file" in r.error), path
         assert not os.path.exists(path)
+    # The checkout: hidden, or (when it lies under /tmp) inside the sandbox's private tmpfs.
+    path = os.path.abspath("pwn.txt")
+    await hostile(sandbox, f"open({path!r}, 'w').write('x')")
+    assert not os.path.exists(path)
 
 
 async def test_host_tmp_is_not_the_sandbox_tmp(sandbox):
@@ -294,3 +299,11 @@ async def test_garbage_on_the_protocol_socket(sandbox):
     r = await hostile(sandbox, "import os\nfor fd in range(3, 64):\n    try:\n"
                                "        os.write(fd, b'\\xff' * 64)\n    except OSError:\n        pass")
     assert r.status in ("crashed", "ok")
+
+
+async def test_seccomp_denies_kernel_surface(sandbox):
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "out = []\nfor call in (lambda: libc.unshare(0x10000000), lambda: libc.ptrace(16, 1, 0, 0)):\n"
+            "    ctypes.set_errno(0)\n    out.append((call(), ctypes.get_errno()))\nout")
+    r = await hostile(sandbox, code)
+    assert r.value == "[(-1, 1), (-1, 1)]"  # user namespaces and ptrace: EPERM

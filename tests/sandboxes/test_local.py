@@ -2,9 +2,11 @@
 
 import os
 
+import anyio
 import psutil
 import pytest
 
+from agentenv.errors import SandboxError
 from sandboxes.local import LocalSandbox
 
 pytestmark = pytest.mark.anyio
@@ -112,3 +114,65 @@ async def test_no_worker_survives_close():
     await sb.aclose()  # idempotent
     me = psutil.Process(os.getpid())
     assert not {c.pid for c in me.children(recursive=True)} & set(pids)
+
+
+async def test_setup_runs_once_and_sessions_fork_the_prepared_state():
+    setup = "import time, os\nPREPARED_AT = time.time()\nPREPARED_BY = os.getpid()"
+    async with LocalSandbox(prewarm=0) as sb:
+        a = await sb.session(setup_code=setup)
+        b = await sb.session(setup_code=setup)
+        ra, rb = await a.run("PREPARED_AT, PREPARED_BY"), await b.run("PREPARED_AT, PREPARED_BY")
+        assert ra.status == "ok" and ra.value == rb.value  # one preparation, copied into both
+        assert (await a.run("PREPARED_BY != os.getpid()")).value == "True"
+
+
+async def test_max_workers_caps_live_sessions():
+    async with LocalSandbox(prewarm=0, max_workers=2) as sb:
+        a, b = await sb.session(), await sb.session()
+        with anyio.move_on_after(0.5) as scope:
+            await sb.session()
+        assert scope.cancelled_caught
+        await a.aclose()
+        c = await sb.session()
+        assert (await c.run("1")).value == "1"
+        await b.aclose()
+
+
+async def test_refuses_to_run_weaker_than_asked(monkeypatch):
+    from sandboxes.local import _Cgroups
+
+    monkeypatch.setattr(_Cgroups, "available", property(lambda self: False))
+    with pytest.raises(SandboxError, match="allow_unisolated"):
+        async with LocalSandbox():
+            pass
+    with pytest.warns(UserWarning, match="WITHOUT a process-count"):
+        async with LocalSandbox(allow_unisolated=True, prewarm=0) as sb:
+            s = await sb.session()
+            assert (await s.run("import os\nos.getpid()")).value == "1"  # namespaces still apply
+
+
+def test_workers_die_with_their_parent(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import anyio, sys\n"
+        "from sandboxes.local import LocalSandbox\n"
+        "async def main():\n"
+        "    sb = LocalSandbox(prewarm=0)\n"
+        "    s = await sb.session()\n"
+        "    await s.run('1')\n"
+        "    print(s.pid, sb._proc.pid, flush=True)\n"
+        "    await anyio.sleep(60)\n"
+        "anyio.run(main)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    worker, server = map(int, proc.stdout.readline().split())
+    assert psutil.pid_exists(worker) and psutil.pid_exists(server)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert gone(server, wait=5) and gone(worker, wait=5)
