@@ -45,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--group-size", type=_positive(int), default=4, help="samples per task, a GRPO group (default 4)")
     r.add_argument("--out", type=Path, default=Path("rollouts.jsonl"), help="output JSONL file")
     r.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
-    r.add_argument("--engine", default="embedded", choices=["embedded"], help="inference engine")
+    r.add_argument("--engine", default="embedded", choices=["embedded", "vllm", "openai"],
+                   help="embedded (CPU, default), vllm (in-process AsyncLLM), openai (HTTP server)")
+    r.add_argument("--base-url", action="append", default=None,
+                   help="server URL for --engine openai (repeat for several replicas)")
     r.add_argument("--sandbox", default="local", choices=["local", "e2b"],
                    help="tool sandbox: the isolated local pool (default) or E2B (E2B_API_KEY)")
     r.add_argument("--concurrency", type=_positive(int), default=32, help="programs in flight (default 32)")
@@ -95,7 +98,9 @@ def _rollout(args: argparse.Namespace) -> int:
 
     env = make(args.env)
     model = Path(args.model) if args.model else default_model()
-    check_model_dir(model)
+    check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
+    if args.engine == "openai" and not args.base_url:
+        raise AgentEnvError("--engine openai needs --base-url http://HOST:PORT")
     config = RolloutConfig(
         max_turns=args.max_turns or env.max_turns,
         max_new_tokens=args.max_new_tokens,
@@ -126,9 +131,19 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     console = Console(stderr=True)
     console.print(f"[bold]agentenv[/] rollout: env={env.id} model={model} engine={args.engine} "
                   f"tasks={len(tasks)} x group {args.group_size}")
-    engine = await anyio.to_thread.run_sync(
-        lambda: create_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p, seed=args.seed)
-    )
+    if args.engine == "vllm":
+        from .engines.vllm import VLLMEngine
+
+        engine = await VLLMEngine.create(str(model), seed=args.seed)
+    elif args.engine == "openai":
+        from .engines.openai import OpenAIEngine
+
+        engine = await OpenAIEngine.create(args.base_url, str(model))
+    else:
+        engine = await anyio.to_thread.run_sync(
+            lambda: create_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
+                                  seed=args.seed)
+        )
     check_env(env, tokenizer=engine.tokenizer)
     total = len(tasks) * args.group_size
     written = 0

@@ -143,6 +143,7 @@ async def run_lockstep(engine, env, tasks, group_size, config) -> tuple[float, R
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(default_model()))
+    ap.add_argument("--engine", default="embedded", choices=["embedded", "vllm"])
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=64)
@@ -153,13 +154,18 @@ async def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
 
-    engine = EmbeddedEngine(a.model, seed=a.seed)
+    if a.engine == "vllm":
+        from agentenv.engines.vllm import VLLMEngine
+
+        engine = await VLLMEngine.create(a.model, seed=a.seed)
+    else:
+        engine = EmbeddedEngine(a.model, seed=a.seed)
     env = BenchEnv()
     env.tool = SlowPython(a.median_latency, a.sigma, a.cap)
     make("retool-math")  # the registry check runs on the real env class too
     tasks = env.tasks(a.tasks, seed=a.seed)
     config = RolloutConfig(max_turns=a.max_turns, max_new_tokens=256, concurrency=a.concurrency)
-    print(f"{len(tasks)} tasks x {a.group_size} samples, concurrency {a.concurrency}, tool latency "
+    print(f"engine {a.engine}: {len(tasks)} tasks x {a.group_size} samples, concurrency {a.concurrency}, tool latency "
           f"lognormal(median={a.median_latency}s, sigma={a.sigma}) capped at {a.cap}s + real execution")
     try:
         # Warm up (first-request overheads), then measure both modes in the same process.

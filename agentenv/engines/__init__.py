@@ -12,4 +12,5 @@ def create_engine(kind: str, model: str, **kwargs) -> Engine:
         from .embedded import EmbeddedEngine
 
         return EmbeddedEngine(model, **kwargs)
-    raise ConfigError(f"unknown engine {kind!r}; available: embedded")
+    raise ConfigError(f"unknown engine {kind!r} for create_engine; use EmbeddedEngine, "
+                      "await VLLMEngine.create(...) or await OpenAIEngine.create(...)")

