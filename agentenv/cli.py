@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
     r.add_argument("--engine", default="embedded", choices=["embedded", "vllm", "openai"],
                    help="embedded (CPU, default), vllm (in-process AsyncLLM), openai (HTTP server)")
+    r.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine setting, repeatable (e.g. block_size=32, kv_cache_memory_bytes=268435456, "
+                        "tensor_parallel_size=2, max_model_len=4096); VALUE is parsed as JSON when it can be")
     r.add_argument("--base-url", action="append", default=None,
                    help="server URL for --engine openai (repeat for several replicas)")
     r.add_argument("--sandbox", default="local", choices=["local", "e2b"],
@@ -80,6 +83,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _engine_args(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise AgentEnvError(f"--engine-arg wants KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def _envs() -> int:
     from .registry import registered
 
@@ -101,6 +117,7 @@ def _rollout(args: argparse.Namespace) -> int:
     check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
     if args.engine == "openai" and not args.base_url:
         raise AgentEnvError("--engine openai needs --base-url http://HOST:PORT")
+    args.engine_kwargs = _engine_args(args.engine_arg)
     config = RolloutConfig(
         max_turns=args.max_turns or env.max_turns,
         max_new_tokens=args.max_new_tokens,
@@ -131,19 +148,22 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     console = Console(stderr=True)
     console.print(f"[bold]agentenv[/] rollout: env={env.id} model={model} engine={args.engine} "
                   f"tasks={len(tasks)} x group {args.group_size}")
-    if args.engine == "vllm":
-        from .engines.vllm import VLLMEngine
+    try:
+        if args.engine == "vllm":
+            from .engines.vllm import VLLMEngine
 
-        engine = await VLLMEngine.create(str(model), seed=args.seed)
-    elif args.engine == "openai":
-        from .engines.openai import OpenAIEngine
+            engine = await VLLMEngine.create(str(model), seed=args.seed, **args.engine_kwargs)
+        elif args.engine == "openai":
+            from .engines.openai import OpenAIEngine
 
-        engine = await OpenAIEngine.create(args.base_url, str(model))
-    else:
-        engine = await anyio.to_thread.run_sync(
-            lambda: create_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
-                                  seed=args.seed)
-        )
+            engine = await OpenAIEngine.create(args.base_url, str(model), **args.engine_kwargs)
+        else:
+            engine = await anyio.to_thread.run_sync(
+                lambda: create_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
+                                      seed=args.seed, **args.engine_kwargs)
+            )
+    except TypeError as exc:  # an --engine-arg the engine does not take
+        raise AgentEnvError(f"bad --engine-arg for the {args.engine} engine: {exc}") from exc
     check_env(env, tokenizer=engine.tokenizer)
     total = len(tasks) * args.group_size
     written = 0

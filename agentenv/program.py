@@ -129,7 +129,7 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, session: Any
             stop_token_ids=ctx.stop_token_ids,
         )
         gen = await engine.generate(traj.input_ids, params, f"{traj.id}-{turn}")
-        traj.add_model(gen.token_ids, gen.logprobs, gen.weight_version)
+        traj.add_model(gen.token_ids, gen.logprobs, gen.versions)
         traj.turns.append(
             TurnStats(gen.prompt_tokens, gen.cached_tokens, len(gen.token_ids), gen.finish_reason,
                       gen.latency_s, gen.weight_version)

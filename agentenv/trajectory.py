@@ -105,11 +105,11 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     # -- building -------------------------------------------------------------------------
-    def add_model(self, token_ids: list[int], logprobs: list[float], weight_version: int) -> None:
+    def add_model(self, token_ids: list[int], logprobs: list[float], weight_version: int | list[int]) -> None:
+        """Sampled tokens; ``weight_version`` is one version for all, or one per token."""
         if token_ids:
-            self.segments.append(
-                Segment("model", list(token_ids), list(logprobs), [weight_version] * len(token_ids))
-            )
+            versions = [weight_version] * len(token_ids) if isinstance(weight_version, int) else list(weight_version)
+            self.segments.append(Segment("model", list(token_ids), list(logprobs), versions))
 
     def add_env(self, token_ids: list[int]) -> None:
         if token_ids:

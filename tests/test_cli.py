@@ -40,6 +40,8 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
         (["rollout", "--model", "/nonexistent/model"], "model directory not found"),
         (["rollout", "--env", "retool-mat"], "Did you mean 'retool-math'"),
         (["rollout", "--out", "/nonexistent/dir/r.jsonl"], "output directory does not exist"),
+        (["rollout", "--engine", "openai"], "needs --base-url"),
+        (["rollout", "--engine-arg", "oops"], "KEY=VALUE"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):

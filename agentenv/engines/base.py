@@ -24,6 +24,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    #: The request ends right after sampling one of these (and only these: EOS too must be
+    #: listed to stop on it).
     stop_token_ids: tuple[int, ...] = ()
 
 
@@ -38,6 +40,12 @@ class Generation:
     stop_token_id: int | None = None
     latency_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Per-token versions, when a weight update landed while this request was running.
+    token_versions: list[int] | None = None
+
+    @property
+    def versions(self) -> list[int]:
+        return self.token_versions if self.token_versions is not None else [self.weight_version] * len(self.token_ids)
 
 
 class Engine(abc.ABC):

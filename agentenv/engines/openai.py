@@ -140,6 +140,7 @@ class OpenAIEngine(Engine):
                 extra_body={
                     "return_token_ids": True,
                     "stop_token_ids": list(params.stop_token_ids),
+                    "ignore_eos": True,  # stop only at the stop ids named (EOS is named by the reactor)
                     "top_k": params.top_k if params.top_k > 0 else -1,
                     "skip_special_tokens": False,
                     "cache_salt": f"v{version}",

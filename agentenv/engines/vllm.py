@@ -10,9 +10,10 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
   vLLM's default ``raw_logprobs`` would be of the unscaled model distribution;
 * ``num_cached_tokens`` (vLLM's prefix-cache hit) is reported per request;
 * weights are updated through a worker extension (``collective_rpc`` -> ``load_weights``)
-  while generation is paused; the prefix cache is *salted* with the weight version, so KV
-  computed by old weights is never reused by a new-version request, while requests in flight
-  keep their own KV and finish (their tokens keep the version that sampled them);
+  while generation is paused with ``mode="keep"`` (in-flight requests frozen, not aborted);
+  outputs stream as deltas stamped with the version current on arrival, so a request that
+  spans an update reports per-token versions; the prefix cache is *salted* with the weight
+  version, so KV computed by old weights is never reused by a new-version request;
 * cancellation aborts the request in the engine.
 """
 
@@ -43,6 +44,7 @@ class VLLMEngine(Engine):
         self._version = 0
         self._closed = False
         self._update_lock = anyio.Lock()
+        self._loras: dict[str, Any] = {}
 
     @classmethod
     async def create(
@@ -57,6 +59,7 @@ class VLLMEngine(Engine):
         tensor_parallel_size: int = 1,
         enforce_eager: bool | None = None,
         enable_lora: bool = False,
+        max_lora_rank: int = 16,
         seed: int = 0,
         **engine_args: Any,
     ) -> "VLLMEngine":
@@ -79,6 +82,8 @@ class VLLMEngine(Engine):
             "seed": seed,
             "enable_lora": enable_lora,
         }
+        if enable_lora:
+            args["max_lora_rank"] = max_lora_rank
         if block_size or on_cpu:
             args["block_size"] = block_size or 32  # the CPU backend needs a multiple of 32
         if kv_cache_memory_bytes or on_cpu:
@@ -103,12 +108,24 @@ class VLLMEngine(Engine):
             top_k=params.top_k if params.top_k > 0 else -1,
             logprobs=0,
             stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=True,  # the contract: a request stops only at the stop ids it names
             detokenize=False,
             skip_special_tokens=False,
         )
 
+    async def add_lora(self, name: str, path: str | Path) -> str:
+        """Register a PEFT LoRA adapter directory; pass ``lora=name`` to ``generate``."""
+        from vllm.lora.request import LoRARequest
+
+        if not Path(path, "adapter_config.json").is_file():
+            raise ConfigError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
+        req = LoRARequest(name, len(self._loras) + 1, str(path))
+        await self.llm.add_lora(req)
+        self._loras[name] = req
+        return name
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                       lora: Any = None) -> Generation:
+                       lora: str | None = None) -> Generation:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -120,26 +137,37 @@ class VLLMEngine(Engine):
         async with self._update_lock:  # admitted between weight updates, never during one
             version = self._version
         sp = self._sampling(params, min(params.max_tokens, room))
-        sp.output_kind = RequestOutputKind.FINAL_ONLY
+        sp.output_kind = RequestOutputKind.DELTA
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=f"v{version}")
         start = time.perf_counter()
-        final = None
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        last = None
         try:
-            async for out in self.llm.generate(prompt, sp, request_id, lora_request=lora):
-                final = out
+            lora_request = self._loras[lora] if lora is not None else None
+            async for out in self.llm.generate(prompt, sp, request_id, lora_request=lora_request):
+                last = out
+                c = out.outputs[0]
+                new = list(c.token_ids)
+                if c.logprobs is None or len(c.logprobs) != len(new):
+                    raise EngineError("vLLM returned tokens without one logprob each")
+                tokens += new
+                logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
+                # Stamped on arrival: tokens produced after a weight update carry the new
+                # version (updates pause the engine, swap weights, bump, then resume).
+                versions += [self._version] * len(new)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.llm.abort(request_id)
             raise
+        except EngineError:
+            raise
         except Exception as exc:  # noqa: BLE001 - engine failures surface as EngineError
             raise EngineError(f"vLLM generation failed: {type(exc).__name__}: {exc}") from exc
-        if final is None or not final.outputs:
+        if last is None or not last.outputs:
             raise EngineError("vLLM returned no output")
-        c = final.outputs[0]
-        tokens = list(c.token_ids)
-        if c.logprobs is None or len(c.logprobs) != len(tokens):
-            raise EngineError("vLLM returned tokens without one logprob each")
-        logprobs = [float(lp[t].logprob) for lp, t in zip(c.logprobs, tokens)]
+        c = last.outputs[0]
         reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
         stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
         return Generation(
@@ -147,10 +175,11 @@ class VLLMEngine(Engine):
             logprobs=logprobs,
             finish_reason=reason,  # type: ignore[arg-type]
             prompt_tokens=len(prompt_ids),
-            cached_tokens=int(final.num_cached_tokens or 0),
+            cached_tokens=int(last.num_cached_tokens or 0),
             weight_version=version,
             stop_token_id=stop_tok,
             latency_s=time.perf_counter() - start,
+            token_versions=versions if any(v != version for v in versions) else None,
         )
 
     async def abort(self, request_id: str) -> None:
@@ -163,8 +192,14 @@ class VLLMEngine(Engine):
         items = weights.items() if isinstance(weights, dict) else weights
         blob = save({n: t.detach().to("cpu").contiguous() for n, t in items})
         async with self._update_lock:
-            await self.llm.collective_rpc("agentenv_load_weights", args=(blob,))
-            self._version = self._version + 1 if version is None else int(version)
+            # In-flight requests are frozen (not aborted), keep their KV, and go on with the
+            # new weights after resume; their later tokens carry the new version.
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self.llm.collective_rpc("agentenv_load_weights", args=(blob,))
+                self._version = self._version + 1 if version is None else int(version)
+            finally:
+                await self.llm.resume_generation()
         return self._version
 
     async def aclose(self) -> None:

@@ -23,7 +23,7 @@ def anyio_backend():
 async def vengine(model_dir):
     from agentenv.engines.vllm import VLLMEngine
 
-    eng = await VLLMEngine.create(model_dir, max_model_len=1024)
+    eng = await VLLMEngine.create(model_dir, max_model_len=1024, enable_lora=True, max_lora_rank=8)
     yield eng
     await eng.aclose()
 
@@ -81,3 +81,64 @@ async def test_reactor_on_vllm(vengine):
     assert reactor.stats.resume_reuse > 0.9
     for t in trajs:
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
+
+
+def make_lora_adapter(model_dir: str, out: str, rank: int = 8) -> str:
+    """A PEFT-format LoRA adapter on q_proj/v_proj with strong random weights."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.load(open(f"{model_dir}/config.json"))
+    h, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    g = torch.Generator().manual_seed(0)
+    weights = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for mod, dim in (("q_proj", h), ("v_proj", kv)):
+            pre = f"base_model.model.model.layers.{i}.self_attn.{mod}"
+            weights[f"{pre}.lora_A.weight"] = torch.randn(rank, h, generator=g)
+            weights[f"{pre}.lora_B.weight"] = torch.randn(dim, rank, generator=g)
+    save_file(weights, f"{out}/adapter_model.safetensors")
+    json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"],
+               "bias": "none", "task_type": "CAUSAL_LM", "lora_dropout": 0.0,
+               "base_model_name_or_path": model_dir}, open(f"{out}/adapter_config.json", "w"))
+    return out
+
+
+async def test_lora_adapter_is_loaded_by_path_and_routed_per_request(vengine, model_dir, tmp_path):
+    from agentenv.errors import ConfigError
+
+    await vengine.add_lora("strong", make_lora_adapter(model_dir, str(tmp_path)))
+    prompt = testing.chat_prompt(vengine, "Compute 12 * 34.")
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    base = await vengine.generate(prompt, greedy, "lora-base")
+    adapted = await vengine.generate(prompt, greedy, "lora-on", lora="strong")
+    again = await vengine.generate(prompt, greedy, "lora-base-2")
+    assert adapted.token_ids != base.token_ids  # the adapter changes this request only
+    assert again.token_ids == base.token_ids
+    with pytest.raises(ConfigError, match="adapter_config.json"):
+        await vengine.add_lora("missing", tmp_path / "nope")
+
+
+async def test_update_during_a_request_keeps_it_running_with_per_token_versions(vengine, model_dir):
+    import anyio
+    from safetensors.torch import load_file
+
+    norm = load_file(f"{model_dir}/model.safetensors")["model.norm.weight"]
+    prompt = testing.chat_prompt(vengine, "Compute 99 * 98.")
+    result = {}
+
+    async def long_request() -> None:
+        result["g"] = await vengine.generate(prompt, SamplingParams(max_tokens=400), "v-span")
+
+    v0 = vengine.weight_version
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(long_request)
+        await anyio.sleep(0.3)  # let it produce some tokens first
+        await vengine.load_weights({"model.norm.weight": norm.clone()})  # same values: a version bump
+    g = result["g"]
+    assert g.finish_reason == "length" and len(g.token_ids) == 400  # not aborted by the update
+    versions = g.versions
+    assert versions[0] == v0 and versions[-1] == v0 + 1
+    assert versions == sorted(versions)  # old-version tokens, then new-version tokens
