@@ -26,7 +26,7 @@ from agentenv.models import default_model  # noqa: E402
 
 async def measure(engine, n: int, tokens: int, tag: str) -> tuple[float, float]:
     prompt = testing.chat_prompt(engine, "Compute 4364 + 83 * 54.", system="Solve the problem with Python. " * 4)
-    p = SamplingParams(max_tokens=tokens, stop_token_ids=(-5,))
+    p = SamplingParams(max_tokens=tokens)  # no stop ids: exactly `tokens` each
     await engine.generate(prompt, SamplingParams(max_tokens=4), f"{tag}-warm")
     outs: list = [None] * n
 

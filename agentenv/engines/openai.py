@@ -55,6 +55,7 @@ class OpenAIEngine(Engine):
         retries: int = 5,
         timeout: float = 600.0,
         sticky_programs: int = 100_000,
+        block_size: int = 16,
     ) -> None:
         try:
             import openai
@@ -69,7 +70,7 @@ class OpenAIEngine(Engine):
         self.tokenizer = load_tokenizer(tokenizer)
         self.model = model
         self.max_model_len = max_model_len
-        self.page_size = 16
+        self.page_size = block_size  # the server's KV block size (reuse statistics only)
         self.retries = retries
         self._inflight = [0] * len(self.urls)
         self._assigned = [0] * len(self.urls)

@@ -208,3 +208,9 @@ class VLLMEngine(Engine):
         self._closed = True
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self.llm.shutdown)
+        # Drop the engine now, while the interpreter is whole: vLLM's __del__ calls shutdown
+        # again and fails noisily if it only runs at interpreter exit.
+        import gc
+
+        self.llm = None
+        gc.collect()

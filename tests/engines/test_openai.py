@@ -71,7 +71,7 @@ def server(model_dir, tmp_path_factory):
 async def oengine(server, model_dir):
     from agentenv.engines.openai import OpenAIEngine
 
-    eng = await OpenAIEngine.create(server, model_dir)
+    eng = await OpenAIEngine.create(server, model_dir, block_size=32)
     yield eng
     await eng.aclose()
 
