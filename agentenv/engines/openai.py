@@ -27,9 +27,8 @@ from typing import Any, Iterable
 
 import anyio
 import torch
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
-
 from ..errors import ConfigError, EngineError, PromptTooLongError
+from ..retry import retry_async
 from .base import Engine, Generation, SamplingParams
 from .embedded import load_tokenizer
 
@@ -98,11 +97,7 @@ class OpenAIEngine(Engine):
         return self._version
 
     async def _retry(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries),
-                                           wait=wait_exponential(multiplier=0.2, max=5),
-                                           retry=retry_if_exception(_retryable), reraise=True):
-            with attempt:
-                return await fn(*args, **kwargs)
+        return await retry_async(fn, *args, attempts=self.retries, transient=_retryable, **kwargs)
 
     def _server_for(self, request_id: str) -> int:
         program = request_id.rsplit("-", 1)[0]

@@ -26,9 +26,8 @@ import time
 from typing import Any
 
 import anyio
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
-
 from agentenv.errors import SandboxError
+from agentenv.retry import retry_async
 
 from ..base import ExecResult, Sandbox, Session
 
@@ -153,14 +152,7 @@ class E2BSandbox(Sandbox):
         return [b.sbx.sandbox_id for b in self._boxes if not b.dead]
 
     async def _retry(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(self.retries),
-            wait=wait_exponential(multiplier=0.2, max=5),
-            retry=retry_if_exception(_transient),
-            reraise=True,
-        ):
-            with attempt:
-                return await fn(*args, **kwargs)
+        return await retry_async(fn, *args, attempts=self.retries, transient=_transient, **kwargs)
 
     async def _acquire_box(self) -> _Box:
         async with self._room:
