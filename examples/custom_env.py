@@ -31,8 +31,8 @@ class Multiply(Environment):
         rng = random.Random(seed)
         out = []
         for i in range(n):
-            a, b = rng.randint(100, 999), rng.randint(10, 99)
-            out.append(Task(f"multiply/{seed}/{i}", f"Compute {a} * {b}.", a * b))
+            a, b, c = rng.randint(100, 999), rng.randint(10, 99), rng.randint(100, 999)
+            out.append(Task(f"multiply/{seed}/{i}", f"Compute {a} * {b} + {c}.", a * b + c))
         return out
 
     def tools(self):
