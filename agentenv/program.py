@@ -78,7 +78,7 @@ def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:
 
 
 async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_index: int) -> Trajectory:
-    cfg, tok = ctx.config, ctx.tokenizer
+    tok = ctx.tokenizer
     traj = Trajectory(
         id=uuid.uuid4().hex[:16],
         env=ctx.env.id,

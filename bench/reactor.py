@@ -39,6 +39,7 @@ from agentenv.models import default_model  # noqa: E402
 from agentenv.program import ProgramContext, _run_call, stop_token_ids  # noqa: E402
 from agentenv.stats import RunStats  # noqa: E402
 from agentenv.tools import PythonTool, ToolContext, ToolOutput  # noqa: E402
+from agentenv.trajectory import TurnStats  # noqa: E402
 from envs.retool_math import RetoolMathEnv  # noqa: E402
 from sandboxes.local import LocalSandbox  # noqa: E402
 
@@ -108,8 +109,6 @@ async def run_lockstep(engine, env, tasks, group_size, config) -> tuple[float, R
             calls = []
             for task, t, s in live:
                 g = gens[t.id]
-                from agentenv.trajectory import TurnStats
-
                 t.add_model(g.token_ids, g.logprobs, g.weight_version)
                 t.turns.append(TurnStats(g.prompt_tokens, g.cached_tokens, len(g.token_ids), g.finish_reason,
                                          g.latency_s, g.weight_version))

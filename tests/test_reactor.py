@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from agentenv import Environment, Group, Reactor, RolloutConfig, Trajectory, make
+from agentenv import Group, Reactor, RolloutConfig, Trajectory, make
 from agentenv.formats import MalformedCall, ReToolFormat
 from envs.retool_math import RetoolMathEnv
 from sandboxes.local import LocalSandbox

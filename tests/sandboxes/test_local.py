@@ -155,7 +155,6 @@ def test_workers_die_with_their_parent(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     script = tmp_path / "parent.py"
     script.write_text(
