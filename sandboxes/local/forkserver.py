@@ -91,11 +91,27 @@ def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: s
     _check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-# Host directories the sandbox must not see (each gets an empty tmpfs), and files it must not
-# read even as uid 0 without capabilities (root-owned, so owner permissions would allow it).
-HIDE_DIRS = ("/root", "/home", "/work", "/mnt", "/opt", "/srv", "/media", "/farm", "/old_root", "/var",
-             "/run", "/boot", "/lost+found")
-HIDE_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/container_info.json")
+# The sandbox sees the host's system directories (read-only) and nothing else: every other
+# top-level directory gets an empty tmpfs and every other top-level file reads as empty. An
+# allowlist, so a checkout under an unusual root (/check, /data, /scratch) is hidden too.
+SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/dev", "/proc", "/sys")
+# Files under the system dirs it must not read even as uid 0 without capabilities (root-owned,
+# so owner permissions would allow it).
+HIDE_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+
+
+def _hidden_entries() -> tuple[list[str], list[str]]:
+    """Top-level directories and files outside SYSTEM_DIRS (symlinks resolve into kept ones)."""
+    dirs, files = [], []
+    for name in sorted(os.listdir("/")):
+        path = "/" + name
+        if path in SYSTEM_DIRS or os.path.islink(path):
+            continue
+        if os.path.isdir(path):
+            dirs.append(path)
+        elif os.path.isfile(path):
+            files.append(path)
+    return dirs, files
 
 
 def _keep_paths() -> list[str]:
@@ -118,7 +134,9 @@ def enter_namespaces(tmp_mb: int) -> None:
     the Python installation kept; a private writable tmpfs at /tmp."""
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    hidden = [h for h in HIDE_DIRS + ("/tmp",) if os.path.isdir(h)]
+    hidden, hidden_files = _hidden_entries()
+    if "/tmp" not in hidden:
+        hidden.append("/tmp")
     under = lambda p, d: p == d or p.startswith(d.rstrip("/") + "/")  # noqa: E731
     keeps = [k for k in _keep_paths() if any(under(k, h) for h in hidden)]
     stage = "/dev/shm"
@@ -129,7 +147,7 @@ def enter_namespaces(tmp_mb: int) -> None:
     for h in hidden:
         size = f"{tmp_mb}m" if h == "/tmp" else "1m"
         _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={'1777' if h == '/tmp' else '755'}")
-    for f in HIDE_FILES:
+    for f in HIDE_FILES + tuple(hidden_files):
         if os.path.isfile(f):
             _mount("/dev/null", f, None, MS_BIND)
     for i, k in enumerate(keeps):

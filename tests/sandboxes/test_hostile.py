@@ -307,3 +307,28 @@ async def test_seccomp_denies_kernel_surface(sandbox):
             "    ctypes.set_errno(0)\n    out.append((call(), ctypes.get_errno()))\nout")
     r = await hostile(sandbox, code)
     assert r.value == "[(-1, 1), (-1, 1)]"  # user namespaces and ptrace: EPERM
+
+
+async def test_only_system_dirs_and_the_python_installation_are_visible(sandbox):
+    # An allowlist: whatever the host's root holds (a checkout under /check, /data, ...), every
+    # top-level entry outside the system dirs is empty, apart from the paths leading to Python.
+    code = ("import os, sys\n"
+            "system = {'/bin','/sbin','/lib','/lib32','/lib64','/libx32','/usr','/etc','/dev','/proc','/sys','/tmp'}\n"
+            "keep = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if p}\n"
+            "leaks = []\n"
+            "for name in os.listdir('/'):\n"
+            "    top = '/' + name\n"
+            "    if top in system or os.path.islink(top):\n"
+            "        continue\n"
+            "    if os.path.isfile(top):\n"
+            "        leaks += [top] if open(top, 'rb').read() else []\n"
+            "        continue\n"
+            "    for d, subdirs, files in os.walk(top):\n"
+            "        if any(d == k or d.startswith(k + '/') for k in keep):\n"
+            "            subdirs[:] = []\n"
+            "            continue\n"
+            "        leaks += [os.path.join(d, f) for f in files]\n"
+            "leaks")
+    r = await hostile(sandbox, code)
+    assert r.status == "ok", r.error
+    assert r.value == "[]"
