@@ -68,6 +68,11 @@ def _reward_failed(traj: Trajectory, exc: BaseException) -> None:
     traj.error = f"reward: {type(exc).__name__}: {exc}"
 
 
+@asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
+
+
 class Reactor:
     def __init__(
         self,
@@ -94,6 +99,7 @@ class Reactor:
             stop_token_ids=stop_token_ids(engine.tokenizer, fmt),
         )
         self.stats = RunStats(block_size=getattr(engine, "page_size", 1))
+        self._limiter = anyio.CapacityLimiter(self.config.concurrency)
 
     async def __aenter__(self) -> "Reactor":
         return self
@@ -123,8 +129,19 @@ class Reactor:
                     groups[item.task.id] = item
         return [groups[t.id] for t in tasks if t.id in groups]
 
+    async def group(self, task: Task, group_size: int) -> Group:
+        """Run the ``group_size`` programs of one task (sharing the reactor's concurrency
+        limit with every other call) and return the scored group. Trainers that stream tasks
+        one group at a time (under their own admission control) use this."""
+        group = Group(task)
+        pending = [group_size]
+        async with anyio.create_task_group() as tg:
+            for i in range(group_size):
+                tg.start_soon(self._one, task, f"{task.id}#g", i, self._limiter, group, pending, None)
+        return group
+
     async def _produce(self, tasks: list[Task], group_size: int, send: MemoryObjectSendStream) -> None:
-        limiter = anyio.CapacityLimiter(self.config.concurrency)
+        limiter = self._limiter
         self.stats.start(len(tasks) * group_size)
         async with send, anyio.create_task_group() as tg:
             for task in tasks:
@@ -142,9 +159,9 @@ class Reactor:
         limiter: anyio.CapacityLimiter,
         group: Group,
         pending: list[int],
-        send: MemoryObjectSendStream,
+        send: MemoryObjectSendStream | None,
     ) -> None:
-        async with send:
+        async with send if send is not None else _nothing():
             async with limiter:
                 self.stats.program_started()
                 traj = await run_program(self._ctx, task, group_id, index)
@@ -162,11 +179,13 @@ class Reactor:
                 traj.finish_reason, traj.error = "error:trajectory", str(exc)
             self.stats.add(traj)
             group.trajectories.append(traj)
-            await send.send(traj)
+            if send is not None:
+                await send.send(traj)
             pending[0] -= 1
             if pending[0] == 0:
                 await self._finish_group(group)
-                await send.send(group)
+                if send is not None:
+                    await send.send(group)
 
     async def _finish_group(self, group: Group) -> None:
         group.trajectories.sort(key=lambda t: t.sample_index)

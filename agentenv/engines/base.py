@@ -77,6 +77,13 @@ class Engine(abc.ABC):
     ) -> int:
         """Install new weights (in-flight requests keep going); return the new version."""
 
+    async def enable_lora(self, spec: Any) -> None:
+        """Serve a trainable LoRA adapter (``agentenv.train.LoraSpec``) so that
+        ``load_weights`` can move only the adapter. Engines that cannot say so."""
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{type(self).__name__} does not support LoRA weight sync; train without --lora-rank")
+
     @abc.abstractmethod
     async def aclose(self) -> None: ...
 

@@ -199,6 +199,9 @@ class EmbeddedEngine(Engine):
         params = self.model.state_dict(keep_vars=True)  # includes tied names (lm_head.weight)
         with self._weights_lock, self._mgr.pause(), torch.no_grad():
             for name, tensor in weights:
+                wrapped = name.removesuffix(".weight") + ".base_layer.weight"
+                if name not in params and wrapped in params:  # a base weight under a LoRA layer
+                    name = wrapped
                 if name not in params:
                     raise ConfigError(f"unknown parameter {name!r} in weight update")
                 params[name].copy_(tensor.to(params[name].dtype))
@@ -208,6 +211,18 @@ class EmbeddedEngine(Engine):
                 bp.cache.evict_cached_blocks()
             self._version = self._version + 1 if version is None else int(version)
         return self._version
+
+    def _enable_lora_sync(self, spec: Any) -> None:
+        from ..train.policy import inject_lora
+
+        with self._weights_lock, self._mgr.pause():
+            inject_lora(self.model, spec)  # B = 0: outputs unchanged until the first sync
+            self.model.eval()
+
+    async def enable_lora(self, spec: Any) -> None:
+        """Inject a LoRA adapter (``agentenv.train.LoraSpec``) into the served model; later
+        ``load_weights`` calls may then carry only the adapter's tensors."""
+        await anyio.to_thread.run_sync(self._enable_lora_sync, spec)
 
     async def load_weights(self, weights, version: int | None = None) -> int:
         items = list(weights.items()) if isinstance(weights, dict) else list(weights)

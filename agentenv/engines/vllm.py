@@ -19,6 +19,7 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -45,6 +46,10 @@ class VLLMEngine(Engine):
         self._closed = False
         self._update_lock = anyio.Lock()
         self._loras: dict[str, Any] = {}
+        self.lora_enabled = False
+        self._train_lora: Any = None  # the trainer's LoraSpec, once enable_lora was called
+        self._active_lora: str | None = None  # the adapter new requests use by default
+        self._lora_dir: Path | None = None
 
     @classmethod
     async def create(
@@ -84,6 +89,7 @@ class VLLMEngine(Engine):
         }
         if enable_lora:
             args["max_lora_rank"] = max_lora_rank
+            args["max_loras"] = 2  # a trained adapter's new version next to the one still in flight
         if block_size or on_cpu:
             args["block_size"] = block_size or 32  # the CPU backend needs a multiple of 32
         if kv_cache_memory_bytes or on_cpu:
@@ -92,7 +98,9 @@ class VLLMEngine(Engine):
             args["gpu_memory_utilization"] = gpu_memory_utilization
         args.update(engine_args)
         llm = await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
-        return cls(llm, load_tokenizer(path), max_model_len, args.get("block_size", 16))
+        engine = cls(llm, load_tokenizer(path), max_model_len, args.get("block_size", 16))
+        engine.lora_enabled, engine.model_path = enable_lora, path
+        return engine
 
     @property
     def weight_version(self) -> int:
@@ -124,6 +132,36 @@ class VLLMEngine(Engine):
         self._loras[name] = req
         return name
 
+    async def enable_lora(self, spec: Any) -> None:
+        """Train-time LoRA: after this, ``load_weights`` with adapter tensors (names holding
+        ``lora_``) registers them as a new adapter version that every new request uses. A
+        request keeps the adapter it was admitted with, so all its tokens carry that version."""
+        import tempfile
+
+        if not self.lora_enabled:
+            raise ConfigError("create the vllm engine with enable_lora=True "
+                              "(--engine-arg enable_lora=true --engine-arg max_lora_rank=R)")
+        self._train_lora = spec
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="agentenv-lora-"))
+
+    async def _load_adapter(self, tensors: dict[str, torch.Tensor], version: int | None) -> int:
+        from safetensors.torch import save_file
+
+        spec = self._train_lora
+        async with self._update_lock:
+            new = self._version + 1 if version is None else int(version)
+            path = self._lora_dir / f"v{new}"
+            path.mkdir(parents=True, exist_ok=True)
+            config = spec.peft_config().to_dict()
+            config["base_model_name_or_path"] = str(self.model_path)
+            (path / "adapter_config.json").write_text(json.dumps(config, default=sorted))
+            # PEFT's on-disk names: "base_model.model." + the module path, no adapter name.
+            save_file({"base_model.model." + n.replace(".default", ""): t.detach().cpu().contiguous()
+                       for n, t in tensors.items()}, str(path / "adapter_model.safetensors"))
+            self._active_lora = await self.add_lora(f"agentenv-policy-v{new}", path)
+            self._version = new
+        return new
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
                        lora: str | None = None) -> Generation:
         from vllm.inputs import TokensPrompt
@@ -136,6 +174,9 @@ class VLLMEngine(Engine):
             raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
         async with self._update_lock:  # admitted between weight updates, never during one
             version = self._version
+            if lora is None and self._active_lora is not None:
+                lora = self._active_lora  # the trained adapter: fixed for this request's life
+        pinned = lora is not None
         sp = self._sampling(params, min(params.max_tokens, room))
         sp.output_kind = RequestOutputKind.DELTA
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=f"v{version}")
@@ -156,7 +197,7 @@ class VLLMEngine(Engine):
                 logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
                 # Stamped on arrival: tokens produced after a weight update carry the new
                 # version (updates pause the engine, swap weights, bump, then resume).
-                versions += [self._version] * len(new)
+                versions += [version if pinned else self._version] * len(new)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.llm.abort(request_id)
@@ -189,7 +230,9 @@ class VLLMEngine(Engine):
                            version: int | None = None) -> int:
         from safetensors.torch import save
 
-        items = weights.items() if isinstance(weights, dict) else weights
+        items = list(weights.items() if isinstance(weights, dict) else weights)
+        if self._train_lora is not None and items and all("lora_" in n for n, _ in items):
+            return await self._load_adapter(dict(items), version)
         blob = save({n: t.detach().to("cpu").contiguous() for n, t in items})
         async with self._update_lock:
             # In-flight requests are frozen (not aborted), keep their KV, and go on with the

@@ -1,10 +1,19 @@
-"""The bundled GRPO trainer's pure core: loss, advantages, rollout buffer, staleness gate.
+"""The bundled GRPO trainer.
 
-The asynchronous training loop, weight sync, checkpoints and the ``agentenv train`` command
-are not built yet (issue 5).
+Library use::
+
+    from agentenv.train import TrainConfig, train
+    summary = train(TrainConfig(env="retool-math", steps=40, mode="async"))
+
+or ``agentenv train`` on the command line. The pure core (loss, advantages, batch collation,
+rollout buffer, staleness gate) is importable on its own for external trainers.
 """
 
+from .batch import Batch, collate
 from .buffer import RolloutBuffer, StalenessGate
 from .loss import LossConfig, group_advantages, grpo_loss
+from .policy import LoraSpec, Policy
+from .trainer import TrainConfig, Trainer, latest_checkpoint, train
 
-__all__ = ["LossConfig", "RolloutBuffer", "StalenessGate", "group_advantages", "grpo_loss"]
+__all__ = ["Batch", "LoraSpec", "LossConfig", "Policy", "RolloutBuffer", "StalenessGate", "TrainConfig",
+           "Trainer", "collate", "group_advantages", "grpo_loss", "latest_checkpoint", "train"]

@@ -6,7 +6,7 @@
   groups started (consumed + queued + running) may not exceed ``(v + max_staleness + 1) *
   batch``.
 * :class:`RolloutBuffer`: bounded; accepts *complete* GRPO groups only (every trajectory
-  scored); hands out batches oldest first; drops a group whose oldest sampled token is more
+  scored, or its reward failure recorded); hands out batches oldest first; drops a group whose oldest sampled token is more
   than ``max_staleness`` versions behind (the safety net); records the staleness of every
   consumed token.
 """
@@ -56,7 +56,9 @@ class RolloutBuffer:
         return len(self._groups) >= self.capacity
 
     def put(self, group: Group) -> None:
-        if any(t.reward is None for t in group.trajectories) or not group.trajectories:
+        # A reward that failed is recorded data (reward None, ``error`` set; the batch gives it
+        # no gradient); a reward that was never computed means the group is not complete.
+        if not group.trajectories or any(t.reward is None and not t.error for t in group.trajectories):
             raise ValueError("only complete groups with every reward scored enter the buffer")
         if self.full:
             raise OverflowError(f"buffer full ({self.capacity} groups): wait for the trainer")

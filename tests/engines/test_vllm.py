@@ -142,3 +142,37 @@ async def test_update_during_a_request_keeps_it_running_with_per_token_versions(
     versions = g.versions
     assert versions[0] == v0 and versions[-1] == v0 + 1
     assert versions == sorted(versions)  # old-version tokens, then new-version tokens
+
+
+async def test_trainer_syncs_full_weights_then_only_a_lora_adapter_into_vllm(vengine, tmp_path):
+    """The bundled trainer on vLLM: after training, vLLM's logprobs on a fixed sequence are
+    the trainer's (the weights arrived through the update path); with LoRA only the adapter
+    moves. Runs last in this module: it leaves a trained adapter active on the engine."""
+    import torch
+
+    from agentenv.train import TrainConfig, Trainer
+    from tests.train.test_trainer import AlternatingReward
+
+    prompt = testing.chat_prompt(vengine, "Compute 12 * 34.")
+
+    async def served_vs_trained(trainer: Trainer) -> float:
+        g = await vengine.generate(prompt, SamplingParams(max_tokens=24), f"check-{trainer.cfg.lora_rank}")
+        ids = torch.tensor([prompt + g.token_ids])
+        with torch.no_grad():
+            lp = trainer.policy.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt):]
+        assert g.weight_version == vengine.weight_version == trainer.cfg.steps
+        return float((lp - torch.tensor(g.logprobs)).abs().max())
+
+    small = dict(steps=2, groups_per_step=2, group_size=2, max_new_tokens=64, lr=1e-3, checkpoint_every=100)
+    full = Trainer(TrainConfig(engine="vllm", out_dir=str(tmp_path / "full"), **small), engine=vengine,
+                   env=AlternatingReward(), print_steps=False)
+    await full.run()
+    assert await served_vs_trained(full) < 2e-3
+    assert full.rows[-1]["sync_bytes"] == full.rows[-1]["full_sync_bytes"]
+
+    lora = Trainer(TrainConfig(engine="vllm", lora_rank=4, out_dir=str(tmp_path / "lora"), **small),
+                   engine=vengine, env=AlternatingReward(), print_steps=False)
+    await lora.run()
+    assert await served_vs_trained(lora) < 2e-3
+    row = lora.rows[-1]
+    assert 0 < row["sync_bytes"] * 10 < row["full_sync_bytes"]

@@ -21,7 +21,10 @@ def test_only_complete_scored_groups_enter_and_capacity_is_bounded():
     buf = RolloutBuffer(capacity=2, max_staleness=1)
     with pytest.raises(ValueError):
         buf.put(group("a", [0], reward=None))
-    buf.put(group("a", [0]))
+    failed = group("a", [0], reward=None)
+    failed.trajectories[0].error = "reward: ValueError: boom"  # scored, and it failed: data
+    failed.trajectories[1].reward = 1.0
+    buf.put(failed)
     buf.put(group("b", [0]))
     with pytest.raises(OverflowError):
         buf.put(group("c", [0]))

@@ -1,0 +1,72 @@
+"""Scored GRPO groups -> padded training tensors (pure).
+
+The token ids are the trajectories' ``input_ids`` exactly as sampled and spliced (never
+re-tokenised). Per position ``t``: ``mask`` is 1 for tokens the model sampled (tool output and
+prompt are 0), ``behaviour_logprobs`` the logprob recorded when it was sampled, ``versions``
+the weight version that sampled it (-1 elsewhere). Groups with a failed reward (``None``) keep
+their scored members; a sample without a reward gets advantage 0 and mask 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..reactor import Group
+from .loss import group_advantages
+
+
+@dataclass(slots=True)
+class Batch:
+    input_ids: torch.Tensor  # [B, T] long, right-padded
+    attention_mask: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] float, 1 = sampled token (trained on)
+    behaviour_logprobs: torch.Tensor  # [B, T]
+    versions: torch.Tensor  # [B, T] long, -1 where not sampled
+    advantages: torch.Tensor  # [B]
+    rewards: list[float | None]
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def trained_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    def rows(self, idx: slice) -> "Batch":
+        """A micro-batch of rows, trimmed to its own longest sequence."""
+        width = max(1, int(self.attention_mask[idx].sum(dim=1).max()))
+        cut = lambda t: t[idx, :width]  # noqa: E731
+        return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.mask), cut(self.behaviour_logprobs),
+                     cut(self.versions), self.advantages[idx], self.rewards[idx])
+
+
+def collate(groups: list[Group], pad_id: int = 0, scale_advantages: bool = True) -> Batch:
+    trajs, advs = [], []
+    for g in groups:
+        scored = [t for t in g.trajectories if t.reward is not None]
+        adv = iter(group_advantages([t.reward for t in scored], scale=scale_advantages)) if scored else iter(())
+        for t in g.trajectories:
+            trajs.append(t)
+            advs.append(next(adv) if t.reward is not None else 0.0)
+    if not trajs:
+        raise ValueError("empty batch")
+    width = max(len(t.input_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, width, dtype=torch.long)
+    mask = torch.zeros(B, width)
+    blp = torch.zeros(B, width)
+    ver = torch.full((B, width), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        n = len(t.input_ids)
+        ids[i, :n] = torch.tensor(t.input_ids)
+        attn[i, :n] = 1
+        if t.reward is not None:
+            mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        blp[i, :n] = torch.tensor(t.logprobs)
+        ver[i, :n] = torch.tensor(t.weight_versions)
+    mask[:, 0] = 0  # the first token has no context to be predicted from
+    return Batch(ids, attn, mask, blp, ver, torch.tensor(advs, dtype=torch.float32), [t.reward for t in trajs])

@@ -1,0 +1,146 @@
+"""The trainer's copy of the policy: recomputes logprobs on the exact sampled tokens, takes
+optimiser steps with the GRPO loss, and hands out the tensors to sync into the engine.
+
+Full fine-tuning syncs every parameter; with LoRA (peft) only the adapter is trained and only
+the adapter tensors move. Both sides inject the same adapter into the same base model, so the
+tensor names match one to one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .batch import Batch
+from .loss import LossConfig, grpo_loss
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class LoraSpec:
+    rank: int = 8
+    alpha: float = 16.0
+    target_modules: tuple[str, ...] = LORA_TARGETS
+
+    def peft_config(self):
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0,
+                          target_modules=list(self.target_modules), bias="none")
+
+
+def inject_lora(model: torch.nn.Module, spec: LoraSpec) -> None:
+    """Add the adapter (B = 0, so outputs are unchanged) and freeze everything else."""
+    from peft import inject_adapter_in_model
+
+    inject_adapter_in_model(spec.peft_config(), model)
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+
+
+def nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class Policy:
+    def __init__(self, model_dir: str | Path, *, lr: float = 1e-4, weight_decay: float = 0.0,
+                 max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
+                 micro_batch: int = 16, loss: LossConfig = LossConfig()) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.lora = lora
+        if lora is not None:
+            inject_lora(self.model, lora)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+        self.max_grad_norm = max_grad_norm
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.micro_batch = micro_batch
+        self.loss_cfg = loss
+        # What a full sync moves: every base parameter (a merged adapter changes all of them).
+        self.full_bytes = sum(p.numel() * p.element_size() for n, p in self.model.named_parameters()
+                              if "lora_" not in n)
+
+    # -- logprobs ----------------------------------------------------------------------------
+    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T]: position t holds log p(input_ids[t] | input_ids[:t]) at the sampling
+        temperature (the distribution the engine sampled from); position 0 holds 0."""
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+    # -- one optimiser step ------------------------------------------------------------------
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One GRPO step over the whole batch (micro-batched; the gradient equals the full
+        batch's). The proximal policy is the weights at the start of the step."""
+        cfg = self.loss_cfg
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = float(batch.mask.sum().clamp(min=1))
+        sums = {"loss": 0.0, "clip_frac": 0.0, "is_weight_mean": 0.0, "is_truncated_frac": 0.0,
+                "kl_behaviour": 0.0, "abs_logprob_diff": 0.0}
+        for start in range(0, batch.size, self.micro_batch):
+            mb = batch.rows(slice(start, start + self.micro_batch))
+            n = float(mb.mask.sum())
+            if n == 0:
+                continue
+            logp = self.token_logprobs(mb.input_ids, mb.attention_mask)
+            loss, st = grpo_loss(logp, logp.detach(), mb.behaviour_logprobs, mb.advantages, mb.mask, cfg)
+            share = n / total_tokens if cfg.aggregation == "token" else mb.size / batch.size
+            (loss * share).backward()
+            with torch.no_grad():
+                d = (logp.detach() - mb.behaviour_logprobs) * mb.mask  # log(pi_old / mu)
+                k3 = (torch.exp(d) - 1 - d) * mb.mask  # KL(mu || pi_old), k3 estimator (tokens ~ mu)
+                sums["kl_behaviour"] += float(k3.sum())
+                sums["abs_logprob_diff"] += float(d.abs().sum())
+            sums["loss"] += st["loss"] * share
+            for k in ("clip_frac", "is_weight_mean", "is_truncated_frac"):
+                sums[k] += st[k] * n
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        self.model.eval()
+        out = {"loss": sums["loss"], "grad_norm": float(grad_norm)}
+        for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_behaviour", "abs_logprob_diff"):
+            out[k] = sums[k] / total_tokens
+        return out
+
+    # -- weight sync -------------------------------------------------------------------------
+    def sync_tensors(self) -> dict[str, torch.Tensor]:
+        """What the engine needs after a step: every parameter, or only the adapter."""
+        if self.lora is not None:
+            return {n: p.detach() for n, p in self.model.named_parameters() if "lora_" in n}
+        return {n: p.detach() for n, p in self.model.named_parameters()}
+
+    def base_tensors(self) -> dict[str, torch.Tensor]:
+        """The base model's parameters under their Hugging Face names (what a fresh engine
+        needs before the adapter, when it serves other weights)."""
+        return {n.replace(".base_layer.", "."): p.detach() for n, p in self.model.named_parameters()
+                if "lora_" not in n}
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({n: t.contiguous() for n, t in self.sync_tensors().items()}, str(path / "policy.safetensors"))
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        (path / "policy.json").write_text(json.dumps({"lora": asdict(self.lora) if self.lora else None}))
+
+    def load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path / "policy.safetensors"))
+        params = dict(self.model.named_parameters())
+        missing = set(self.sync_tensors()) - set(tensors)
+        if missing:
+            raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
+        with torch.no_grad():
+            for name, t in tensors.items():
+                params[name].copy_(t)
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))

@@ -1,0 +1,427 @@
+"""The bundled GRPO trainer: generation and training overlap through a bounded buffer.
+
+Two tasks in one anyio task group share the engine, the reactor and a condition variable:
+
+* the **generator** streams tasks; a new group starts only when the :class:`StalenessGate`
+  admits it at the current weight version (so it will be consumed within ``max_staleness``
+  versions); each group's G programs run in the reactor, rewards are scored as programs end
+  (delayed, concurrent with other programs decoding), and the complete group enters the
+  :class:`RolloutBuffer`;
+* the **trainer** takes ``groups_per_step`` groups, recomputes logprobs on the exact sampled
+  tokens, takes one optimiser step (token-level truncated IS against the behaviour logprobs),
+  and pushes the new weights into the engine, which bumps its version *while generation
+  continues*: programs in flight keep going and their later turns (vLLM: later tokens) carry
+  the new version. ``partial="drain"`` instead waits for the programs in flight to finish
+  before each sync.
+
+``mode="sync"`` is the colocated baseline: the gate with ``max_staleness=0`` admits exactly
+one batch per version, so generation, training and sync take turns.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import anyio
+import torch
+
+from ..config import RolloutConfig
+from ..env import Task
+from ..errors import ConfigError, EngineError, SandboxError
+from ..reactor import Group, Reactor
+from .batch import collate
+from .buffer import RolloutBuffer, StalenessGate
+from .loss import LossConfig
+from .metrics import BusyClock, MetricsLog, staleness_summary, step_line
+from .policy import LoraSpec, Policy, nbytes
+
+
+@dataclass
+class TrainConfig:
+    env: str = "retool-math"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None  # a local HF model dir; default: the bundled tiny model
+    engine: str = "embedded"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    base_urls: list[str] | None = None
+    sandbox: str = "local"
+    mode: Literal["async", "sync"] = "async"
+    steps: int = 40
+    groups_per_step: int = 8
+    group_size: int = 4
+    max_staleness: int = 1
+    partial: Literal["continue", "drain"] = "continue"
+    lr: float = 2e-5
+    max_grad_norm: float = 1.0
+    micro_batch: int = 16
+    lora_rank: int = 0  # 0: full fine-tuning
+    lora_alpha: float = 16.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    is_cap: float = 2.0
+    aggregation: Literal["token", "sequence"] = "token"
+    concurrency: int = 32
+    max_turns: int | None = None
+    max_new_tokens: int = 384
+    temperature: float = 1.0
+    tool_timeout: float | None = None
+    seed: int = 0
+    out_dir: str = "runs/train"
+    checkpoint_every: int = 10
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("async", "sync"):
+            raise ConfigError(f"mode must be async or sync, got {self.mode!r}")
+        if self.partial not in ("continue", "drain"):
+            raise ConfigError(f"partial must be continue or drain, got {self.partial!r}")
+        for name in ("steps", "groups_per_step", "group_size", "micro_batch", "concurrency", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_staleness < 0 or self.lora_rank < 0:
+            raise ConfigError("max_staleness and lora_rank must be >= 0")
+        if self.group_size < 2:
+            raise ConfigError("GRPO needs group_size >= 2 (advantages are relative to the group)")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+
+    @property
+    def staleness(self) -> int:
+        return 0 if self.mode == "sync" else self.max_staleness
+
+    # Settings a resumed run must share with the checkpoint (the rest may change).
+    RESUME_KEYS = ("env", "env_kwargs", "model", "groups_per_step", "group_size", "lora_rank", "seed")
+
+
+def _task_stream(env: Any, cfg: TrainConfig) -> Callable[[int], Task]:
+    """Task ``i`` of an endless, seeded stream (chunks of ``groups_per_step``), so a resumed
+    run continues exactly where the checkpoint's consumed tasks end."""
+    chunks: dict[int, list[Task]] = {}
+
+    def task_at(i: int) -> Task:
+        c, j = divmod(i, cfg.groups_per_step)
+        if c not in chunks:
+            chunks.clear()
+            chunks[c] = env.tasks(cfg.groups_per_step, seed=cfg.seed * 1_000_003 + c)
+        return chunks[c][j]
+
+    return task_at
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    ckpts = sorted((out_dir / "checkpoints").glob("step-*"))
+    done = [c for c in ckpts if (c / "state.json").exists()]  # state.json is written last
+    return done[-1] if done else None
+
+
+class Trainer:
+    """``await Trainer(cfg).run()``; the engine, environment and sandbox may be passed in
+    (library use), otherwise they are created from the config and closed at the end."""
+
+    def __init__(self, cfg: TrainConfig, *, engine: Any = None, env: Any = None, sandbox: Any = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None, print_steps: bool = True,
+                 progress: bool = False) -> None:
+        self.cfg = cfg
+        self._engine, self._env, self._sandbox = engine, env, sandbox
+        self.on_step = on_step
+        self.print_steps = print_steps
+        self.progress = progress  # a live status bar on stderr (the CLI's)
+        self.out = Path(cfg.out_dir)
+        self.rows: list[dict[str, Any]] = []
+        self.policy: Policy | None = None
+
+    # -- setup -------------------------------------------------------------------------------
+    async def _open(self, stack: AsyncExitStack, sampling_seed: int) -> None:
+        from ..checker import check_env
+        from ..engines import open_engine
+        from ..engines.embedded import check_model_dir
+        from ..models import default_model
+        from ..registry import make
+        from sandboxes import default_sandbox
+
+        cfg = self.cfg
+        model = Path(cfg.model) if cfg.model else default_model()
+        check_model_dir(model)
+        self.model_dir = model
+        if self._env is None:
+            self._env = make(cfg.env, **cfg.env_kwargs)
+            stack.push_async_callback(self._env.aclose)
+        if self._engine is None:
+            # A resumed run samples a new stream (seed + step), not the first run's again.
+            self._engine = await open_engine(cfg.engine, str(model), temperature=cfg.temperature, seed=sampling_seed,
+                                             base_urls=cfg.base_urls, **cfg.engine_kwargs)
+            stack.push_async_callback(self._engine.aclose)
+        if self._sandbox is None:
+            self._sandbox = await stack.enter_async_context(default_sandbox(cfg.sandbox))
+        check_env(self._env, tokenizer=self._engine.tokenizer)
+
+    def _policy(self) -> Policy:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        lora = LoraSpec(rank=cfg.lora_rank, alpha=cfg.lora_alpha) if cfg.lora_rank else None
+        loss = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, aggregation=cfg.aggregation)
+        return Policy(self.model_dir, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature,
+                      lora=lora, micro_batch=cfg.micro_batch, loss=loss)
+
+    def _resume_state(self) -> tuple[int, Path | None]:
+        if not self.cfg.resume:
+            return 0, None
+        ckpt = latest_checkpoint(self.out)
+        if ckpt is None:
+            raise ConfigError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
+        state = json.loads((ckpt / "state.json").read_text())
+        saved = state["config"]
+        for key in TrainConfig.RESUME_KEYS:
+            if saved.get(key) != asdict(self.cfg)[key]:
+                raise ConfigError(f"--resume: {key} was {saved.get(key)!r} in {ckpt}, now {asdict(self.cfg)[key]!r}")
+        return int(state["step"]), ckpt
+
+    def _checkpoint(self, policy: Policy, step: int) -> Path:
+        path = self.out / "checkpoints" / f"step-{step:06d}"
+        policy.save(path)
+        state = {"step": step, "version": step, "task_cursor": step * self.cfg.groups_per_step,
+                 "config": asdict(self.cfg), "torch_rng": torch.get_rng_state().tolist()}
+        (path / "state.json").write_text(json.dumps(state))  # last: marks the checkpoint complete
+        return path
+
+    # -- the run -----------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        start_step, ckpt = self._resume_state()
+        if start_step >= self.cfg.steps:
+            raise ConfigError(f"the checkpoint is at step {start_step}; ask for --steps > {start_step}")
+        async with AsyncExitStack() as stack:
+            await self._open(stack, sampling_seed=self.cfg.seed + start_step)
+            return await self._train(start_step, ckpt)
+
+    async def _train(self, start_step: int, ckpt: Path | None) -> dict[str, Any]:
+        cfg, engine = self.cfg, self._engine
+        policy = self.policy = await anyio.to_thread.run_sync(self._policy)
+        if cfg.lora_rank:
+            await engine.enable_lora(policy.lora)
+        if ckpt is not None:
+            await anyio.to_thread.run_sync(policy.load, ckpt)
+            torch.set_rng_state(torch.tensor(json.loads((ckpt / "state.json").read_text())["torch_rng"],
+                                             dtype=torch.uint8))
+        if ckpt is not None or engine.weight_version != start_step:
+            # The engine may serve other weights (a resumed run, an engine used before):
+            # the base first, then the adapter, both at the checkpoint's version.
+            await engine.load_weights(policy.base_tensors(), version=start_step)
+            if policy.lora is not None:
+                await engine.load_weights(policy.sync_tensors(), version=start_step)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(asdict(self.cfg), indent=1))
+        log = MetricsLog(self.out / "metrics.jsonl", resume_step=start_step if ckpt is not None else None)
+
+        rollout = RolloutConfig(
+            max_turns=cfg.max_turns or self._env.max_turns, max_new_tokens=cfg.max_new_tokens,
+            concurrency=cfg.concurrency, tool_timeout=cfg.tool_timeout or self._env.tool_timeout,
+            temperature=cfg.temperature)
+        reactor = Reactor(engine, self._env, self._sandbox, rollout)
+        b, s = cfg.groups_per_step, cfg.staleness
+        gate = StalenessGate(batch=b, max_staleness=s, started=start_step * b)
+        buffer = RolloutBuffer(capacity=(s + 1) * b, max_staleness=s)
+        task_at = _task_stream(self._env, cfg)
+        cond = anyio.Condition()
+        gen_clock = BusyClock()
+        st = {"version": start_step, "draining": False, "trainer_wait_s": 0.0}
+        pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
+        t0 = time.perf_counter()
+
+        async def run_group(task: Task) -> None:
+            gen_clock.enter()
+            try:
+                group = await reactor.group(task, cfg.group_size)
+            finally:
+                gen_clock.exit()
+            async with cond:
+                buffer.put(group)
+                cond.notify_all()
+
+        async def generator(tg: anyio.abc.TaskGroup) -> None:
+            cursor = gate.started
+            while True:
+                async with cond:
+                    while st["draining"] or not gate.can_start(st["version"]):
+                        await cond.wait()
+                    gate.start(st["version"])
+                tg.start_soon(run_group, task_at(cursor))
+                cursor += 1
+
+        async def next_batch() -> list[Group]:
+            waited = time.perf_counter()
+            async with cond:
+                while True:
+                    before = buffer.dropped
+                    groups = buffer.take(b, st["version"])
+                    if buffer.dropped > before:  # stale stragglers: let replacements start
+                        gate.started -= buffer.dropped - before
+                        cond.notify_all()
+                    if groups is not None:
+                        break
+                    await cond.wait()
+            st["trainer_wait_s"] += time.perf_counter() - waited
+            return groups
+
+        last = {"t0": t0, "t": t0, "tokens": 0, "gen_busy": 0.0, "wait": 0.0}
+        bar = _StatusBar(self.progress, cfg.steps, start_step)
+
+        async def status() -> None:
+            while True:
+                bar.info(f"v{st['version']}  buffer {len(buffer)}/{b} groups  {gen_clock.active} groups generating  "
+                         f"{reactor.stats.sampled_tokens} tokens sampled")
+                await anyio.sleep(0.5)
+        summary: dict[str, Any] = {}
+        try:
+            try:
+                async with anyio.create_task_group() as tg, bar:
+                    tg.start_soon(generator, tg)
+                    if self.progress:
+                        tg.start_soon(status)
+                    for step in range(start_step + 1, cfg.steps + 1):
+                        stale_before = Counter(buffer.staleness)
+                        groups = await next_batch()
+                        _check_batch(groups, step)
+                        batch = collate(groups, pad_id=pad)
+                        t_train = time.perf_counter()
+                        stats = await anyio.to_thread.run_sync(policy.train_step, batch)
+                        train_s = time.perf_counter() - t_train
+                        if cfg.partial == "drain":
+                            async with cond:
+                                st["draining"] = True
+                                while gen_clock.active:
+                                    await cond.wait()
+                        in_flight = gen_clock.active  # groups that continue across this update
+                        t_sync = time.perf_counter()
+                        tensors = policy.sync_tensors()
+                        await engine.load_weights(tensors, version=step)
+                        sync_s = time.perf_counter() - t_sync
+                        async with cond:
+                            st["version"], st["draining"] = step, False
+                            cond.notify_all()
+                        row = self._row(step, groups, batch, stats, train_s, sync_s, nbytes(tensors), policy,
+                                        buffer.staleness - stale_before, buffer.dropped, reactor, gen_clock, st, last)
+                        row["groups_in_flight_at_sync"] = in_flight
+                        log.write(row)
+                        self.rows.append(row)
+                        bar.advance()
+                        if self.print_steps:
+                            bar.print(step_line(row, cfg.steps))
+                        if self.on_step is not None:
+                            self.on_step(row)
+                        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                            await anyio.to_thread.run_sync(self._checkpoint, policy, step)
+                    tg.cancel_scope.cancel()  # groups started for later steps are not needed
+            except BaseExceptionGroup as eg:  # one failure inside the task group: raise it as is
+                leaves = _leaves(eg)
+                if len(leaves) == 1:
+                    raise leaves[0] from None
+                raise
+            wall = time.perf_counter() - t0
+            summary = {
+                "steps": cfg.steps, "start_step": start_step, "mode": cfg.mode, "wall_s": round(wall, 2),
+                "gen_idle_frac": round(max(0.0, 1 - gen_clock.busy_s / wall), 4),
+                "trainer_idle_frac": round(st["trainer_wait_s"] / wall, 4),
+                "staleness": staleness_summary(buffer.staleness)[0], "dropped_groups": buffer.dropped,
+                "first_reward": self.rows[0]["reward_mean"] if self.rows else None,
+                "last_reward": self.rows[-1]["reward_mean"] if self.rows else None,
+                "checkpoint": str(latest_checkpoint(self.out)),
+            }
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        finally:
+            log.close()
+        return summary
+
+    def _row(self, step: int, groups: list[Group], batch: Any, stats: dict, train_s: float, sync_s: float,
+             sync_bytes: int, policy: Policy, stale: Counter, dropped: int, reactor: Reactor,
+             gen_clock: BusyClock, st: dict, last: dict) -> dict[str, Any]:
+        now = time.perf_counter()
+        dt = max(now - last["t"], 1e-9)
+        tokens = reactor.stats.sampled_tokens
+        gen_busy, wait = gen_clock.busy_s, st["trainer_wait_s"]
+        rewards = [r for r in batch.rewards if r is not None]
+        mean = sum(rewards) / len(rewards) if rewards else float("nan")
+        std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else float("nan")
+        hist, stale_mean = staleness_summary(stale)
+        flat = [g.rewards for g in groups]
+        row = {
+            "step": step, "version": step, "time_s": round(now - last["t0"], 3),
+            "reward_mean": mean, "reward_std": std, "groups": len(groups), "trajectories": batch.size,
+            "reward_failures": sum(r is None for r in batch.rewards),
+            "zero_variance_groups": sum(1 for rs in flat if len({r for r in rs if r is not None}) <= 1),
+            "trained_tokens": batch.trained_tokens, **{k: round(v, 6) for k, v in stats.items()},
+            "staleness": hist, "staleness_mean": round(stale_mean, 4), "dropped_groups": dropped,
+            "gen_tokens_per_s": round((tokens - last["tokens"]) / dt, 1),
+            "gen_idle_frac": round(min(1.0, max(0.0, 1 - (gen_busy - last["gen_busy"]) / dt)), 4),
+            "trainer_idle_frac": round(min(1.0, max(0.0, (wait - last["wait"]) / dt)), 4),
+            "train_s": round(train_s, 4), "sync_s": round(sync_s, 4), "sync_bytes": sync_bytes,
+            "full_sync_bytes": policy.full_bytes, "step_s": round(dt, 3),
+        }
+        last.update(t=now, tokens=tokens, gen_busy=gen_busy, wait=wait)
+        return row
+
+
+def _leaves(eg: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in eg.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
+
+
+def _check_batch(groups: list[Group], step: int) -> None:
+    """Failures are data, but a batch in which *every* program failed in the engine or the
+    sandbox means the run cannot learn anything: stop with the first error."""
+    trajs = [t for g in groups for t in g.trajectories]
+    infra = [t for t in trajs if t.finish_reason in ("error:engine", "error:sandbox")]
+    if trajs and len(infra) == len(trajs):
+        where = infra[0].finish_reason.split(":")[1]
+        err = EngineError if where == "engine" else SandboxError
+        raise err(f"every program of step {step} failed in the {where}: {infra[0].error}")
+
+
+class _StatusBar:
+    """A rich progress bar on stderr (steps, plus what the generator is doing); step lines
+    go to stdout either way."""
+
+    def __init__(self, enabled: bool, total: int, done: int) -> None:
+        self.enabled = enabled
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                               TextColumn("{task.fields[info]}"), console=Console(stderr=True))
+            self._task = self._p.add_task("train", total=total, completed=done, info="starting")
+
+    async def __aenter__(self) -> "_StatusBar":
+        if self.enabled:
+            self._p.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._p.stop()
+
+    def info(self, text: str) -> None:
+        if self.enabled:
+            self._p.update(self._task, info=text)
+
+    def advance(self) -> None:
+        if self.enabled:
+            self._p.advance(self._task)
+
+    def print(self, line: str) -> None:
+        print(line, flush=True)
+
+
+def train(cfg: TrainConfig, **kwargs: Any) -> dict[str, Any]:
+    """Blocking entry point: ``agentenv.train.train(TrainConfig(...))``."""
+    return anyio.run(lambda: Trainer(cfg, **kwargs).run())
+
+
+__all__ = ["TrainConfig", "Trainer", "latest_checkpoint", "train"]

@@ -1,0 +1,178 @@
+"""The trainer on real parts: the bundled model on the embedded engine, real sandbox
+processes, retool-math rewards."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+import torch
+
+from agentenv.engines.embedded import EmbeddedEngine
+from agentenv.errors import ConfigError
+from agentenv.reactor import Reactor
+from agentenv.config import RolloutConfig
+from agentenv.registry import make
+from agentenv.train import LoraSpec, Policy, TrainConfig, Trainer, collate
+from agentenv.train.policy import nbytes
+from envs.retool_math import RetoolMathEnv
+from sandboxes import default_sandbox
+
+
+SMALL = dict(groups_per_step=2, group_size=2, max_new_tokens=96, concurrency=8, lr=1e-3)
+KEYS = {"step", "version", "reward_mean", "reward_std", "loss", "kl_behaviour", "is_weight_mean", "clip_frac",
+        "staleness", "gen_tokens_per_s", "gen_idle_frac", "trainer_idle_frac", "sync_s", "sync_bytes"}
+
+
+class AlternatingReward(RetoolMathEnv):
+    """Every group has reward variance (odd samples score 1), so every step has a gradient."""
+
+    async def reward(self, task, trajectory):
+        return float(trajectory.sample_index % 2)
+
+
+@pytest.fixture(scope="module")
+def groups(model_dir):
+    """Two scored GRPO groups from a real rollout (version 0)."""
+    async def collect():
+        env = make("retool-math")
+        eng = EmbeddedEngine(model_dir, seed=1)
+        try:
+            async with default_sandbox("local") as sb, Reactor(eng, env, sb, RolloutConfig(max_new_tokens=96)) as r:
+                return await r.collect(env.tasks(2, seed=5), group_size=3)
+        finally:
+            await eng.aclose()
+
+    return anyio.run(collect)
+
+
+def test_collate_masks_and_advantages(groups):
+    batch = collate(groups)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert batch.size == len(trajs) == 6
+    for i, t in enumerate(trajs):
+        n = len(t.input_ids)
+        assert batch.input_ids[i, :n].tolist() == t.input_ids  # the sampled ids, never re-tokenised
+        assert batch.mask[i, 1:n].tolist() == [float(m) for m in t.loss_mask[1:]]
+        assert batch.mask[i, n:].sum() == 0 and batch.attention_mask[i].sum() == n
+    for k, g in enumerate(groups):  # advantages are centred within each group
+        assert abs(float(batch.advantages[3 * k: 3 * k + 3].sum())) < 1e-5
+
+
+def test_trainer_logprobs_match_the_engines_on_the_same_tokens(groups, model_dir):
+    """The recomputed logprobs of the sampled tokens equal the engine's (same weights,
+    version 0): no re-tokenisation drift, so every IS weight starts at 1."""
+    policy = Policy(model_dir)
+    batch = collate(groups)
+    with torch.no_grad():
+        lp = policy.token_logprobs(batch.input_ids, batch.attention_mask)
+    diff = ((lp - batch.behaviour_logprobs).abs() * batch.mask).max()
+    assert batch.mask.sum() > 50 and float(diff) < 1e-3
+
+
+def test_checkpoint_round_trip_continues_identically(groups, model_dir, tmp_path):
+    """Save after one step; a fresh policy loading it takes the same next step bit for bit
+    (weights and Adam state restored)."""
+    batch = collate(groups)
+    a = Policy(model_dir, lr=1e-3)
+    a.train_step(batch)
+    a.save(tmp_path / "ckpt")
+    b = Policy(model_dir, lr=1e-3)
+    b.load(tmp_path / "ckpt")
+    a.train_step(batch)
+    b.train_step(batch)
+    for (n, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.equal(pa, pb), n
+
+
+@pytest.mark.anyio
+async def test_async_training_syncs_weights_into_the_running_engine(model_dir, tmp_path):
+    eng = EmbeddedEngine(model_dir, seed=0)
+    initial = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+    seen: list[dict] = []
+    try:
+        trainer = Trainer(TrainConfig(steps=3, max_staleness=1, out_dir=str(tmp_path), checkpoint_every=2, **SMALL),
+                          engine=eng, env=AlternatingReward(), on_step=seen.append, print_steps=False)
+        summary = await trainer.run()
+        assert eng.weight_version == 3
+        served = dict(eng.model.named_parameters())
+        trained = dict(trainer.policy.model.named_parameters())
+        assert all(torch.equal(served[n], trained[n]) for n in trained)  # the engine serves the trained weights
+        assert any(not torch.equal(served[n], initial[n]) for n in initial)  # ... which moved
+    finally:
+        await eng.aclose()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows == seen
+    for r in rows:
+        assert KEYS <= set(r)
+        assert max(int(k) for k in r["staleness"]) <= 1  # bounded by max_staleness
+        assert sum(r["staleness"].values()) >= r["trained_tokens"] > 0  # every consumed token logged
+    assert summary["steps"] == 3 and (tmp_path / "checkpoints" / "step-000002" / "state.json").exists()
+    assert (tmp_path / "checkpoints" / "step-000003" / "state.json").exists()
+
+
+@pytest.mark.anyio
+async def test_sync_mode_consumes_only_fresh_tokens_and_resume_continues(model_dir, tmp_path):
+    cfg = dict(mode="sync", out_dir=str(tmp_path), checkpoint_every=1, **SMALL)
+    first = await Trainer(TrainConfig(steps=2, **cfg), print_steps=False).run()
+    assert first["staleness"].keys() == {"0"}  # generate, train, sync in turn: never stale
+    with pytest.raises(ConfigError, match="step 2"):
+        await Trainer(TrainConfig(steps=2, resume=True, **cfg), print_steps=False).run()
+    with pytest.raises(ConfigError, match="group_size"):
+        await Trainer(TrainConfig(steps=3, resume=True, **{**cfg, "group_size": 3}), print_steps=False).run()
+    eng = EmbeddedEngine(model_dir, seed=0)
+    try:
+        trainer = Trainer(TrainConfig(steps=3, resume=True, **cfg), engine=eng, print_steps=False)
+        second = await trainer.run()
+        assert second["start_step"] == 2 and eng.weight_version == 3
+    finally:
+        await eng.aclose()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+@pytest.mark.anyio
+async def test_lora_syncs_only_the_adapter_and_changes_outputs(model_dir):
+    from agentenv import testing
+    from agentenv.engines.base import SamplingParams
+
+    spec = LoraSpec(rank=4)
+    policy = Policy(model_dir, lora=spec)
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)  # a trained adapter (B starts at 0)
+    tensors = policy.sync_tensors()
+    assert tensors and all("lora_" in n for n in tensors)
+    assert nbytes(tensors) * 10 < policy.full_bytes
+    eng = EmbeddedEngine(model_dir, seed=0, temperature=0)
+    try:
+        prompt = testing.chat_prompt(eng, "Compute 12 * 34.")
+        params = SamplingParams(max_tokens=12, temperature=0)
+        before = await eng.generate(prompt, params, "lora-before")
+        await eng.enable_lora(spec)
+        same = await eng.generate(prompt, params, "lora-zero")
+        assert same.token_ids == before.token_ids  # an injected adapter starts as a no-op
+        assert await eng.load_weights(tensors) == 1
+        after = await eng.generate(prompt, params, "lora-after")
+        assert after.token_ids != before.token_ids and after.weight_version == 1
+    finally:
+        await eng.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_dead_engine_stops_training_with_a_clear_error(model_dir, tmp_path):
+    from agentenv.errors import EngineError
+
+    eng = EmbeddedEngine(model_dir, seed=0)
+    eng.close()
+    with pytest.raises(EngineError, match="every program of step 1 failed in the engine: .*closed"):
+        await Trainer(TrainConfig(steps=2, out_dir=str(tmp_path), **SMALL), engine=eng, print_steps=False).run()
+
+
+@pytest.mark.anyio
+async def test_drain_syncs_only_when_no_program_is_in_flight(tmp_path):
+    trainer = Trainer(TrainConfig(steps=2, partial="drain", out_dir=str(tmp_path), **SMALL), print_steps=False)
+    await trainer.run()
+    assert [r["groups_in_flight_at_sync"] for r in trainer.rows] == [0, 0]
