@@ -2,6 +2,8 @@
 
     agentenv rollout --env retool-math --tasks 32 --group-size 4 --out rollouts.jsonl
     agentenv envs
+    agentenv train --env retool-math --steps 40 --mode async --out-dir runs/demo
+    agentenv plot runs/demo
 """
 
 from __future__ import annotations
@@ -64,7 +66,54 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     sub.add_parser("envs", help="list registered environments")
+    _train_parser(sub)
+    pl = sub.add_parser("plot", help="render a training run's reward and throughput curves to PNG")
+    pl.add_argument("run", type=Path, help="run directory (holding metrics.jsonl) or a metrics.jsonl file")
+    pl.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN/curves.png)")
     return p
+
+
+def _train_parser(sub: Any) -> None:
+    from .train.trainer import TrainConfig
+
+    d = TrainConfig()
+    t = sub.add_parser("train", help="GRPO-train a policy on an environment (async by default)")
+    t.add_argument("--env", default=d.env, help=f"environment id or module:Class (default {d.env})")
+    t.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment constructor argument, repeatable (e.g. extra_digits=1)")
+    t.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
+    t.add_argument("--engine", default=d.engine, choices=["embedded", "vllm", "openai"])
+    t.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine setting, repeatable")
+    t.add_argument("--base-url", action="append", default=None, help="server URL for --engine openai")
+    t.add_argument("--sandbox", default=d.sandbox, choices=["local", "e2b"])
+    t.add_argument("--mode", default=d.mode, choices=["async", "sync"],
+                   help="async: generation and training overlap (default); sync: generate, train, sync in turn")
+    t.add_argument("--steps", type=_positive(int), default=d.steps, help=f"optimiser steps (default {d.steps})")
+    t.add_argument("--groups-per-step", type=_positive(int), default=d.groups_per_step,
+                   help=f"GRPO groups (tasks) per step (default {d.groups_per_step})")
+    t.add_argument("--group-size", type=_positive(int), default=d.group_size, help=f"samples per task (default {d.group_size})")
+    t.add_argument("--max-staleness", type=int, default=d.max_staleness,
+                   help=f"async: a program starts only if consumed within this many versions (default {d.max_staleness})")
+    t.add_argument("--partial", default=d.partial, choices=["continue", "drain"],
+                   help="programs in flight at a weight update: continue with the new weights (default) or drain first")
+    t.add_argument("--lr", type=_positive(float), default=d.lr, help=f"learning rate (default {d.lr})")
+    t.add_argument("--lora-rank", type=int, default=d.lora_rank, help="train a LoRA adapter of this rank and sync only it (0: full)")
+    t.add_argument("--lora-alpha", type=_positive(float), default=d.lora_alpha)
+    t.add_argument("--clip-low", type=float, default=d.clip_low)
+    t.add_argument("--clip-high", type=float, default=d.clip_high)
+    t.add_argument("--is-cap", type=_positive(float), default=d.is_cap, help="truncation of the per-token IS weight")
+    t.add_argument("--aggregation", default=d.aggregation, choices=["token", "sequence"])
+    t.add_argument("--micro-batch", type=_positive(int), default=d.micro_batch, help="sequences per forward/backward")
+    t.add_argument("--concurrency", type=_positive(int), default=d.concurrency, help="programs in flight")
+    t.add_argument("--max-turns", type=_positive(int), default=None)
+    t.add_argument("--max-new-tokens", type=_positive(int), default=d.max_new_tokens)
+    t.add_argument("--temperature", type=_positive(float), default=d.temperature)
+    t.add_argument("--tool-timeout", type=_positive(float), default=None)
+    t.add_argument("--seed", type=int, default=d.seed)
+    t.add_argument("--out-dir", default=d.out_dir, help=f"run directory: metrics.jsonl, checkpoints/ (default {d.out_dir})")
+    t.add_argument("--checkpoint-every", type=_positive(int), default=d.checkpoint_every)
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
+    t.add_argument("--no-progress", action="store_true", help="no live status bar (step lines still print)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _envs()
         if args.command == "rollout":
             return _rollout(args)
+        if args.command == "train":
+            return _train(args)
+        if args.command == "plot":
+            from .train.plot import plot
+
+            out = plot(args.run, args.out)
+            print(out)
+            return 0
     except AgentEnvError as exc:
         sys.stderr.write(f"agentenv: error: {exc}\n")
         return 2
@@ -94,6 +151,32 @@ def _engine_args(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _train(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from .train.trainer import TrainConfig, train
+
+    hf_logging.disable_progress_bar()
+    cfg = TrainConfig(
+        env=args.env, env_kwargs=_engine_args(args.env_arg), model=args.model, engine=args.engine,
+        engine_kwargs=_engine_args(args.engine_arg), base_urls=args.base_url, sandbox=args.sandbox, mode=args.mode,
+        steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
+        max_staleness=args.max_staleness, partial=args.partial, lr=args.lr, lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha, clip_low=args.clip_low, clip_high=args.clip_high, is_cap=args.is_cap,
+        aggregation=args.aggregation, micro_batch=args.micro_batch, concurrency=args.concurrency,
+        max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        tool_timeout=args.tool_timeout, seed=args.seed, out_dir=args.out_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume)
+    if args.sandbox == "e2b" and not (os.environ.get("E2B_API_KEY") or os.environ.get("E2B_DEBUG")):
+        raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
+    print(f"agentenv train: env={cfg.env} mode={cfg.mode} steps={cfg.steps} batch={cfg.groups_per_step}x"
+          f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank} -> {cfg.out_dir}",
+          flush=True)
+    summary = train(cfg, progress=not args.no_progress and sys.stderr.isatty())
+    print(json.dumps(summary), flush=True)
+    return 0
 
 
 def _envs() -> int:
@@ -135,12 +218,11 @@ def _rollout(args: argparse.Namespace) -> int:
 
 
 async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Namespace) -> int:
-    import anyio
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .checker import check_env
-    from .engines import create_engine
+    from .engines import open_engine
     from .reactor import Reactor
     from .trajectory import Trajectory
     from sandboxes import default_sandbox
@@ -148,22 +230,8 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     console = Console(stderr=True)
     console.print(f"[bold]agentenv[/] rollout: env={env.id} model={model} engine={args.engine} "
                   f"tasks={len(tasks)} x group {args.group_size}")
-    try:
-        if args.engine == "vllm":
-            from .engines.vllm import VLLMEngine
-
-            engine = await VLLMEngine.create(str(model), seed=args.seed, **args.engine_kwargs)
-        elif args.engine == "openai":
-            from .engines.openai import OpenAIEngine
-
-            engine = await OpenAIEngine.create(args.base_url, str(model), **args.engine_kwargs)
-        else:
-            engine = await anyio.to_thread.run_sync(
-                lambda: create_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
-                                      seed=args.seed, **args.engine_kwargs)
-            )
-    except TypeError as exc:  # an --engine-arg the engine does not take
-        raise AgentEnvError(f"bad --engine-arg for the {args.engine} engine: {exc}") from exc
+    engine = await open_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
+                               seed=args.seed, base_urls=args.base_url, **args.engine_kwargs)
     check_env(env, tokenizer=engine.tokenizer)
     total = len(tasks) * args.group_size
     written = 0

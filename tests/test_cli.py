@@ -89,3 +89,37 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
     assert alive == [], f"sandbox workers left behind: {alive}"
     for line in out.read_text().splitlines():  # whatever was written is complete JSON
         json.loads(line)
+
+
+def test_train_then_resume_then_plot(tmp_path, model_dir):
+    run = tmp_path / "run"
+    common = ["--groups-per-step", "2", "--group-size", "2", "--max-new-tokens", "64", "--model", model_dir,
+              "--out-dir", str(run), "--checkpoint-every", "1", "--no-progress"]
+    r = agentenv("train", "--steps", "2", *common)
+    assert r.returncode == 0, r.stderr
+    assert "step    1/2" in r.stdout and "step    2/2" in r.stdout
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and summary["checkpoint"].endswith("step-000002")
+    r = agentenv("train", "--steps", "3", "--resume", *common)
+    assert r.returncode == 0, r.stderr
+    assert "step    3/3" in r.stdout and "step    1/3" not in r.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1, 2, 3]
+    r = agentenv("plot", str(run))
+    assert r.returncode == 0, r.stderr
+    png = run / "curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--group-size", "1"], "group_size >= 2"),
+        (["train", "--mode", "fast"], "invalid choice"),
+        (["train", "--resume", "--out-dir", "/nonexistent/run"], "no checkpoint"),
+        (["plot", "/nonexistent/run"], "no metrics.jsonl"),
+    ],
+)
+def test_bad_train_and_plot_input_is_one_line_and_exit_2(args, message):
+    r = agentenv(*args, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
