@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rollout", help="run rollouts and write trajectories as JSONL")
     r.add_argument("--env", default="retool-math", help="environment id or module:Class (default retool-math)")
+    r.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment constructor argument, repeatable (e.g. extra_digits=1)")
     r.add_argument("--tasks", type=_positive(int), default=32, help="number of tasks (default 32)")
     r.add_argument("--group-size", type=_positive(int), default=4, help="samples per task, a GRPO group (default 4)")
     r.add_argument("--out", type=Path, default=Path("rollouts.jsonl"), help="output JSONL file")
@@ -195,7 +197,7 @@ def _rollout(args: argparse.Namespace) -> int:
     from .models import default_model
     from .registry import make
 
-    env = make(args.env)
+    env = make(args.env, **_engine_args(args.env_arg))
     model = Path(args.model) if args.model else default_model()
     check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
     if args.engine == "openai" and not args.base_url:

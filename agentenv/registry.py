@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from .env import Environment
-from .errors import EnvNotFoundError
+from .errors import ConfigError, EnvNotFoundError
 
 EntryPoint = type[Environment] | Callable[..., Environment] | str
 _REGISTRY: dict[str, EntryPoint] = {}
@@ -77,7 +77,10 @@ def make(spec: str, **kwargs: Any) -> Environment:
     entry = _resolve(spec)
     if isinstance(entry, str):
         entry = _import(entry)
-    env = entry(**kwargs)
+    try:
+        env = entry(**kwargs)
+    except (TypeError, ValueError) as exc:  # bad constructor arguments (--env-arg)
+        raise ConfigError(f"cannot create environment {spec!r} with {kwargs}: {exc}") from exc
     if type(env) not in _CHECKED:
         check_env(env)
         _CHECKED.add(type(env))

@@ -38,6 +38,7 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
         (["rollout", "--tasks", "0"], "must be > 0"),
         (["rollout", "--tasks", "many"], "expected a number"),
         (["rollout", "--model", "/nonexistent/model"], "model directory not found"),
+        (["rollout", "--env-arg", "extra_digits=99"], "cannot create environment"),
         (["rollout", "--env", "retool-mat"], "Did you mean 'retool-math'"),
         (["rollout", "--out", "/nonexistent/dir/r.jsonl"], "output directory does not exist"),
         (["rollout", "--engine", "openai"], "needs --base-url"),
@@ -109,6 +110,12 @@ def test_train_then_resume_then_plot(tmp_path, model_dir):
     assert r.returncode == 0, r.stderr
     png = run / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # A full fine-tuning checkpoint is a model directory the rollout command serves.
+    out = tmp_path / "r.jsonl"
+    r = agentenv("rollout", "--model", summary["checkpoint"], "--tasks", "2", "--group-size", "2",
+                 "--max-new-tokens", "64", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert len(out.read_text().splitlines()) == 4
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,9 @@ class RolloutBuffer:
         fresh = [g for g in self._groups if version - _oldest_version(g) <= self.max_staleness]
         if len(fresh) < n:
             return None
-        batch = fresh[:n]
+        # Oldest weights first (stable: completion order among equals), so a straggler that
+        # finished late is used before it goes stale rather than dropped.
+        batch = sorted(fresh, key=_oldest_version)[:n]
         for g in batch:
             self._groups.remove(g)
             for t in g.trajectories:

@@ -9,11 +9,13 @@ tensor names match one to one.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from .batch import Batch
 from .loss import LossConfig, grpo_loss
 
@@ -52,6 +54,7 @@ class Policy:
                  micro_batch: int = 16, loss: LossConfig = LossConfig()) -> None:
         from transformers import AutoModelForCausalLM
 
+        self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.lora = lora
         if lora is not None:
@@ -125,22 +128,32 @@ class Policy:
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: Path) -> None:
+        """Full fine-tuning: a Hugging Face model directory (config, weights, the tokenizer),
+        so ``agentenv rollout --model PATH`` serves it; LoRA: the adapter tensors. Plus the
+        optimiser state either way."""
         from safetensors.torch import save_file
 
         path.mkdir(parents=True, exist_ok=True)
-        save_file({n: t.contiguous() for n, t in self.sync_tensors().items()}, str(path / "policy.safetensors"))
+        if self.lora is None:
+            self.model.save_pretrained(str(path), safe_serialization=True)
+            for f in Path(self.model_dir).iterdir():
+                if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "added_tokens"))
+                                    or f.name in ("vocab.json", "merges.txt")):
+                    shutil.copy2(f, path / f.name)
+        else:
+            save_file({n: t.contiguous() for n, t in self.sync_tensors().items()}, str(path / "adapter.safetensors"))
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         (path / "policy.json").write_text(json.dumps({"lora": asdict(self.lora) if self.lora else None}))
 
     def load(self, path: Path) -> None:
         from safetensors.torch import load_file
 
-        tensors = load_file(str(path / "policy.safetensors"))
+        tensors = load_file(str(path / ("adapter.safetensors" if self.lora else "model.safetensors")))
         params = dict(self.model.named_parameters())
-        missing = set(self.sync_tensors()) - set(tensors)
+        missing = {n for n in self.sync_tensors() if n not in tensors}
         if missing:
-            raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
+            raise ConfigError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
         with torch.no_grad():
-            for name, t in tensors.items():
-                params[name].copy_(t)
+            for name in self.sync_tensors():
+                params[name].copy_(tensors[name])
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))

@@ -67,3 +67,12 @@ def test_admission_bounds_work_in_flight_and_staleness():
                 consumed_total += batch
                 version += 1
         assert version > 50  # the loop really trained
+
+
+def test_oldest_groups_are_consumed_first_so_stragglers_are_not_wasted():
+    buf = RolloutBuffer(capacity=10, max_staleness=2)
+    buf.put(group("new", [2]))
+    buf.put(group("straggler", [0]))  # admitted at version 0, finished last
+    buf.put(group("mid", [1]))
+    assert [g.task.id for g in buf.take(2, version=2)] == ["straggler", "mid"]
+    assert buf.dropped == 0 and len(buf) == 1
