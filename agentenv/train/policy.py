@@ -110,7 +110,7 @@ class Policy:
         self.model.eval()
         out = {"loss": sums["loss"], "grad_norm": float(grad_norm)}
         for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_behaviour", "abs_logprob_diff"):
-            out[k] = sums[k] / total_tokens
+            out[k] = max(0.0, sums[k] / total_tokens)  # all non-negative; no "-0.0" from rounding
         return out
 
     # -- weight sync -------------------------------------------------------------------------
