@@ -197,6 +197,9 @@ def _rollout(args: argparse.Namespace) -> int:
     from .models import default_model
     from .registry import make
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars between our own output
     env = make(args.env, **_engine_args(args.env_arg))
     model = Path(args.model) if args.model else default_model()
     check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
