@@ -21,7 +21,7 @@ every engine request aborted on the way out.
 from __future__ import annotations
 
 import math
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Sequence
 
@@ -66,11 +66,6 @@ def _reward_failed(traj: Trajectory, exc: BaseException) -> None:
     traj.finish_reason = "error:reward"
     traj.reward = None
     traj.error = f"reward: {type(exc).__name__}: {exc}"
-
-
-@asynccontextmanager
-async def _nothing() -> AsyncIterator[None]:
-    yield
 
 
 class Reactor:
@@ -137,18 +132,17 @@ class Reactor:
         pending = [group_size]
         async with anyio.create_task_group() as tg:
             for i in range(group_size):
-                tg.start_soon(self._one, task, f"{task.id}#g", i, self._limiter, group, pending, None)
+                tg.start_soon(self._one, task, f"{task.id}#g", i, group, pending, None)
         return group
 
     async def _produce(self, tasks: list[Task], group_size: int, send: MemoryObjectSendStream) -> None:
-        limiter = self._limiter
         self.stats.start(len(tasks) * group_size)
         async with send, anyio.create_task_group() as tg:
             for task in tasks:
                 group = Group(task)
                 pending = [group_size]
                 for i in range(group_size):
-                    tg.start_soon(self._one, task, f"{task.id}#g", i, limiter, group, pending, send.clone())
+                    tg.start_soon(self._one, task, f"{task.id}#g", i, group, pending, send.clone())
         self.stats.stop()
 
     async def _one(
@@ -156,13 +150,12 @@ class Reactor:
         task: Task,
         group_id: str,
         index: int,
-        limiter: anyio.CapacityLimiter,
         group: Group,
         pending: list[int],
         send: MemoryObjectSendStream | None,
     ) -> None:
-        async with send if send is not None else _nothing():
-            async with limiter:
+        async with send if send is not None else nullcontext():
+            async with self._limiter:
                 self.stats.program_started()
                 traj = await run_program(self._ctx, task, group_id, index)
             # The slot is free again; the (possibly slow) reward runs outside it.

@@ -26,7 +26,7 @@ class WeightSyncExtension:
         # qkv_proj by the model's loader), re-runs the per-layer weight processing that
         # loading did (the CPU backend repacks linear weights, so a plain load_weights into the
         # processed parameters fails), and works under LoRA wrappers.
-        self.model_runner.reload_weights(weights_iterator=iter(list(weights.items())), is_checkpoint_format=True)
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         self._refresh_tied_heads()
         return len(weights)
 

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..reactor import Group
@@ -44,7 +44,7 @@ def _oldest_version(group: Group) -> int:
 class RolloutBuffer:
     capacity: int
     max_staleness: int
-    _groups: deque = field(default_factory=deque)
+    _groups: list = field(default_factory=list)  # (oldest sampled version, group), arrival order
     dropped: int = 0
     staleness: Counter = field(default_factory=Counter)  # consumed tokens by (version now - version)
 
@@ -62,21 +62,20 @@ class RolloutBuffer:
             raise ValueError("only complete groups with every reward scored enter the buffer")
         if self.full:
             raise OverflowError(f"buffer full ({self.capacity} groups): wait for the trainer")
-        self._groups.append(group)
+        self._groups.append((_oldest_version(group), group))
 
     def take(self, n: int, version: int) -> list[Group] | None:
         """``n`` groups usable at ``version`` (oldest first), or None if not enough yet."""
-        while self._groups and version - _oldest_version(self._groups[0]) > self.max_staleness:
-            self._groups.popleft()
-            self.dropped += 1
-        fresh = [g for g in self._groups if version - _oldest_version(g) <= self.max_staleness]
+        fresh = [(v, g) for v, g in self._groups if version - v <= self.max_staleness]
+        self.dropped += len(self._groups) - len(fresh)
+        self._groups = fresh
         if len(fresh) < n:
             return None
-        # Oldest weights first (stable: completion order among equals), so a straggler that
+        # Oldest weights first (stable: arrival order among equals), so a straggler that
         # finished late is used before it goes stale rather than dropped.
-        batch = sorted(fresh, key=_oldest_version)[:n]
+        fresh = sorted(fresh, key=lambda vg: vg[0])
+        batch, self._groups = [g for _, g in fresh[:n]], fresh[n:]
         for g in batch:
-            self._groups.remove(g)
             for t in g.trajectories:
                 for s in t.segments:
                     if s.kind == "model":

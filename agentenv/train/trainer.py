@@ -269,17 +269,18 @@ class Trainer:
             return groups
 
         last = {"t0": t0, "t": t0, "tokens": 0, "gen_busy": 0.0, "wait": 0.0}
-        bar = _StatusBar(self.progress, cfg.steps, start_step)
+        bar, bar_task = _status_bar(self.progress, cfg.steps, start_step)
 
         async def status() -> None:
             while True:
-                bar.info(f"v{st['version']}  buffer {len(buffer)}/{b} groups  {gen_clock.active} groups generating  "
-                         f"{reactor.stats.sampled_tokens} tokens sampled")
+                bar.update(bar_task, info=f"v{st['version']}  buffer {len(buffer)}/{b} groups  "
+                           f"{gen_clock.active} groups generating  {reactor.stats.sampled_tokens} tokens sampled")
                 await anyio.sleep(0.5)
         summary: dict[str, Any] = {}
+        bar.start()
         try:
             try:
-                async with anyio.create_task_group() as tg, bar:
+                async with anyio.create_task_group() as tg:
                     tg.start_soon(generator, tg)
                     if self.progress:
                         tg.start_soon(status)
@@ -309,9 +310,9 @@ class Trainer:
                         row["groups_in_flight_at_sync"] = in_flight
                         log.write(row)
                         self.rows.append(row)
-                        bar.advance()
+                        bar.advance(bar_task)
                         if self.print_steps:
-                            bar.print(step_line(row, cfg.steps))
+                            print(step_line(row, cfg.steps), flush=True)
                         if self.on_step is not None:
                             self.on_step(row)
                         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -334,6 +335,7 @@ class Trainer:
             }
             (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         finally:
+            bar.stop()
             log.close()
         return summary
 
@@ -384,39 +386,15 @@ def _check_batch(groups: list[Group], step: int) -> None:
         raise err(f"every program of step {step} failed in the {where}: {infra[0].error}")
 
 
-class _StatusBar:
-    """A rich progress bar on stderr (steps, plus what the generator is doing); step lines
-    go to stdout either way."""
+def _status_bar(enabled: bool, total: int, done: int) -> tuple[Any, Any]:
+    """A rich progress bar on stderr (steps, plus what the generator is doing); a no-op when
+    disabled. Step lines go to stdout either way."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def __init__(self, enabled: bool, total: int, done: int) -> None:
-        self.enabled = enabled
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                               TextColumn("{task.fields[info]}"), console=Console(stderr=True))
-            self._task = self._p.add_task("train", total=total, completed=done, info="starting")
-
-    async def __aenter__(self) -> "_StatusBar":
-        if self.enabled:
-            self._p.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.enabled:
-            self._p.stop()
-
-    def info(self, text: str) -> None:
-        if self.enabled:
-            self._p.update(self._task, info=text)
-
-    def advance(self) -> None:
-        if self.enabled:
-            self._p.advance(self._task)
-
-    def print(self, line: str) -> None:
-        print(line, flush=True)
+    bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[info]}"), console=Console(stderr=True), disable=not enabled)
+    return bar, bar.add_task("train", total=total, completed=done, info="starting")
 
 
 def train(cfg: TrainConfig, **kwargs: Any) -> dict[str, Any]:
