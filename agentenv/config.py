@@ -15,8 +15,19 @@ class RolloutConfig:
     max_new_tokens: int = 512
     #: Sampled tokens per turn.
     max_tokens_per_turn: int = 256
-    #: Programs in flight at once (each holds a sandbox session while it runs).
+    #: Engine requests in flight at once (decode slots). Under the ``fifo`` and ``lockstep``
+    #: policies also the number of programs in flight, each holding its slot throughout.
     concurrency: int = 32
+    #: How programs are scheduled: ``program`` (KV-aware, programs decoupled from decode
+    #: slots, environments prepared ahead), ``fifo`` (a program holds a slot from its sandbox
+    #: start to its end) or ``lockstep`` (the batch advances turn by turn). See
+    #: ``agentenv.scheduler``.
+    scheduling: str = "program"
+    #: ``program`` policy: programs admitted at once, paused ones included (bounds open
+    #: sandbox sessions); None: 4 x concurrency. The engine's KV capacity bounds it too.
+    max_programs: int | None = None
+    #: ``program`` policy: queued programs whose sandbox session is prepared ahead.
+    env_lookahead: int = 16
     #: Wall-clock limit of one tool call.
     tool_timeout: float = 5.0
     #: Wall-clock limit of one reward computation.
@@ -32,5 +43,11 @@ class RolloutConfig:
         for name in ("tool_timeout", "reward_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.scheduling not in ("program", "fifo", "lockstep"):
+            raise ConfigError(f"scheduling must be program, fifo or lockstep, got {self.scheduling!r}")
+        if self.max_programs is not None and self.max_programs < 1:
+            raise ConfigError(f"max_programs must be >= 1, got {self.max_programs}")
+        if self.env_lookahead < 0:
+            raise ConfigError(f"env_lookahead must be >= 0, got {self.env_lookahead}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0")

@@ -11,6 +11,8 @@ only answers questions about its tasks. Override:
 * optional ``async group_reward(task, trajs)`` over the G samples of one task (GRPO group)
 * optional ``async on_turn(task, traj, turn_text)`` -> :class:`TurnAction` or None
 * optional ``sandbox_setup()``  -> code run once in each program's session before the model
+* optional ``plan_turn(task, traj, turn)`` -> :class:`TurnPlan` (this turn's token cap, whether
+  stop tokens end it, whether it is the last), e.g. thinking budgets or trace workloads
 
 Rewards run after a program ends, concurrently with other programs still decoding. A reward
 that raises is recorded on the trajectory (``error``) with reward ``None``; it never stops the
@@ -47,6 +49,18 @@ class TurnAction:
     inject: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TurnPlan:
+    """What ``plan_turn`` may say about the next turn."""
+
+    #: Sampled-token cap for this turn (None: the rollout config's ``max_tokens_per_turn``).
+    max_tokens: int | None = None
+    #: False: no stop token ends the turn (it runs to ``max_tokens``; EOS included).
+    stop: bool = True
+    #: The program ends after this turn (finish reason ``stop``), whatever the model wrote.
+    last: bool = False
+
+
 class Environment:
     #: The registry id, e.g. "retool-math".
     id: ClassVar[str] = ""
@@ -79,6 +93,10 @@ class Environment:
         return [PythonTool()]
 
     def sandbox_setup(self) -> str | None:
+        return None
+
+    def plan_turn(self, task: Task, trajectory: "Trajectory", turn: int) -> TurnPlan | None:
+        """Limits for turn ``turn`` (0-based) of this program; None: the config's."""
         return None
 
     async def on_turn(self, task: Task, trajectory: "Trajectory", turn_text: str) -> TurnAction | None:

@@ -8,8 +8,12 @@
 Every turn is a new engine request whose prompt is the whole sequence so far, so the engine's
 prefix cache serves everything but the newly spliced tool output. Failures are data: an
 engine, sandbox or environment error ends this program with ``finish_reason="error:<where>"``
-and the message in ``error``; the run goes on. Cancellation propagates (after the sandbox
-session is closed and the engine request aborted).
+and the message in ``error``; the run goes on. Cancellation propagates (after the engine
+request is aborted).
+
+The program does not decide when it runs: before each turn it asks its :class:`ProgramHooks`
+(the reactor's scheduler: :mod:`agentenv.scheduler`) and waits for the go, reports the turn's
+end, and gets its sandbox session from them only when a tool needs it (prepared ahead).
 
 Finish reasons:
   stop              the model ended a turn with a stop token and asked for no tool
@@ -24,7 +28,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -65,6 +69,19 @@ class ProgramContext:
         return list(ids)
 
 
+class ProgramHooks(Protocol):
+    """How a program meets its scheduler (see ``agentenv.reactor``)."""
+
+    async def before_turn(self, tokens: int, max_tokens: int) -> int:
+        """Wait until this turn may be submitted; return the engine request priority."""
+
+    def after_turn(self, tokens: int) -> None:
+        """The engine returned the turn; the program is ``tokens`` long and acting."""
+
+    async def session(self) -> Any:
+        """The program's sandbox session (prepared ahead; waited for only here)."""
+
+
 def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:
     """EOS plus the single-token ids of the format's end-of-call strings."""
     ids = []
@@ -77,10 +94,11 @@ def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_index: int) -> Trajectory:
+async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_index: int,
+                      hooks: ProgramHooks, program_id: str | None = None) -> Trajectory:
     tok = ctx.tokenizer
     traj = Trajectory(
-        id=uuid.uuid4().hex[:16],
+        id=program_id or uuid.uuid4().hex[:16],
         env=ctx.env.id,
         task_id=task.id,
         group_id=group_id,
@@ -88,11 +106,8 @@ async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_ind
         prompt_ids=ctx.prompt_ids(task),
     )
     start = time.perf_counter()
-    session = None
     try:
-        if any(isinstance(t, PythonTool) for t in ctx.tools.values()):
-            session = await ctx.sandbox.session(ctx.env.sandbox_setup())
-        traj.finish_reason = await _turns(ctx, task, traj, session)
+        traj.finish_reason = await _turns(ctx, task, traj, hooks)
     except PromptTooLongError as exc:
         traj.finish_reason, traj.error = "context_overflow", str(exc)
     except EngineError as exc:
@@ -104,31 +119,32 @@ async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_ind
     except Exception as exc:  # noqa: BLE001 - a bad rollout is data, not a crash
         traj.finish_reason, traj.error = f"error:{type(exc).__name__}", f"{type(exc).__name__}: {exc}"
     finally:
-        if session is not None:
-            with anyio.CancelScope(shield=True):
-                await session.aclose()
         traj.duration_s = time.perf_counter() - start
     traj.text = tok.decode(traj.completion_ids, skip_special_tokens=False)
     return traj
 
 
-async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, session: Any) -> str:
+async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, hooks: ProgramHooks) -> str:
     cfg, tok, engine = ctx.config, ctx.tokenizer, ctx.engine
     for turn in range(cfg.max_turns):
+        plan = ctx.env.plan_turn(task, traj, turn)
         budget = cfg.max_new_tokens - traj.num_sampled_tokens
         room = engine.max_model_len - traj.num_tokens
         if room <= 0:
             return "context_overflow"
         if budget <= 0:
             return "length"
+        cap = cfg.max_tokens_per_turn if plan is None or plan.max_tokens is None else plan.max_tokens
         params = SamplingParams(
-            max_tokens=min(cfg.max_tokens_per_turn, budget, room),
+            max_tokens=min(cap, budget, room),
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             top_k=cfg.top_k,
-            stop_token_ids=ctx.stop_token_ids,
+            stop_token_ids=ctx.stop_token_ids if plan is None or plan.stop else (),
         )
-        gen = await engine.generate(traj.input_ids, params, f"{traj.id}-{turn}")
+        priority = await hooks.before_turn(traj.num_tokens, params.max_tokens)
+        gen = await engine.generate(traj.input_ids, params, f"{traj.id}-{turn}", priority=priority)
+        hooks.after_turn(traj.num_tokens + len(gen.token_ids))
         traj.add_model(gen.token_ids, gen.logprobs, gen.versions)
         traj.turns.append(
             TurnStats(gen.prompt_tokens, gen.cached_tokens, len(gen.token_ids), gen.finish_reason,
@@ -137,6 +153,8 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, session: Any
         # Decoded only to find the tool call; the ids above are what the trajectory keeps.
         text = tok.decode(gen.token_ids, skip_special_tokens=False)
         calls = ctx.fmt.parse(text, list(ctx.tools))
+        if plan is not None and plan.last:
+            return "stop"
         if gen.finish_reason == "length":
             if traj.num_tokens >= engine.max_model_len:
                 return "context_overflow"
@@ -148,7 +166,7 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, session: Any
             continue  # hit the per-turn cap mid-thought: let the model go on next turn
         if turn == cfg.max_turns - 1:
             return "max_turns"
-        outputs = [await _run_call(ctx, call, turn, traj, session) for call in calls]
+        outputs = [await _run_call(ctx, call, turn, traj, hooks) for call in calls]
         ended_with_eos = gen.stop_token_id is not None and gen.stop_token_id == tok.eos_token_id
         obs = ctx.fmt.observation(outputs, tok, ended_with_eos)
         obs_ids = tok.encode(obs, add_special_tokens=False)
@@ -164,7 +182,7 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, session: Any
     return "max_turns"
 
 
-async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory, session: Any) -> str:
+async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory, hooks: ProgramHooks) -> str:
     start = time.perf_counter()
     if isinstance(call, MalformedCall):
         text = ctx.fmt.error_text(call)
@@ -176,6 +194,7 @@ async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory,
         text = ctx.fmt.error_text(MalformedCall(problem))
         traj.tool_calls.append(ToolCall(turn, call.name, call.arguments, text, "malformed", 0.0, problem))
         return text
+    session = await hooks.session() if isinstance(tool, PythonTool) else None
     out = await tool(ToolContext(session, ctx.config.tool_timeout, traj, turn), **call.arguments)
     traj.tool_calls.append(
         ToolCall(turn, call.name, call.arguments, out.text, out.status, time.perf_counter() - start, out.error)  # type: ignore[arg-type]

@@ -21,20 +21,25 @@ every engine request aborted on the way out.
 from __future__ import annotations
 
 import math
-from contextlib import asynccontextmanager, nullcontext
+import time
+import uuid
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 import anyio
+from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .config import RolloutConfig
 from .engines.base import Engine
 from .env import Environment, Task
+from .errors import SandboxError, TrajectoryError
 from .formats import get_format
 from .program import ProgramContext, run_program, stop_token_ids
+from .scheduler import Policy, Scheduler, SchedulerConfig, State
 from .stats import RunStats
-from .errors import TrajectoryError
+from .tools import PythonTool
 from .trajectory import Trajectory
 
 
@@ -68,6 +73,78 @@ def _reward_failed(traj: Trajectory, exc: BaseException) -> None:
     traj.error = f"reward: {type(exc).__name__}: {exc}"
 
 
+class _Batch:
+    """The programs one call (``rollouts`` or ``group``) added: it returns when all are done."""
+
+    __slots__ = ("left", "finished")
+
+    def __init__(self, total: int) -> None:
+        self.left, self.finished = total, anyio.Event()
+
+    def one_done(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.finished.set()
+
+
+class _Slot:
+    """The reactor's side of one program: what it runs, and the events it waits on."""
+
+    __slots__ = ("pid", "key", "task", "index", "group", "pending", "send", "tg", "grant", "env_done",
+                 "session", "env_error", "used_session", "batch")
+
+    def __init__(self, pid: int, task: Task, index: int, group: Group, pending: list[int],
+                 send: MemoryObjectSendStream | None, tg: TaskGroup, batch: _Batch) -> None:
+        self.pid, self.task, self.index, self.group, self.pending = pid, task, index, group, pending
+        self.key = uuid.uuid4().hex[:16]  # the trajectory id and the engine request-id prefix
+        self.send, self.tg, self.batch = send, tg, batch
+        self.grant: anyio.Event | None = None
+        self.env_done: anyio.Event | None = None
+        self.session: Any = None
+        self.env_error: BaseException | None = None
+        self.used_session = False
+
+
+class _Hooks:
+    """``ProgramHooks`` for one program: each event goes to the scheduler, whose decision the
+    reactor carries out at once."""
+
+    __slots__ = ("reactor", "slot")
+
+    def __init__(self, reactor: "Reactor", slot: _Slot) -> None:
+        self.reactor, self.slot = reactor, slot
+
+    async def before_turn(self, tokens: int, max_tokens: int) -> int:
+        r, slot = self.reactor, self.slot
+        slot.grant = anyio.Event()
+        r._sched.want_turn(slot.pid, tokens, max_tokens)
+        r._step()
+        await slot.grant.wait()
+        r.stats.requests_changed(+1)
+        return r._sched.priority(slot.pid)
+
+    def after_turn(self, tokens: int) -> None:
+        r = self.reactor
+        r.stats.requests_changed(-1)
+        r._sched.turn_done(self.slot.pid, tokens)
+        r._step()
+
+    async def session(self) -> Any:
+        r, slot = self.reactor, self.slot
+        if slot.env_done is None:  # not prepared ahead (lookahead full): start it now
+            r._sched.demand_env(slot.pid)
+            r._start_prepare(slot)
+        if not slot.env_done.is_set():
+            r.stats.env_waits += 1
+            t0 = time.perf_counter()
+            await slot.env_done.wait()
+            r.stats.env_wait_s += time.perf_counter() - t0
+        if slot.env_error is not None:
+            raise slot.env_error
+        slot.used_session = True
+        return slot.session
+
+
 class Reactor:
     def __init__(
         self,
@@ -93,15 +170,39 @@ class Reactor:
             prompt_cache={},
             stop_token_ids=stop_token_ids(engine.tokenizer, fmt),
         )
+        self._needs_env = any(isinstance(t, PythonTool) for t in tools.values())
+        self._setup = env.sandbox_setup() if self._needs_env else None
         self.stats = RunStats(block_size=getattr(engine, "page_size", 1))
-        self._limiter = anyio.CapacityLimiter(self.config.concurrency)
+        c = self.config
+        policy = Policy(c.scheduling)
+        self._sched = Scheduler(SchedulerConfig(
+            policy=policy,
+            kv_capacity=getattr(engine, "kv_capacity_tokens", None) if policy == Policy.PROGRAM else None,
+            block_size=max(1, int(getattr(engine, "page_size", 16) or 16)),
+            max_requests=c.concurrency,
+            max_programs=(c.max_programs or 4 * c.concurrency) if policy == Policy.PROGRAM else c.concurrency,
+            env_lookahead=c.env_lookahead,
+            turn_reserve=c.max_tokens_per_turn,
+        ))
+        self._slots: dict[int, _Slot] = {}
+        self._spare: list[Any] = []  # prepared sessions no program used: clean, handed on
+        self._next_pid = 0
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The pure scheduler (read its counters; do not drive it)."""
+        return self._sched
 
     async def __aenter__(self) -> "Reactor":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        pass  # the reactor owns no resources; engine/sandbox/env belong to the caller
+        with anyio.CancelScope(shield=True):
+            spare, self._spare = self._spare, []
+            for s in spare:
+                await s.aclose()
 
+    # -- public API --------------------------------------------------------------------------
     @asynccontextmanager
     async def rollouts(
         self, tasks: Sequence[Task], group_size: int = 1
@@ -125,60 +226,146 @@ class Reactor:
         return [groups[t.id] for t in tasks if t.id in groups]
 
     async def group(self, task: Task, group_size: int) -> Group:
-        """Run the ``group_size`` programs of one task (sharing the reactor's concurrency
-        limit with every other call) and return the scored group. Trainers that stream tasks
-        one group at a time (under their own admission control) use this."""
+        """Run the ``group_size`` programs of one task (scheduled together with every other
+        call's programs) and return the scored group. Trainers that stream tasks one group at
+        a time (under their own admission control) use this."""
         group = Group(task)
-        pending = [group_size]
         async with anyio.create_task_group() as tg:
-            for i in range(group_size):
-                tg.start_soon(self._one, task, f"{task.id}#g", i, group, pending, None)
+            await self._run(tg, [task], group_size, None, {task.id: group})
         return group
 
+    # -- carrying out the scheduler's decisions ------------------------------------------------
     async def _produce(self, tasks: list[Task], group_size: int, send: MemoryObjectSendStream) -> None:
         self.stats.start(len(tasks) * group_size)
-        async with send, anyio.create_task_group() as tg:
-            for task in tasks:
-                group = Group(task)
-                pending = [group_size]
-                for i in range(group_size):
-                    tg.start_soon(self._one, task, f"{task.id}#g", i, group, pending, send.clone())
-        self.stats.stop()
+        try:
+            async with send, anyio.create_task_group() as tg:
+                await self._run(tg, tasks, group_size, send, {})
+        finally:
+            self.stats.stop()
 
-    async def _one(
-        self,
-        task: Task,
-        group_id: str,
-        index: int,
-        group: Group,
-        pending: list[int],
-        send: MemoryObjectSendStream | None,
-    ) -> None:
-        async with send if send is not None else nullcontext():
-            async with self._limiter:
-                self.stats.program_started()
-                traj = await run_program(self._ctx, task, group_id, index)
-            # The slot is free again; the (possibly slow) reward runs outside it.
-            try:
-                with anyio.fail_after(self.config.reward_timeout):
-                    _apply_reward(traj, await self.env.reward(task, traj))
-            except anyio.get_cancelled_exc_class():
-                raise
-            except Exception as exc:  # noqa: BLE001 - recorded on the trajectory
-                _reward_failed(traj, exc)
-            try:
-                traj.validate()
-            except TrajectoryError as exc:  # an engine returned inconsistent data: keep it, flagged
-                traj.finish_reason, traj.error = "error:trajectory", str(exc)
-            self.stats.add(traj)
-            group.trajectories.append(traj)
+    async def _run(self, tg: TaskGroup, tasks: list[Task], group_size: int, send: MemoryObjectSendStream | None,
+                   groups: dict[str, Group]) -> None:
+        """Add the programs to the scheduler; they start in ``tg`` when admitted. Returns when
+        all of them are done."""
+        batch = _Batch(len(tasks) * group_size)
+        added: list[int] = []
+        try:
+            for task in tasks:
+                group = groups.setdefault(task.id, Group(task))
+                pending = [group_size]
+                prompt = len(self._ctx.prompt_ids(task))
+                for i in range(group_size):
+                    pid = self._next_pid
+                    self._next_pid += 1
+                    self._slots[pid] = _Slot(pid, task, i, group, pending, send, tg, batch)
+                    self._sched.add(pid, prompt, group=task.id, needs_env=self._needs_env)
+                    added.append(pid)
+            if batch.left == 0:
+                return
+            self._step()
+            await batch.finished.wait()
+        finally:
+            # Cancelled (or failed) before every program was admitted: withdraw the rest.
+            for pid in added:
+                slot = self._slots.get(pid)
+                if slot is not None and pid in self._sched.programs and self._sched.state(pid) == State.QUEUED:
+                    self._sched.cancel(pid)
+                    del self._slots[pid]
+                    if slot.session is not None:
+                        slot.used_session = True  # not handed on: close it
+                        await self._release_session(slot)
+
+    def _step(self) -> None:
+        """Ask the scheduler, then carry out its decision (never blocks)."""
+        d = self._sched.schedule()
+        if not d:
+            return
+        self.stats.pauses += len(d.paused)
+        self.stats.restores += len(d.restored)
+        for pid in d.paused:
+            self.engine.release(self._slots[pid].key)
+        for pid in d.prepare:
+            self._start_prepare(self._slots[pid])
+        for pid in d.admit:
+            slot = self._slots[pid]
+            slot.tg.start_soon(self._one, slot)
+        for pid in d.submit:
+            grant = self._slots[pid].grant
+            if grant is not None:
+                grant.set()
+
+    def _start_prepare(self, slot: _Slot) -> None:
+        slot.env_done = anyio.Event()
+        if self._spare:
+            slot.session = self._spare.pop()
+            self._sched.env_ready(slot.pid)
+            slot.env_done.set()
+            return
+        slot.tg.start_soon(self._prepare, slot)
+
+    async def _prepare(self, slot: _Slot) -> None:
+        try:
+            slot.session = await self.sandbox.session(self._setup)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # noqa: BLE001 - the program meets it at its first tool call
+            slot.env_error = exc if isinstance(exc, SandboxError) else SandboxError(f"{type(exc).__name__}: {exc}")
+        finally:
+            assert slot.env_done is not None
+            slot.env_done.set()
+        if self._sched.programs.get(slot.pid) is None or self._sched.state(slot.pid) == State.DONE:
+            await self._release_session(slot)  # the program ended before its session was ready
+        else:
+            self._sched.env_ready(slot.pid)
+            self._step()
+
+    async def _release_session(self, slot: _Slot) -> None:
+        session, slot.session = slot.session, None
+        if session is None:
+            return
+        if not slot.used_session and not self._sched.done:
+            self._spare.append(session)  # no code ran in it: as good as new
+            return
+        with anyio.CancelScope(shield=True):
+            await session.aclose()
+
+    async def _one(self, slot: _Slot) -> None:
+        send = slot.send  # owned by the call that added the program (it closes it)
+        self.stats.program_started()
+        try:
+            traj = await run_program(self._ctx, slot.task, f"{slot.task.id}#g", slot.index, _Hooks(self, slot),
+                                     program_id=slot.key)
+        finally:
+            self._sched.finish(slot.pid)
+            self.engine.release(slot.key)
+            if slot.env_done is not None and slot.env_done.is_set():
+                await self._release_session(slot)
+            self._step()
+            self._sched.forget(slot.pid)
+            self._slots.pop(slot.pid, None)
+        # The program no longer occupies the engine; the (possibly slow) reward runs now.
+        try:
+            with anyio.fail_after(self.config.reward_timeout):
+                _apply_reward(traj, await self.env.reward(slot.task, traj))
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded on the trajectory
+            _reward_failed(traj, exc)
+        try:
+            traj.validate()
+        except TrajectoryError as exc:  # an engine returned inconsistent data: keep it, flagged
+            traj.finish_reason, traj.error = "error:trajectory", str(exc)
+        self.stats.add(traj)
+        group = slot.group
+        group.trajectories.append(traj)
+        if send is not None:
+            await send.send(traj)
+        slot.pending[0] -= 1
+        if slot.pending[0] == 0:
+            await self._finish_group(group)
             if send is not None:
-                await send.send(traj)
-            pending[0] -= 1
-            if pending[0] == 0:
-                await self._finish_group(group)
-                if send is not None:
-                    await send.send(group)
+                await send.send(group)
+        slot.batch.one_done()
 
     async def _finish_group(self, group: Group) -> None:
         group.trajectories.sort(key=lambda t: t.sample_index)

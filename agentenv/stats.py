@@ -44,15 +44,42 @@ class RunStats:
     resume_eligible: int = 0
     reward_sum: float = 0.0
     rewarded: int = 0
+    reprefilled: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
+    # Engine occupancy, integrated over time from the reactor's submit/return events.
+    in_flight: int = 0
+    in_flight_area: float = 0.0
+    idle_s: float = 0.0
+    pauses: int = 0
+    restores: int = 0
+    env_waits: int = 0
+    env_wait_s: float = 0.0
+    _t_last: float = 0.0
     t0: float = 0.0
     t1: float = 0.0
 
     def start(self, total: int) -> None:
         self.total, self.t0 = total, time.perf_counter()
+        self._t_last = self.t0
 
     def stop(self) -> None:
+        self._advance()
         self.t1 = time.perf_counter()
+
+    def _advance(self) -> None:
+        now = time.perf_counter()
+        if self._t_last:
+            dt = now - self._t_last
+            self.in_flight_area += self.in_flight * dt
+            if self.in_flight == 0:
+                self.idle_s += dt
+        self._t_last = now
+
+    def requests_changed(self, delta: int) -> None:
+        """A request entered (+1) or left (-1) the engine."""
+        if not self.t1:
+            self._advance()
+        self.in_flight += delta
 
     def program_started(self) -> None:
         self.started += 1
@@ -71,6 +98,7 @@ class RunStats:
         c, e = resume_reuse(t, self.block_size)
         self.resume_cached += c
         self.resume_eligible += e
+        self.reprefilled += e - c
         if t.reward is not None:
             self.reward_sum += t.reward
             self.rewarded += 1
@@ -89,6 +117,14 @@ class RunStats:
         return self.resume_cached / self.resume_eligible if self.resume_eligible else 0.0
 
     @property
+    def mean_in_flight(self) -> float:
+        return self.in_flight_area / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        return self.idle_s / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
     def mean_reward(self) -> float | None:
         return self.reward_sum / self.rewarded if self.rewarded else None
 
@@ -105,6 +141,13 @@ class RunStats:
             "cached_tokens": self.cached_tokens,
             "prefix_cache_hit_pct": round(100 * self.cached_tokens / self.prompt_tokens, 1) if self.prompt_tokens else 0.0,
             "resume_reuse_pct": round(100 * self.resume_reuse, 1),
+            "reprefilled_tokens": self.reprefilled,
+            "mean_requests_in_flight": round(self.mean_in_flight, 2),
+            "engine_idle_pct": round(100 * self.idle_fraction, 1),
+            "pauses": self.pauses,
+            "restores": self.restores,
+            "env_waits": self.env_waits,
+            "env_wait_s": round(self.env_wait_s, 2),
             "mean_reward": None if self.mean_reward is None else round(self.mean_reward, 4),
             "finish_reasons": dict(self.finish_reasons),
             "wall_s": round(self.elapsed, 2),

@@ -60,9 +60,17 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def weight_version(self) -> int: ...
 
+    #: KV cache capacity in tokens (the program scheduler keeps its working set within it);
+    #: None when the engine cannot say.
+    kv_capacity_tokens: int | None = None
+
     @abc.abstractmethod
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
+                       priority: int = 0) -> Generation:
         """Sample a continuation. Cancelling the caller aborts the request in the engine.
+
+        ``priority``: lower is more urgent (the program scheduler passes the program's rank);
+        engines with a priority queue (vLLM's ``scheduling_policy="priority"``) honour it.
 
         Raises ``PromptTooLongError`` when the prompt leaves no room to generate, and
         ``EngineError`` when the engine fails or is closed.
@@ -70,6 +78,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None: ...
+
+    def release(self, program: str) -> None:
+        """The program (the request-id prefix before ``-<turn>``) ended or was paused: the
+        engine need not keep routing it to where its KV was. Optional."""
 
     @abc.abstractmethod
     async def load_weights(

@@ -112,6 +112,7 @@ class EmbeddedEngine(Engine):
         self._closed = False
         self._weights_lock = threading.Lock()
         self.page_size = page_size
+        self.kv_capacity_tokens = cb_cfg.num_blocks * page_size
 
     # -- prefix-cache accounting -------------------------------------------------------------
     def _hook_prefix_match(self, cache: Any) -> None:
@@ -138,7 +139,8 @@ class EmbeddedEngine(Engine):
                 f"request; this one asked for {want}. Create the engine with those settings."
             )
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
+                       priority: int = 0) -> Generation:
         if self._closed:
             raise EngineError("engine is closed")
         if not self._mgr.is_running():

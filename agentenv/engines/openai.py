@@ -9,8 +9,11 @@ tool-call tag, and ``usage.prompt_tokens_details.cached_tokens`` reports the pre
 ``--logprobs-mode processed_logprobs`` so logprobs are of the sampling distribution).
 
 * Several server URLs: a program sticks to the replica that holds its prefix (request ids
-  are ``<program>-<turn>``); a new program goes to the replica with the fewest requests in
-  flight.
+  are ``<program>-<turn>``). A new program, or one whose KV was released (``release``: it
+  finished or the scheduler paused it), goes to the replica with the most free KV: each
+  server's capacity is read from its ``/metrics`` (``vllm:cache_config_info``), and what our
+  programs hold there is their last known length. Without metrics: the fewest requests in
+  flight. ``kv_capacity_tokens`` is the sum over replicas.
 * tenacity retries connection errors, timeouts, 429 and 5xx with exponential backoff.
 * Weight updates (optional) go through vLLM's dev endpoint ``/collective_rpc`` (server
   started with ``VLLM_SERVER_DEV_MODE=1`` and
@@ -55,6 +58,7 @@ class OpenAIEngine(Engine):
         timeout: float = 600.0,
         sticky_programs: int = 100_000,
         block_size: int = 16,
+        priority: bool = False,
     ) -> None:
         try:
             import openai
@@ -71,8 +75,14 @@ class OpenAIEngine(Engine):
         self.max_model_len = max_model_len
         self.page_size = block_size  # the server's KV block size (reuse statistics only)
         self.retries = retries
+        #: Send each request's priority (the server must run ``--scheduling-policy priority``;
+        #: vLLM rejects a non-zero priority otherwise).
+        self.priority = priority
         self._inflight = [0] * len(self.urls)
         self._assigned = [0] * len(self.urls)
+        self._capacity: list[int] | None = None  # KV tokens per replica, from /metrics
+        self._held = [0] * len(self.urls)  # tokens our programs hold on each replica
+        self._tokens: dict[str, int] = {}  # program -> its last known length
         self._route: OrderedDict[str, int] = OrderedDict()
         self._sticky = sticky_programs
         self._version = 0
@@ -90,7 +100,40 @@ class OpenAIEngine(Engine):
         first = models.data[0]
         eng.model = eng.model or first.id
         eng.max_model_len = int((first.model_extra or {}).get("max_model_len") or eng.max_model_len)
+        caps = [await eng._read_capacity(u) for u in eng.urls]
+        if all(c is not None for c in caps):
+            eng._capacity = caps  # type: ignore[assignment]
+            eng.kv_capacity_tokens = sum(caps)  # type: ignore[arg-type]
         return eng
+
+    async def _read_capacity(self, url: str) -> int | None:
+        """KV capacity in tokens from a vLLM server's Prometheus metrics (None if absent)."""
+        import re
+
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                text = (await http.get(f"{url.removesuffix('/v1')}/metrics")).text
+        except Exception:  # noqa: BLE001 - metrics are optional
+            return None
+        for line in text.splitlines():
+            if line.startswith("vllm:cache_config_info{"):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+                try:
+                    return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+                except (KeyError, ValueError):
+                    return None
+        return None
+
+    def release(self, program: str) -> None:
+        """The program's KV is not needed any more (it ended, or was paused): its next
+        request may go to the replica with the most room."""
+        idx = self._route.pop(program, None)
+        held = self._tokens.pop(program, 0)
+        if idx is not None:
+            self._held[idx] -= held
+            self._assigned[idx] -= 1
 
     @property
     def weight_version(self) -> int:
@@ -99,21 +142,29 @@ class OpenAIEngine(Engine):
     async def _retry(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await retry_async(fn, *args, attempts=self.retries, transient=_retryable, **kwargs)
 
-    def _server_for(self, request_id: str) -> int:
+    def _server_for(self, request_id: str, tokens: int) -> int:
         program = request_id.rsplit("-", 1)[0]
         idx = self._route.get(program)
         if idx is None:
-            # Fewest requests in flight; ties go to the replica given the fewest programs.
-            idx = min(range(len(self.urls)), key=lambda i: (self._inflight[i], self._assigned[i]))
+            if self._capacity is not None:
+                # The most free KV; ties to the fewest requests in flight.
+                idx = max(range(len(self.urls)), key=lambda i: (self._capacity[i] - self._held[i], -self._inflight[i]))
+            else:  # fewest requests in flight; ties to the replica given the fewest programs
+                idx = min(range(len(self.urls)), key=lambda i: (self._inflight[i], self._assigned[i]))
             self._route[program] = idx
             self._assigned[idx] += 1
             if len(self._route) > self._sticky:
-                self._route.popitem(last=False)
+                old, j = self._route.popitem(last=False)
+                self._assigned[j] -= 1
+                self._held[j] -= self._tokens.pop(old, 0)
         else:
             self._route.move_to_end(program)
+        self._held[idx] += tokens - self._tokens.get(program, 0)
+        self._tokens[program] = tokens
         return idx
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
+                       priority: int = 0) -> Generation:
         if self._closed:
             raise EngineError("engine is closed")
         room = self.max_model_len - len(prompt_ids)
@@ -121,7 +172,7 @@ class OpenAIEngine(Engine):
             raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
         async with self._update_lock:
             version = self._version
-        idx = self._server_for(request_id)
+        idx = self._server_for(request_id, len(prompt_ids) + min(params.max_tokens, room))
         self._inflight[idx] += 1
         start = time.perf_counter()
         try:
@@ -140,6 +191,7 @@ class OpenAIEngine(Engine):
                     "top_k": params.top_k if params.top_k > 0 else -1,
                     "skip_special_tokens": False,
                     "cache_salt": f"v{version}",
+                    **({"priority": priority} if self.priority else {}),
                 },
             )
         except Exception as exc:  # noqa: BLE001

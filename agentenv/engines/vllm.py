@@ -50,6 +50,7 @@ class VLLMEngine(Engine):
         self._train_lora: Any = None  # the trainer's LoraSpec, once enable_lora was called
         self._active_lora: str | None = None  # the adapter new requests use by default
         self._lora_dir: Path | None = None
+        self.priority_scheduling = False
 
     @classmethod
     async def create(
@@ -86,6 +87,9 @@ class VLLMEngine(Engine):
             "enforce_eager": on_cpu if enforce_eager is None else enforce_eager,
             "seed": seed,
             "enable_lora": enable_lora,
+            # The program scheduler passes each request's program rank; vLLM's own queue and its
+            # preemption order then agree with ours (older programs first).
+            "scheduling_policy": "priority",
         }
         if enable_lora:
             args["max_lora_rank"] = max_lora_rank
@@ -100,6 +104,10 @@ class VLLMEngine(Engine):
         llm = await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
         engine = cls(llm, load_tokenizer(path), max_model_len, args.get("block_size", 16))
         engine.lora_enabled, engine.model_path = enable_lora, path
+        engine.priority_scheduling = args["scheduling_policy"] == "priority"
+        cache = llm.vllm_config.cache_config
+        engine.page_size = int(cache.block_size)
+        engine.kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size) or None
         return engine
 
     @property
@@ -162,8 +170,8 @@ class VLLMEngine(Engine):
             self._version = new
         return new
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                       lora: str | None = None) -> Generation:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
+                       priority: int = 0, lora: str | None = None) -> Generation:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -187,7 +195,8 @@ class VLLMEngine(Engine):
         last = None
         try:
             lora_request = self._loras[lora] if lora is not None else None
-            async for out in self.llm.generate(prompt, sp, request_id, lora_request=lora_request):
+            async for out in self.llm.generate(prompt, sp, request_id, lora_request=lora_request,
+                                               priority=priority if self.priority_scheduling else 0):
                 last = out
                 c = out.outputs[0]
                 new = list(c.token_ids)

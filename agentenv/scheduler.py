@@ -1,0 +1,470 @@
+"""The program scheduler: which programs run, decided without I/O.
+
+A *program* (one rollout) alternates between decoding (a request in the engine) and acting
+(on a tool). Scheduling requests one at a time, as a plain FIFO with a fixed concurrency
+does, lets a program hold its slot while its sandbox starts and while its tool runs, so the
+engine starves. This module makes the program the unit: it holds every program's state, its
+token count (its KV footprint) and its GRPO group, and on each event decides
+
+* which programs to **admit** (start their coroutine),
+* whose tool **environment to prepare** ahead of need (lookahead),
+* which pending turns to **submit** to the engine,
+* which programs to **pause** (hold their next turn back, let the engine's LRU take their
+  KV) and which to **restore**.
+
+It is pure and synchronous (the vLLM v1 scheduler is the model): the reactor feeds it events
+and carries out its :class:`Decision`; tests and the discrete-event simulator
+(:mod:`agentenv.simulator`) drive the very same code without an engine.
+
+States::
+
+    QUEUED ──admit──► READY ──submit──► DECODING ──turn_done──► ACTING ──want_turn──► READY
+                        ▲                   │ (pause marked)        │ (pause)            │
+                        └──── restore ── PAUSED ◄───────────────────┴────────────────────┘
+    any admitted state ──finish──► DONE
+
+Policies (:class:`Policy`):
+
+* ``program`` (default): the working set of resumable programs (READY, DECODING, ACTING)
+  is kept within the engine's KV capacity; programs are admitted while their footprint fits;
+  under pressure whole programs are paused, acting ones first and shortest first (the
+  re-prefill cost grows with length squared, ThunderAgent); paused programs are restored
+  before new ones are admitted, those whose prefix is likely still cached first, then nearly
+  complete GRPO groups, then older programs. ``max_requests`` caps requests in flight (the
+  engine's decode slots); a program on a tool holds none. Environments are prepared for
+  admitted programs and ``env_lookahead`` queued ones; a program decodes before its
+  environment is ready and waits for it only when it calls a tool.
+* ``fifo``: today's per-request reactor: ``max_programs`` programs in flight, each holding
+  its slot from environment start to its end; no KV awareness.
+* ``lockstep``: TRL-style: a batch of ``max_programs`` programs advances turn by turn; a
+  turn is submitted only when every live program of the batch is ready for it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Hashable
+
+
+class Policy(str, enum.Enum):
+    PROGRAM = "program"
+    FIFO = "fifo"
+    LOCKSTEP = "lockstep"
+
+
+class State(enum.Enum):
+    QUEUED = "queued"  # not admitted yet
+    READY = "ready"  # admitted, a turn wanted, no request in the engine yet
+    DECODING = "decoding"  # a request in the engine
+    ACTING = "acting"  # on a tool (or between turns)
+    PAUSED = "paused"  # out of the working set: its next turn is held back
+    DONE = "done"
+
+
+class EnvState(enum.Enum):
+    NONE = "none"  # needs none, or not prepared yet
+    PREPARING = "preparing"
+    READY = "ready"
+
+
+RESIDENT = (State.READY, State.DECODING, State.ACTING)
+
+
+@dataclass(slots=True)
+class Program:
+    pid: int
+    group: Hashable
+    order: int  # arrival order: lower is older
+    tokens: int  # sequence length so far: its KV footprint once computed
+    needs_env: bool
+    state: State = State.QUEUED
+    env: EnvState = EnvState.NONE
+    want: int = 0  # max tokens of the turn it waits to submit (its growth reserve)
+    wanting: bool = False  # a turn is pending (set by want_turn, cleared by submit)
+    pause_pending: bool = False  # decoding: pause when the turn returns
+    turns: int = 0
+    paused_clock: float = 0.0  # allocation clock when it was paused
+    paused_slack: float = 0.0  # free KV right after its pause (what may be allocated before eviction)
+    pauses: int = 0
+    fp: int = 0  # footprint counted in the working set while resident
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the reactor must do now. Every list holds program ids, in priority order."""
+
+    admit: list[int] = field(default_factory=list)
+    prepare: list[int] = field(default_factory=list)
+    submit: list[int] = field(default_factory=list)
+    paused: list[int] = field(default_factory=list)
+    restored: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.admit or self.prepare or self.submit or self.paused or self.restored)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    policy: Policy = Policy.PROGRAM
+    #: The engine's KV capacity in tokens (None: unbounded, e.g. an engine that cannot say).
+    kv_capacity: int | None = None
+    #: KV block size in tokens (footprints are rounded up to whole blocks).
+    block_size: int = 16
+    #: Fraction of ``kv_capacity`` the working set may fill (room for growth and sharing).
+    kv_watermark: float = 0.9
+    #: Requests in flight at once (the engine's decode slots).
+    max_requests: int = 64
+    #: Programs admitted and not finished (paused ones included): bounds open sessions.
+    max_programs: int = 256
+    #: Queued programs whose environment is prepared ahead of their admission.
+    env_lookahead: int = 16
+    #: Environment preparations in flight at once.
+    max_preparing: int = 8
+    #: Default growth reserve per turn until turn lengths have been observed.
+    turn_reserve: int = 256
+
+    def __post_init__(self) -> None:
+        self.policy = Policy(self.policy)
+        if self.max_requests < 1 or self.max_programs < 1 or self.block_size < 1 or self.max_preparing < 1:
+            raise ValueError("max_requests, max_programs, block_size and max_preparing must be >= 1")
+        if not 0 < self.kv_watermark <= 1:
+            raise ValueError("kv_watermark must be in (0, 1]")
+
+
+class Scheduler:
+    """Pure program scheduler. Call the event methods, then :meth:`schedule`."""
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.programs: dict[int, Program] = {}
+        self._queue: list[int] = []  # QUEUED pids in arrival order (consumed from _head)
+        self._head = 0
+        self._arrivals = 0
+        self._group_left: dict[Hashable, int] = {}
+        # Running totals, kept incrementally (the simulator drives 10k programs).
+        self.in_flight = 0  # requests in the engine
+        self.admitted = 0  # admitted, not done (paused included)
+        self.preparing = 0
+        self._resident: set[int] = set()
+        self._ready: set[int] = set()  # resident, READY and wanting a turn
+        self._paused: set[int] = set()
+        self._ws = 0  # working set: sum of resident footprints
+        self._marked: set[int] = set()  # decoding programs that pause when their turn returns
+        self._unprepared: set[int] = set()  # admitted programs whose environment is not started
+        self._clock = 0.0  # tokens allocated so far (for "is a paused prefix still cached")
+        self._turn_tokens = 0  # observed turn lengths, for the growth reserve
+        self._turn_count = 0
+        self.pauses = 0
+        self.restores = 0
+        self.peak_working_set = 0
+
+    # -- footprints -------------------------------------------------------------------------
+    def _blocks(self, tokens: int) -> int:
+        b = self.config.block_size
+        return -(-max(tokens, 0) // b) * b
+
+    def reserve(self, p: Program) -> int:
+        """Tokens a pending or running turn may still add."""
+        if not (p.wanting or p.state == State.DECODING):
+            return 0
+        if self._turn_count >= 8:
+            est = max(self.config.block_size, math.ceil(1.5 * self._turn_tokens / self._turn_count))
+            return min(p.want, est)
+        return min(p.want, self.config.turn_reserve)
+
+    def footprint(self, p: Program) -> int:
+        return self._blocks(p.tokens + self.reserve(p))
+
+    @property
+    def working_set(self) -> int:
+        """KV tokens the resumable programs need (READY, DECODING, ACTING)."""
+        return self._ws
+
+    def _touch(self, p: Program) -> None:
+        """Re-count a program after its state or length changed."""
+        resident = p.state in RESIDENT
+        fp = self.footprint(p) if resident else 0
+        if resident != (p.pid in self._resident):
+            (self._resident.add if resident else self._resident.discard)(p.pid)
+        self._ws += fp - p.fp
+        p.fp = fp
+        if resident and p.state == State.READY and p.wanting:
+            self._ready.add(p.pid)
+        else:
+            self._ready.discard(p.pid)
+        if p.state == State.PAUSED:
+            self._paused.add(p.pid)
+        else:
+            self._paused.discard(p.pid)
+
+    @property
+    def budget(self) -> float:
+        cap = self.config.kv_capacity
+        return math.inf if cap is None else cap * self.config.kv_watermark
+
+    # -- events ------------------------------------------------------------------------------
+    def add(self, pid: int, prompt_tokens: int, group: Hashable = None, needs_env: bool = False) -> None:
+        if pid in self.programs:
+            raise ValueError(f"program {pid} already added")
+        self.programs[pid] = Program(pid, group, self._arrivals, prompt_tokens, needs_env)
+        self._arrivals += 1
+        self._queue.append(pid)
+        self._group_left[group] = self._group_left.get(group, 0) + 1
+
+    def want_turn(self, pid: int, tokens: int, max_tokens: int) -> None:
+        """The program (now ``tokens`` long) wants to decode up to ``max_tokens`` more."""
+        p = self.programs[pid]
+        if p.state not in (State.READY, State.ACTING, State.PAUSED):
+            raise ValueError(f"program {pid} wants a turn while {p.state.value}")
+        self._clock += max(0, tokens - p.tokens)
+        p.tokens, p.want, p.wanting = tokens, max_tokens, True
+        if p.state == State.ACTING:
+            p.state = State.READY
+        self._touch(p)
+
+    def turn_done(self, pid: int, tokens: int) -> None:
+        """The engine returned the program's turn; it is now ``tokens`` long (and acting)."""
+        p = self.programs[pid]
+        if p.state != State.DECODING:
+            raise ValueError(f"turn_done for program {pid} while {p.state.value}")
+        self._turn_tokens += max(0, tokens - p.tokens)
+        self._turn_count += 1
+        self._clock += max(0, tokens - p.tokens)
+        p.tokens, p.turns = tokens, p.turns + 1
+        self.in_flight -= 1
+        if p.pause_pending:
+            p.pause_pending = False
+            self._marked.discard(pid)
+            self._pause(p)
+        else:
+            p.state = State.ACTING
+            self._touch(p)
+
+    def env_ready(self, pid: int) -> None:
+        p = self.programs[pid]
+        if p.env == EnvState.PREPARING:
+            self.preparing -= 1
+        p.env = EnvState.READY
+
+    def env_failed(self, pid: int) -> None:
+        """Preparation failed: the program will meet the error when it needs the env."""
+        self.env_ready(pid)
+
+    def finish(self, pid: int) -> None:
+        p = self.programs[pid]
+        if p.state == State.DONE:
+            return
+        if p.state == State.DECODING:
+            self.in_flight -= 1
+        if p.state == State.QUEUED:
+            raise ValueError(f"program {pid} finished before it was admitted")
+        if p.env == EnvState.PREPARING:
+            self.preparing -= 1
+        p.state, p.wanting, p.pause_pending = State.DONE, False, False
+        self._marked.discard(pid)
+        self._unprepared.discard(pid)
+        self._touch(p)
+        self.admitted -= 1
+        self._group_left[p.group] -= 1
+
+    def cancel(self, pid: int) -> None:
+        """Withdraw a program that was never admitted (its caller went away)."""
+        p = self.programs[pid]
+        if p.state != State.QUEUED:
+            raise ValueError(f"program {pid} is {p.state.value}, not queued")
+        if p.env == EnvState.PREPARING:
+            self.preparing -= 1
+        self._queue.remove(pid) if pid in self._queue[self._head:] else None
+        self._group_left[p.group] -= 1
+        del self.programs[pid]
+
+    def demand_env(self, pid: int) -> None:
+        """The program needs its environment now and none is being prepared: start it (it
+        counts against ``max_preparing`` like any other)."""
+        p = self.programs[pid]
+        if p.env == EnvState.NONE:
+            p.env = EnvState.PREPARING
+            self.preparing += 1
+            self._unprepared.discard(pid)
+
+    def forget(self, pid: int) -> None:
+        """Drop a finished program's record (bounded memory over long runs)."""
+        p = self.programs.get(pid)
+        if p is not None and p.state == State.DONE:
+            del self.programs[pid]
+            if self._group_left.get(p.group) == 0:
+                del self._group_left[p.group]
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        return len(self._queue) - self._head
+
+    @property
+    def done(self) -> bool:
+        return self.queued == 0 and self.admitted == 0
+
+    def state(self, pid: int) -> State:
+        return self.programs[pid].state
+
+    # -- the decision ------------------------------------------------------------------------
+    def schedule(self) -> Decision:
+        d = Decision()
+        policy = self.config.policy
+        if policy == Policy.PROGRAM:
+            self._relieve_pressure(d)
+            self._restore_and_admit(d)
+        elif policy == Policy.FIFO:
+            while self.queued and self.admitted < self.config.max_programs:
+                self._admit(self._pop(), d)
+        else:  # lockstep: a new batch only when the last one is done
+            if self.admitted == 0:
+                while self.queued and self.admitted < self.config.max_programs:
+                    self._admit(self._pop(), d)
+        self._prepare(d)
+        self._submit(d)
+        self.peak_working_set = max(self.peak_working_set, self._ws)
+        return d
+
+    def _pop(self) -> Program:
+        pid = self._queue[self._head]
+        self._head += 1
+        if self._head > 1024 and self._head * 2 > len(self._queue):
+            del self._queue[: self._head]
+            self._head = 0
+        return self.programs[pid]
+
+    def _admit(self, p: Program, d: Decision) -> None:
+        p.state = State.READY
+        self.admitted += 1
+        self._touch(p)
+        if p.needs_env and p.env == EnvState.NONE:
+            self._unprepared.add(p.pid)
+        self._clock += p.tokens
+        d.admit.append(p.pid)
+
+    def _pause(self, p: Program) -> None:
+        p.state = State.PAUSED
+        p.pauses += 1
+        self.pauses += 1
+        self._touch(p)
+        p.paused_clock = self._clock
+        p.paused_slack = max(0.0, (self.config.kv_capacity or 0) - self.working_set)
+
+    def likely_cached(self, p: Program) -> bool:
+        """Whether a paused program's prefix is probably still in the engine's cache: less has
+        been allocated since its pause than was free then (the engine evicts LRU blocks only
+        once free ones run out)."""
+        return self._clock - p.paused_clock <= p.paused_slack
+
+    def _relieve_pressure(self, d: Decision) -> None:
+        used = self.working_set
+        if used <= self.budget:
+            return
+        # Pause order: acting programs first, then ready ones not yet submitted, each shortest
+        # first; decoding ones cannot be interrupted: they are marked and pause on return.
+        # One program always stays (no starvation).
+        progs = [self.programs[i] for i in self._resident]
+        acting = sorted((p for p in progs if p.state == State.ACTING), key=lambda p: (p.tokens, -p.order))
+        ready = sorted((p for p in progs if p.state == State.READY), key=lambda p: (p.tokens, -p.order))
+        decoding = sorted((p for p in progs if p.state == State.DECODING and not p.pause_pending),
+                          key=lambda p: (p.tokens, -p.order))
+        resident = len(progs)
+        for p in acting + ready + decoding:
+            if used <= self.budget or resident <= 1:
+                break
+            used -= self.footprint(p)
+            resident -= 1
+            if p.state == State.DECODING:
+                p.pause_pending = True
+                self._marked.add(p.pid)
+            else:
+                self._pause(p)
+                d.paused.append(p.pid)
+
+    def _restore_key(self, p: Program) -> tuple:
+        return (not self.likely_cached(p), self._group_left.get(p.group, 0), p.order)
+
+    def _restore_and_admit(self, d: Decision) -> None:
+        used = self._ws - sum(self.programs[i].fp for i in self._marked)
+        # Paused programs that want their next turn come before anything new.
+        waiting = sorted((self.programs[i] for i in self._paused if self.programs[i].wanting), key=self._restore_key)
+        for p in waiting:
+            need = self.footprint(p)
+            if used + need > self.budget and self._resident:
+                return  # strict priority: nothing new jumps ahead of a paused program
+            p.state = State.READY
+            self._touch(p)
+            self.restores += 1
+            used += need
+            d.restored.append(p.pid)
+        while self.queued and self.admitted < self.config.max_programs:
+            p = self.programs[self._queue[self._head]]
+            need = self._blocks(p.tokens + min(self.config.turn_reserve, self._reserve_estimate()))
+            if used + need > self.budget and self._resident:
+                return
+            self._admit(self._pop(), d)
+            used += need
+
+    def _reserve_estimate(self) -> int:
+        if self._turn_count >= 8:
+            return max(self.config.block_size, math.ceil(1.5 * self._turn_tokens / self._turn_count))
+        return self.config.turn_reserve
+
+    def _prepare(self, d: Decision) -> None:
+        cfg = self.config
+        if cfg.policy != Policy.PROGRAM:
+            # fifo/lockstep: an environment is started when its program is admitted.
+            for pid in d.admit:
+                p = self.programs[pid]
+                if p.needs_env and p.env == EnvState.NONE:
+                    p.env = EnvState.PREPARING
+                    self.preparing += 1
+                    self._unprepared.discard(pid)
+                    d.prepare.append(pid)
+            return
+        # Admitted programs first (they may call a tool soon), then the lookahead.
+        if self.preparing >= cfg.max_preparing:
+            return
+        candidates = sorted((self.programs[i] for i in self._unprepared), key=lambda p: p.order)
+        ahead = (self.programs[self._queue[i]] for i in range(self._head, min(len(self._queue),
+                                                                             self._head + cfg.env_lookahead)))
+        for p in (*candidates, *ahead):
+            if self.preparing >= cfg.max_preparing:
+                return
+            if p.needs_env and p.env == EnvState.NONE:
+                p.env = EnvState.PREPARING
+                self.preparing += 1
+                self._unprepared.discard(p.pid)
+                d.prepare.append(p.pid)
+
+    def _submit(self, d: Decision) -> None:
+        cfg = self.config
+        ready = [self.programs[i] for i in self._ready]
+        if not ready:
+            return
+        if cfg.policy == Policy.FIFO:
+            # The slot is the program's: its first turn waits for its environment.
+            go = [p for p in ready if not (p.needs_env and p.env != EnvState.READY and p.turns == 0)]
+        elif cfg.policy == Policy.LOCKSTEP:
+            if len(ready) != len(self._resident):
+                return  # the batch moves together
+            if any(p.needs_env and p.env != EnvState.READY and p.turns == 0 for p in ready):
+                return
+            go = ready
+        else:
+            go = sorted(ready, key=lambda p: p.order)
+            room = cfg.max_requests - self.in_flight
+            go = go[: max(room, 0)]
+        go.sort(key=lambda p: p.order)
+        for p in go:
+            p.state, p.wanting = State.DECODING, False
+            self._touch(p)
+            self.in_flight += 1
+            d.submit.append(p.pid)
+
+    def priority(self, pid: int) -> int:
+        """Engine request priority (lower runs first): older programs first."""
+        return self.programs[pid].order
