@@ -58,7 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server URL for --engine openai (repeat for several replicas)")
     r.add_argument("--sandbox", default="local", choices=["local", "e2b"],
                    help="tool sandbox: the isolated local pool (default) or E2B (E2B_API_KEY)")
-    r.add_argument("--concurrency", type=_positive(int), default=32, help="programs in flight (default 32)")
+    r.add_argument("--concurrency", type=_positive(int), default=32,
+                   help="engine requests in flight, the decode slots (default 32); with --scheduling fifo or "
+                        "lockstep also the programs in flight")
+    r.add_argument("--scheduling", default="program", choices=["program", "fifo", "lockstep"],
+                   help="program: KV-aware, a program on a tool holds no slot, sandboxes prepared ahead (default); "
+                        "fifo: each program holds a slot from sandbox start to end; lockstep: turn by turn")
+    r.add_argument("--max-programs", type=_positive(int), default=None,
+                   help="programs admitted at once under --scheduling program or lockstep (default 8 x concurrency, "
+                        "at most the sandbox's 256 sessions; the engine's KV capacity bounds it too)")
     r.add_argument("--max-turns", type=_positive(int), default=None, help="model turns per program (default: env's)")
     r.add_argument("--max-new-tokens", type=_positive(int), default=384, help="sampled tokens per program")
     r.add_argument("--temperature", type=float, default=1.0)
@@ -106,7 +114,10 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--is-cap", type=_positive(float), default=d.is_cap, help="truncation of the per-token IS weight")
     t.add_argument("--aggregation", default=d.aggregation, choices=["token", "sequence"])
     t.add_argument("--micro-batch", type=_positive(int), default=d.micro_batch, help="sequences per forward/backward")
-    t.add_argument("--concurrency", type=_positive(int), default=d.concurrency, help="programs in flight")
+    t.add_argument("--concurrency", type=_positive(int), default=d.concurrency,
+                   help=f"engine requests in flight (default {d.concurrency})")
+    t.add_argument("--scheduling", default=d.scheduling, choices=["program", "fifo", "lockstep"],
+                   help="how rollout programs are scheduled (default program: KV-aware, see agentenv rollout)")
     t.add_argument("--max-turns", type=_positive(int), default=None)
     t.add_argument("--max-new-tokens", type=_positive(int), default=d.max_new_tokens)
     t.add_argument("--temperature", type=_positive(float), default=d.temperature)
@@ -168,6 +179,7 @@ def _train(args: argparse.Namespace) -> int:
         max_staleness=args.max_staleness, partial=args.partial, lr=args.lr, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, clip_low=args.clip_low, clip_high=args.clip_high, is_cap=args.is_cap,
         aggregation=args.aggregation, micro_batch=args.micro_batch, concurrency=args.concurrency,
+        scheduling=args.scheduling,
         max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         tool_timeout=args.tool_timeout, seed=args.seed, out_dir=args.out_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume)
@@ -210,6 +222,8 @@ def _rollout(args: argparse.Namespace) -> int:
         max_turns=args.max_turns or env.max_turns,
         max_new_tokens=args.max_new_tokens,
         concurrency=args.concurrency,
+        scheduling=args.scheduling,
+        max_programs=args.max_programs,
         tool_timeout=args.tool_timeout or env.tool_timeout,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -278,6 +292,9 @@ def _summary(console: Any, s: dict, out: Path, written: int) -> None:
         ("tokens/s", s["tokens_per_s"]),
         ("prefix-cache reuse (resumed turns)", f"{s['resume_reuse_pct']}%"),
         ("prefix-cache hits (all prompt tokens)", f"{s['prefix_cache_hit_pct']}%"),
+        ("engine occupancy (mean requests in flight)", s["mean_requests_in_flight"]),
+        ("engine idle (no request in flight)", f"{s['engine_idle_pct']}%"),
+        ("pauses / restores (KV pressure)", f"{s['pauses']} / {s['restores']}"),
         ("mean reward", s["mean_reward"]),
         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),
         ("wall time", f"{s['wall_s']}s"),

@@ -15,16 +15,17 @@ class RolloutConfig:
     max_new_tokens: int = 512
     #: Sampled tokens per turn.
     max_tokens_per_turn: int = 256
-    #: Engine requests in flight at once (decode slots). Under the ``fifo`` and ``lockstep``
-    #: policies also the number of programs in flight, each holding its slot throughout.
+    #: Engine requests in flight at once (decode slots). Under the ``fifo`` policy also the
+    #: number of programs in flight, each holding its slot throughout.
     concurrency: int = 32
     #: How programs are scheduled: ``program`` (KV-aware, programs decoupled from decode
     #: slots, environments prepared ahead), ``fifo`` (a program holds a slot from its sandbox
     #: start to its end) or ``lockstep`` (the batch advances turn by turn). See
     #: ``agentenv.scheduler``.
     scheduling: str = "program"
-    #: ``program`` policy: programs admitted at once, paused ones included (bounds open
-    #: sandbox sessions); None: 4 x concurrency. The engine's KV capacity bounds it too.
+    #: Programs admitted at once, paused ones included (bounds open sandbox sessions); None:
+    #: 8 x concurrency, capped by the sandbox's ``max_workers`` when the env uses one. ``program``: the engine's KV capacity bounds it too; ``lockstep``: the
+    #: batch that advances turn by turn (its requests all go to the engine together).
     max_programs: int | None = None
     #: ``program`` policy: queued programs whose sandbox session is prepared ahead.
     env_lookahead: int = 16

@@ -91,7 +91,7 @@ class _Slot:
     """The reactor's side of one program: what it runs, and the events it waits on."""
 
     __slots__ = ("pid", "key", "task", "index", "group", "pending", "send", "tg", "grant", "env_done",
-                 "session", "env_error", "used_session", "batch")
+                 "session", "env_error", "used_session", "batch", "started")
 
     def __init__(self, pid: int, task: Task, index: int, group: Group, pending: list[int],
                  send: MemoryObjectSendStream | None, tg: TaskGroup, batch: _Batch) -> None:
@@ -103,6 +103,7 @@ class _Slot:
         self.session: Any = None
         self.env_error: BaseException | None = None
         self.used_session = False
+        self.started = False
 
 
 class _Hooks:
@@ -180,13 +181,20 @@ class Reactor:
             kv_capacity=getattr(engine, "kv_capacity_tokens", None) if policy == Policy.PROGRAM else None,
             block_size=max(1, int(getattr(engine, "page_size", 16) or 16)),
             max_requests=c.concurrency,
-            max_programs=(c.max_programs or 4 * c.concurrency) if policy == Policy.PROGRAM else c.concurrency,
+            max_programs=c.concurrency if policy == Policy.FIFO else (c.max_programs or self._default_max_programs()),
             env_lookahead=c.env_lookahead,
             turn_reserve=c.max_tokens_per_turn,
         ))
         self._slots: dict[int, _Slot] = {}
         self._spare: list[Any] = []  # prepared sessions no program used: clean, handed on
         self._next_pid = 0
+
+    def _default_max_programs(self) -> int:
+        """8 x concurrency (a program on a tool holds no slot, so many more programs than
+        slots keep the engine fed), but no more than the sandbox can hold sessions for."""
+        n = 8 * self.config.concurrency
+        cap = getattr(self.sandbox, "max_workers", None) if self._needs_env else None
+        return min(n, cap) if cap else n
 
     @property
     def scheduler(self) -> Scheduler:
@@ -265,15 +273,21 @@ class Reactor:
             self._step()
             await batch.finished.wait()
         finally:
-            # Cancelled (or failed) before every program was admitted: withdraw the rest.
+            # Cancelled (or failed) before every program ran: withdraw the queued ones, and
+            # finish the admitted ones whose coroutine never got to start.
             for pid in added:
                 slot = self._slots.get(pid)
-                if slot is not None and pid in self._sched.programs and self._sched.state(pid) == State.QUEUED:
+                if slot is None or slot.started or pid not in self._sched.programs:
+                    continue
+                if self._sched.state(pid) == State.QUEUED:
                     self._sched.cancel(pid)
-                    del self._slots[pid]
-                    if slot.session is not None:
-                        slot.used_session = True  # not handed on: close it
-                        await self._release_session(slot)
+                else:
+                    self._sched.finish(pid)
+                    self._sched.forget(pid)
+                del self._slots[pid]
+                if slot.session is not None:
+                    slot.used_session = True  # not handed on: close it
+                    await self._release_session(slot)
 
     def _step(self) -> None:
         """Ask the scheduler, then carry out its decision (never blocks)."""
@@ -331,6 +345,9 @@ class Reactor:
 
     async def _one(self, slot: _Slot) -> None:
         send = slot.send  # owned by the call that added the program (it closes it)
+        if self._slots.get(slot.pid) is not slot:
+            return  # withdrawn before it got to start (its run was cancelled)
+        slot.started = True
         self.stats.program_started()
         try:
             traj = await run_program(self._ctx, slot.task, f"{slot.task.id}#g", slot.index, _Hooks(self, slot),

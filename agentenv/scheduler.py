@@ -37,7 +37,12 @@ Policies (:class:`Policy`):
 * ``fifo``: today's per-request reactor: ``max_programs`` programs in flight, each holding
   its slot from environment start to its end; no KV awareness.
 * ``lockstep``: TRL-style: a batch of ``max_programs`` programs advances turn by turn; a
-  turn is submitted only when every live program of the batch is ready for it.
+  turn is submitted only when every live program of the batch is ready for it, and then all
+  of them at once (``max_requests`` does not apply: the engine gets the whole batch).
+
+Among ready programs, decode slots go to those with the most turns done, then the oldest:
+with heavy-tailed turn counts a program that has taken many turns is likely to take many
+more, so starting its turns first shortens the run's tail (longest-processing-time first).
 """
 
 from __future__ import annotations
@@ -166,13 +171,11 @@ class Scheduler:
         return -(-max(tokens, 0) // b) * b
 
     def reserve(self, p: Program) -> int:
-        """Tokens a pending or running turn may still add."""
+        """Tokens a pending or running turn may still add: its max_tokens, capped by 1.5 x the
+        mean observed turn length (``turn_reserve`` until 8 turns were seen)."""
         if not (p.wanting or p.state == State.DECODING):
             return 0
-        if self._turn_count >= 8:
-            est = max(self.config.block_size, math.ceil(1.5 * self._turn_tokens / self._turn_count))
-            return min(p.want, est)
-        return min(p.want, self.config.turn_reserve)
+        return min(p.want, self._reserve_estimate())
 
     def footprint(self, p: Program) -> int:
         return self._blocks(p.tokens + self.reserve(p))
@@ -402,7 +405,7 @@ class Scheduler:
             d.restored.append(p.pid)
         while self.queued and self.admitted < self.config.max_programs:
             p = self.programs[self._queue[self._head]]
-            need = self._blocks(p.tokens + min(self.config.turn_reserve, self._reserve_estimate()))
+            need = self._blocks(p.tokens + self._reserve_estimate())
             if used + need > self.budget and self._resident:
                 return
             self._admit(self._pop(), d)
@@ -410,7 +413,8 @@ class Scheduler:
 
     def _reserve_estimate(self) -> int:
         if self._turn_count >= 8:
-            return max(self.config.block_size, math.ceil(1.5 * self._turn_tokens / self._turn_count))
+            mean = self._turn_tokens / self._turn_count
+            return min(self.config.turn_reserve, max(self.config.block_size, math.ceil(1.5 * mean)))
         return self.config.turn_reserve
 
     def _prepare(self, d: Decision) -> None:
@@ -455,15 +459,18 @@ class Scheduler:
                 return
             go = ready
         else:
-            go = sorted(ready, key=lambda p: p.order)
+            go = sorted(ready, key=self._submit_key)
             room = cfg.max_requests - self.in_flight
             go = go[: max(room, 0)]
-        go.sort(key=lambda p: p.order)
+        go.sort(key=self._submit_key)
         for p in go:
             p.state, p.wanting = State.DECODING, False
             self._touch(p)
             self.in_flight += 1
             d.submit.append(p.pid)
+
+    def _submit_key(self, p: Program) -> tuple:
+        return (-p.turns, p.order) if self.config.policy == Policy.PROGRAM else (p.order,)
 
     def priority(self, pid: int) -> int:
         """Engine request priority (lower runs first): older programs first."""

@@ -67,6 +67,7 @@ class TrainConfig:
     is_cap: float = 2.0
     aggregation: Literal["token", "sequence"] = "token"
     concurrency: int = 32
+    scheduling: str = "program"  # program | fifo | lockstep (agentenv.scheduler)
     max_turns: int | None = None
     max_new_tokens: int = 384
     temperature: float = 1.0
@@ -220,8 +221,8 @@ class Trainer:
 
         rollout = RolloutConfig(
             max_turns=cfg.max_turns or self._env.max_turns, max_new_tokens=cfg.max_new_tokens,
-            concurrency=cfg.concurrency, tool_timeout=cfg.tool_timeout or self._env.tool_timeout,
-            temperature=cfg.temperature)
+            concurrency=cfg.concurrency, scheduling=cfg.scheduling,
+            tool_timeout=cfg.tool_timeout or self._env.tool_timeout, temperature=cfg.temperature)
         reactor = Reactor(engine, self._env, self._sandbox, rollout)
         b, s = cfg.groups_per_step, cfg.staleness
         gate = StalenessGate(batch=b, max_staleness=s, started=start_step * b)

@@ -311,6 +311,7 @@ class LocalSandbox(Sandbox):
         self._templates: dict[str, _Control] = {}
         self._sessions: set[LocalSession] = set()
         self._ready: dict[str | None, list[LocalSession]] = {}
+        self._filling: dict[str | None, int] = {}
         self._cgroups = _Cgroups()
         self._dead_cgroups: list[str] = []
         self._start_lock = anyio.Lock()
@@ -447,19 +448,24 @@ class LocalSandbox(Sandbox):
 
     async def _refill(self, setup_code: str | None) -> None:
         ready = self._ready.setdefault(setup_code, [])
-        while len(ready) < self.prewarm and not self._closed:
+        # Concurrent refills (one per session taken) count each other's starts in progress,
+        # so the pool holds ``prewarm`` ready sessions, not one batch per refill.
+        while len(ready) + self._filling.get(setup_code, 0) < self.prewarm and not self._closed:
             try:
                 self._slots.acquire_nowait()  # prewarm only into free capacity
             except anyio.WouldBlock:
                 return
             s = LocalSession(self, setup_code)
             self._sessions.add(s)
+            self._filling[setup_code] = self._filling.get(setup_code, 0) + 1
             try:
                 await s._start()
             except SandboxError:
                 self._sessions.discard(s)
                 self._slots.release()
                 return
+            finally:
+                self._filling[setup_code] -= 1
             s._started_once = True
             ready.append(s)
 

@@ -1,0 +1,195 @@
+"""Trace workloads: synthetic agent programs that measure the rollout system, not the model.
+
+A trace fixes, for every program, how many turns it takes (heavy-tailed, 1 to ``max_turns``),
+how many tokens each turn samples, how many tokens each tool call returns, and how long each
+tool call takes. Turn lengths are enforced through ``max_tokens`` with no stop token (the
+model's own behaviour does not matter), so every scheduling policy does exactly the same
+work: same seed, same workload.
+
+Tool-latency profiles:
+
+* ``lognormal``: heavy-tailed (median ``tool_median`` seconds, sigma 1, capped), like web
+  calls and big computations;
+* ``swe``: low variance around ``tool_median`` (sigma 0.15), like running a test suite.
+
+:class:`TraceEnv` is an ordinary :class:`~agentenv.Environment` (registered as ``trace``), so
+the reactor, the CLI and the benchmark run it like any other; each tool call also makes a
+real round trip to the program's sandbox session (``sandbox=True``), so session preparation
+is part of what is measured. The discrete-event simulator (:mod:`agentenv.simulator`) reads
+the same :class:`ProgramTrace` objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import anyio
+
+from .env import Environment, Task, TurnPlan
+from .formats import ToolFormat, ToolRequest
+from .tools import PythonTool, ToolContext, ToolOutput
+
+PROFILES = ("lognormal", "swe")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    profile: str = "lognormal"
+    #: Turns per program: 1 + a geometric-like heavy tail, capped.
+    mean_turns: float = 6.0
+    max_turns: int = 30
+    #: Sampled tokens per turn: log-normal around this median, clipped to [8, max_turn_tokens].
+    turn_tokens: int = 48
+    max_turn_tokens: int = 256
+    #: Tool-output tokens per call: log-normal around this median, clipped to [4, 256].
+    tool_tokens: int = 24
+    #: Tool latency median in seconds, and the cap of the heavy tail.
+    tool_median: float = 0.5
+    tool_cap: float = 10.0
+    #: Prompt tokens per program (each prompt is distinct, so prompts do not share a cache).
+    prompt_tokens: int = 64
+    #: A program's whole sequence stays below this (turns past it are dropped): the context.
+    max_total_tokens: int = 1900
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramTrace:
+    turn_tokens: tuple[int, ...]  # sampled tokens of each turn
+    tool_tokens: tuple[int, ...]  # tokens each tool call returns (one per turn but the last)
+    tool_latency: tuple[float, ...]  # seconds each tool call takes
+    prompt_tokens: int
+
+    @property
+    def turns(self) -> int:
+        return len(self.turn_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + sum(self.turn_tokens) + sum(self.tool_tokens)
+
+
+def program_trace(spec: WorkloadSpec, key: str) -> ProgramTrace:
+    """The trace of one program, a pure function of the spec and the program's key."""
+    rng = random.Random(hashlib.sha256(f"{spec}|{key}".encode()).digest())
+    # Heavy-tailed turn count: log-normal with sigma 0.9 around a median chosen so the mean
+    # (before the cap) is about mean_turns.
+    median = max(1.0, spec.mean_turns / math.exp(0.9**2 / 2))
+    turns = max(1, min(spec.max_turns, round(median * math.exp(0.9 * rng.gauss(0, 1)))))
+    clip = lambda x, lo, hi: max(lo, min(hi, int(round(x))))  # noqa: E731
+    toks = tuple(clip(spec.turn_tokens * math.exp(0.6 * rng.gauss(0, 1)), 8, spec.max_turn_tokens)
+                 for _ in range(turns))
+    tool = tuple(clip(spec.tool_tokens * math.exp(0.6 * rng.gauss(0, 1)), 4, 256) for _ in range(turns - 1))
+    sigma = 1.0 if spec.profile == "lognormal" else 0.15
+    lat = tuple(min(spec.tool_cap, spec.tool_median * math.exp(sigma * rng.gauss(0, 1))) for _ in range(turns - 1))
+    total, keep = spec.prompt_tokens, 0
+    for i, n in enumerate(toks):  # the context bounds the program
+        total += n + (tool[i] if i < len(tool) else 0)
+        if total > spec.max_total_tokens and keep:
+            break
+        keep += 1
+    return ProgramTrace(toks[:keep], tool[: keep - 1], lat[: keep - 1], spec.prompt_tokens)
+
+
+def workload(spec: WorkloadSpec, tasks: int, group_size: int, seed: int = 0) -> list[list[ProgramTrace]]:
+    """Traces for ``tasks`` x ``group_size`` programs (task-major, like the reactor)."""
+    return [[program_trace(spec, f"{seed}/{t}/{g}") for g in range(group_size)] for t in range(tasks)]
+
+
+class TraceFormat(ToolFormat):
+    """Every turn ends in one call of the ``trace`` tool (the model's text is not parsed)."""
+
+    name = "trace"
+    stop_strings = ()
+
+    def parse(self, text: str, tool_names: Sequence[str]) -> list[Any]:
+        return [ToolRequest("trace", {})]
+
+    def observation(self, outputs: list[str], tokenizer: Any, ended_with_eos: bool) -> str:
+        return "".join(outputs)
+
+
+class TraceTool(PythonTool):
+    """Sleeps the trace's latency, makes a real sandbox round trip (optional), and returns
+    the trace's number of filler tokens."""
+
+    name = "trace"
+    description = "A synthetic tool call of a trace workload."
+
+    def __init__(self, env: "TraceEnv") -> None:
+        self.env = env
+
+    def check_arguments(self, arguments: dict[str, Any]) -> str | None:
+        return None
+
+    async def __call__(self, ctx: ToolContext, **arguments: Any) -> ToolOutput:
+        t = ctx.trajectory
+        assert t is not None
+        trace = self.env.trace_of(t.task_id, t.sample_index)
+        i = min(ctx.turn, len(trace.tool_latency) - 1)
+        if ctx.session is not None:
+            res = await ctx.session.run("None", timeout=ctx.timeout)
+            if res.status != "ok":
+                return ToolOutput(res.render(), "error", res.status)
+        await anyio.sleep(trace.tool_latency[i])
+        return ToolOutput(self.env.filler * trace.tool_tokens[i])
+
+
+class TraceEnv(Environment):
+    """Programs that follow a trace. Arguments: the :class:`WorkloadSpec` fields, plus
+    ``sandbox`` (default True: each tool call also runs in the program's sandbox session)."""
+
+    id = "trace"
+    tool_format = TraceFormat()
+    max_turns = 64
+    tool_timeout = 30.0
+    #: One token per repetition in the bundled tokenizer (byte-level BPE without merges for it).
+    filler = " x"
+
+    def __init__(self, sandbox: bool = True, **spec: Any) -> None:
+        super().__init__(sandbox=sandbox, **spec)
+        self.spec = WorkloadSpec(**spec)
+        self.use_sandbox = sandbox
+        self._tasks: dict[str, tuple[int, int]] = {}
+
+    def tasks(self, n: int, seed: int = 0) -> list[Task]:
+        out = []
+        for i in range(n):
+            tid = f"trace/{seed}/{i}"
+            self._tasks[tid] = (seed, i)
+            question = f"program {seed}-{i}:" + self.filler * max(1, self.spec.prompt_tokens - 16)
+            out.append(Task(tid, question, None, {"seed": seed, "index": i}))
+        return out
+
+    def trace_of(self, task_id: str, sample: int) -> ProgramTrace:
+        seed, i = self._tasks[task_id]
+        return program_trace(self.spec, f"{seed}/{i}/{sample}")
+
+    def tools(self) -> list[Any]:
+        tool = TraceTool(self)
+        if not self.use_sandbox:
+            # A plain Tool: no session is prepared or used.
+            from .tools import Tool
+
+            class _NoSandbox(Tool):
+                name, description = tool.name, tool.description
+
+                async def __call__(self, ctx: ToolContext, **arguments: Any) -> ToolOutput:
+                    return await TraceTool.__call__(tool, ToolContext(None, ctx.timeout, ctx.trajectory, ctx.turn))
+
+            return [_NoSandbox()]
+        return [tool]
+
+    def plan_turn(self, task: Task, trajectory: Any, turn: int) -> TurnPlan:
+        trace = self.trace_of(task.id, trajectory.sample_index)
+        return TurnPlan(max_tokens=trace.turn_tokens[turn], stop=False, last=turn >= trace.turns - 1)
+
+    async def reward(self, task: Task, trajectory: Any) -> float:
+        return 0.0

@@ -1,0 +1,81 @@
+"""How close a real rollout gets to its engine's decode limit (retool-math, the bundled model).
+
+    python bench/rollout_limit.py [--engine vllm] [--tasks 64 --group-size 4 --concurrency 64]
+                                  [--scheduling program fifo]
+
+Does what ``agentenv rollout --env retool-math`` does (same config, the library API), once
+per ``--scheduling`` policy on one engine, after a warm-up; then, on the same engine,
+measures pure decode: ``--concurrency`` closed-loop requests with the rollouts' mean prompt
+length and mean turn length (no tools, prefixes cached). Prints each policy's generated
+tok/s, mean requests in flight, engine idle fraction and time waiting for sandbox sessions,
+and last ``rollout_limit_ratio: <first policy tok/s / pure-decode tok/s>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentenv import Reactor, RolloutConfig, make  # noqa: E402
+from agentenv.engines import open_engine  # noqa: E402
+from agentenv.models import default_model  # noqa: E402
+from sandboxes.local import LocalSandbox  # noqa: E402
+
+from scheduling import pure_decode  # noqa: E402  (bench/scheduling.py)
+
+
+async def main_async(args) -> None:
+    env = make("retool-math")
+    engine = await open_engine(args.engine, str(default_model()), seed=args.seed)
+    async with engine:
+        results = []
+        for i, policy in enumerate(["warm-up"] + args.scheduling):
+            cfg = RolloutConfig(max_turns=env.max_turns, max_new_tokens=384, concurrency=args.concurrency,
+                                scheduling=policy if policy != "warm-up" else args.scheduling[0],
+                                tool_timeout=env.tool_timeout)
+            tasks = env.tasks(args.tasks if policy != "warm-up" else 8, seed=args.seed + i)
+            async with LocalSandbox() as sb, Reactor(engine, env, sb, cfg) as reactor:
+                t0 = time.perf_counter()
+                groups = await reactor.collect(tasks, args.group_size)
+                wall = time.perf_counter() - t0
+            if policy == "warm-up":
+                continue
+            s = reactor.stats
+            trajs = [t for g in groups for t in g.trajectories]
+            turns = [x for t in trajs for x in t.turns]
+            results.append((policy, s.sampled_tokens / wall, s, wall, turns))
+            print(f"{policy:8s} {len(trajs)} programs in {wall:.1f}s: {s.sampled_tokens / wall:.0f} tok/s, "
+                  f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, "
+                  f"session waits {s.env_waits} ({s.env_wait_s:.1f}s), resume reuse {100 * s.resume_reuse:.1f}%",
+                  flush=True)
+        turns = results[0][4]
+        prompt = round(statistics.mean(t.prompt_tokens for t in turns))
+        turn = max(1, round(statistics.mean(t.new_tokens for t in turns)))
+        await pure_decode(engine, prompt, turn, args.concurrency, 2.0)
+        limit = await pure_decode(engine, prompt, turn, args.concurrency, 6.0)
+        print(f"pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, turn {turn} tokens)")
+        for policy, rate, *_ in results:
+            print(f"{policy:8s} ratio to pure decode: {rate / limit:.2f}")
+        print(f"rollout_limit_ratio: {results[0][1] / limit:.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", default="vllm", choices=["vllm", "embedded"])
+    p.add_argument("--tasks", type=int, default=64)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--scheduling", nargs="+", default=["program", "fifo"], choices=["program", "fifo", "lockstep"])
+    p.add_argument("--seed", type=int, default=0)
+    anyio.run(main_async, p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Scheduling policies side by side: lockstep vs per-request FIFO vs program-aware.
+
+    python bench/scheduling.py [--engine vllm|embedded] [--tasks 32 --group-size 4 --concurrency 32]
+
+One run, one engine per KV setting, the same trace workload (``agentenv.workload``: turn
+counts, turn lengths, tool-output lengths and tool latencies fixed per program by the seed;
+lengths enforced through max_tokens with no stop token) under three policies
+(``RolloutConfig(scheduling=...)``):
+
+* ``lockstep``: TRL-style: a batch of programs (as many as the program-aware policy admits:
+  ``RolloutConfig.max_programs``) advances turn by turn, each turn's requests sent together;
+* ``fifo``: today's reactor before the scheduler: ``concurrency`` programs in flight, each
+  holding its slot from its sandbox session's start to its end;
+* ``program``: the program-aware scheduler (KV-aware admission, pause/restore, sessions
+  prepared ahead, ``concurrency`` decode slots, programs decoupled from them).
+
+Twice: with the engine's default KV budget (the working set fits), and with a KV budget of
+1/``--oversubscribe`` of what FIFO's ``concurrency`` programs hold (set through the engine's
+own settings). For each KV setting the engine's pure-decode rate is measured in the same run:
+``concurrency`` closed-loop requests of the workload's mean context and mean turn length,
+prefixes cached. Per policy it prints wall time, generated tok/s, the ratio to pure decode,
+mean requests in flight, engine idle fraction, resume prefix-cache reuse, re-prefilled tokens,
+pauses and restores; then the speedups, and last ``limit_ratio: <program tok/s / pure-decode
+tok/s>`` for the first KV setting (the working set fits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentenv import Reactor, RolloutConfig, make  # noqa: E402
+from agentenv.engines import SamplingParams, open_engine  # noqa: E402
+from agentenv.models import default_model  # noqa: E402
+from agentenv.simulator import fit_engine, simulate  # noqa: E402
+from agentenv.workload import WorkloadSpec, workload  # noqa: E402
+from sandboxes.local import LocalSandbox  # noqa: E402
+
+POLICIES = ("lockstep", "fifo", "program")
+
+
+def kv_bytes_per_token(model: Path) -> int:
+    cfg = json.loads((model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 4  # K and V, float32
+
+
+async def pure_decode(engine, context: int, turn: int, concurrency: int, seconds: float) -> float:
+    """Closed loop: ``concurrency`` workers, each re-sending its own ``context``-token prompt
+    (cached after the first request) for ``turn`` new tokens, until ``seconds`` have passed."""
+    tokens = [0]
+    deadline = time.perf_counter() + seconds
+    vocab = engine.tokenizer.convert_tokens_to_ids("x") or 1
+    params = SamplingParams(max_tokens=turn, temperature=1.0, stop_token_ids=())
+
+    async def worker(w: int) -> None:
+        prompt = [vocab] * (context - 4) + [w % 200 + 3, w // 200 + 3, 5, 6]
+        prompt = list(reversed(prompt))  # distinct per worker from the first block
+        i = 0
+        while time.perf_counter() < deadline:
+            g = await engine.generate(prompt, params, f"decode-{w}-{i}")
+            tokens[0] += len(g.token_ids)
+            i += 1
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for w in range(concurrency):
+            tg.start_soon(worker, w)
+    return tokens[0] / (time.perf_counter() - t0)
+
+
+async def run_policy(engine, env, tasks, group_size: int, policy: str, concurrency: int,
+                     max_programs: int | None = None) -> dict:
+    cfg = RolloutConfig(scheduling=policy, concurrency=concurrency, max_turns=64, max_new_tokens=100_000,
+                        max_tokens_per_turn=4096, tool_timeout=60.0, max_programs=max_programs)
+    async with LocalSandbox() as sandbox, Reactor(engine, env, sandbox, cfg) as reactor:
+        t0, c0 = time.perf_counter(), time.process_time()
+        groups = await reactor.collect(tasks, group_size)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s = reactor.stats
+    n = sum(len(g.trajectories) for g in groups)
+    bad = [t.finish_reason for g in groups for t in g.trajectories if t.finish_reason != "stop"]
+    return {"policy": policy, "programs": n, "wall_s": wall, "tokens": s.sampled_tokens,
+            "tok_s": s.sampled_tokens / wall, "in_flight": s.mean_in_flight, "idle": s.idle_fraction,
+            "reuse": s.resume_reuse, "reprefilled": s.reprefilled, "pauses": s.pauses, "restores": s.restores,
+            "not_stop": len(bad), "peak_ws": reactor.scheduler.peak_working_set,
+            "max_programs": reactor.scheduler.config.max_programs,
+            # This process's CPU (reactor, sandbox client, engine client; vLLM's engine core is
+            # another process) per generated token.
+            "client_cpu_us_per_token": 1e6 * cpu / max(1, s.sampled_tokens)}
+
+
+async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
+    model = default_model()
+    engine = await open_engine(args.engine, str(model), seed=args.seed, **engine_kwargs)
+    progs = [p for g in traces for p in g]
+    mean_turn = round(statistics.mean(t for p in progs for t in p.turn_tokens))
+    # Mean context at the start of a turn, over all turns of all programs.
+    ctx = []
+    for p in progs:
+        n = p.prompt_tokens
+        for i, t in enumerate(p.turn_tokens):
+            ctx.append(n)
+            n += t + (p.tool_tokens[i] if i < len(p.tool_tokens) else 0)
+    mean_ctx = round(statistics.mean(ctx))
+    async with engine:
+        cap = engine.kv_capacity_tokens
+        print(f"[{label}] engine={args.engine} kv_capacity={cap} tokens; mean context {mean_ctx}, mean turn {mean_turn}",
+              flush=True)
+        await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, 2.0)  # warm-up
+        limit = await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, args.decode_seconds)
+        print(f"[{label}] pure decode: {limit:.0f} tok/s ({args.concurrency} requests in flight)", flush=True)
+        results = []
+        for policy in (args.policies if label == "kv-fits" else args.oversubscribed_policies):
+            env = make("trace", **spec_kwargs(args))
+            tasks = env.tasks(args.tasks, seed=args.seed)
+            r = await run_policy(engine, env, tasks, args.group_size, policy, args.concurrency, args.max_programs)
+            r["ratio"] = r["tok_s"] / limit
+            results.append(r)
+            print(f"[{label}] {policy:9s} wall {r['wall_s']:6.1f}s  {r['tok_s']:7.0f} tok/s  ratio {r['ratio']:.2f}  "
+                  f"in flight {r['in_flight']:5.1f}  idle {100 * r['idle']:4.1f}%  reuse {100 * r['reuse']:5.1f}%  "
+                  f"re-prefilled {r['reprefilled']:6d}  pauses {r['pauses']:4d}  restores {r['restores']:4d}  "
+                  f"peak working set {r['peak_ws']}  client CPU {r['client_cpu_us_per_token']:.0f} us/token",
+                  flush=True)
+        sim = []
+        if args.simulate:
+            # Calibrate the simulator's engine on this engine (decode rate at a few batch
+            # sizes), then run the same traces through the same scheduler in simulated time.
+            rates = {b: await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
+                     for b in sorted({1, 4, 16, args.concurrency})}
+            model = fit_engine(rates, mean_ctx, kv_capacity=cap or 10**9, block_size=engine.page_size)
+            print(f"[{label}] simulator engine: step {1e3 * model.step_base:.2f} ms + {1e3 * model.step_per_seq:.3f} ms"
+                  f" x batch (fit to {', '.join(f'{b}: {r:.0f}' for b, r in rates.items())} tok/s)", flush=True)
+            for r in results:
+                t = time.perf_counter()
+                sr = simulate(progs, model, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
+                              max_programs=r["max_programs"])
+                err = sr.wall_s / r["wall_s"] - 1
+                sim.append({"policy": r["policy"], **sr.row(), "error": err, "sim_seconds": time.perf_counter() - t})
+                print(f"[{label}] simulated {r['policy']:9s} wall {sr.wall_s:6.1f}s (real {r['wall_s']:.1f}s, "
+                      f"error {100 * err:+.1f}%)  {sr.tok_s:7.0f} tok/s  in flight {sr.in_flight:5.1f}  "
+                      f"reuse {100 * sr.reuse:5.1f}%  pauses {sr.pauses}", flush=True)
+    return {"label": label, "kv_capacity": cap, "pure_decode_tok_s": limit, "results": results, "simulated": sim}
+
+
+def spec_kwargs(args) -> dict:
+    return {"profile": args.profile, "tool_median": args.tool_median, "mean_turns": args.mean_turns,
+            "turn_tokens": args.turn_tokens, "tool_tokens": args.tool_tokens, "tool_cap": args.tool_cap,
+            "sandbox": True}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", default="vllm", choices=["vllm", "embedded"])
+    p.add_argument("--tasks", type=int, default=128)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--profile", default="lognormal", choices=["lognormal", "swe"])
+    p.add_argument("--tool-median", type=float, default=0.5)
+    p.add_argument("--mean-turns", type=float, default=5.0)
+    p.add_argument("--tool-cap", type=float, default=5.0)
+    p.add_argument("--turn-tokens", type=int, default=48)
+    p.add_argument("--tool-tokens", type=int, default=24)
+    p.add_argument("--max-programs", type=int, default=None, help="RolloutConfig.max_programs (default: its own)")
+    p.add_argument("--oversubscribe", type=float, default=2.0, help="0: skip the small-KV setting")
+    p.add_argument("--decode-seconds", type=float, default=6.0)
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    p.add_argument("--oversubscribed-policies", nargs="+", default=["fifo", "program"], choices=POLICIES,
+                   help="policies run at the small KV budget (lockstep is slow and not the comparison there)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-simulate", dest="simulate", action="store_false",
+                   help="skip calibrating and running the discrete-event simulator on the same traces")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = p.parse_args()
+
+    spec = WorkloadSpec(**{k: v for k, v in spec_kwargs(args).items() if k != "sandbox"})
+    traces = workload(spec, args.tasks, args.group_size, args.seed)
+    progs = [t for g in traces for t in g]
+    mean_total = statistics.mean(t.total_tokens for t in progs)
+    print(f"workload: {len(progs)} programs, {args.profile} tools (median {args.tool_median}s), "
+          f"turns mean {statistics.mean(t.turns for t in progs):.1f} max {max(t.turns for t in progs)}, "
+          f"sampled tokens {sum(sum(t.turn_tokens) for t in progs)}, mean program {mean_total:.0f} tokens", flush=True)
+    settings = [("kv-fits", {})]
+    if args.oversubscribe > 0:
+        small = int(args.concurrency * mean_total / args.oversubscribe)
+        if args.engine == "vllm":
+            per_tok = kv_bytes_per_token(default_model())
+            settings.append((f"kv-{args.oversubscribe:g}x-oversubscribed", {"kv_cache_memory_bytes": small * per_tok}))
+        else:
+            settings.append((f"kv-{args.oversubscribe:g}x-oversubscribed", {"kv_cache_tokens": small}))
+
+    async def run_all() -> list[dict]:
+        return [await one_setting(args, label, kw, traces) for label, kw in settings]
+
+    out = anyio.run(run_all)
+    for s in out:
+        by = {r["policy"]: r for r in s["results"]}
+        if "program" in by:
+            for other in ("lockstep", "fifo"):
+                if other in by:
+                    print(f"[{s['label']}] program_vs_{other}: {by[other]['wall_s'] / by['program']['wall_s']:.2f}x wall time")
+            if "fifo" in by:
+                f, g = by["fifo"]["reuse"], by["program"]["reuse"]
+                print(f"[{s['label']}] resume reuse program {100 * g:.1f}% vs fifo {100 * f:.1f}% "
+                      f"({g / f if f else float('inf'):.2f}x)")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "settings": out}, indent=1))
+    first = {r["policy"]: r for r in out[0]["results"]}
+    if "program" in first:
+        print(f"limit_ratio: {first['program']['ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

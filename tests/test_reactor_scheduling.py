@@ -1,0 +1,127 @@
+"""The reactor under each scheduling policy: real embedded engine, real sandbox processes, the
+trace workload (lengths fixed by the trace, so every policy must produce the same shapes)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from agentenv import Reactor, RolloutConfig, make
+from agentenv.engines.embedded import EmbeddedEngine
+from sandboxes.local import LocalSandbox
+
+from .conftest import child_pids
+
+pytestmark = pytest.mark.anyio
+
+SPEC = {"tool_median": 0.02, "tool_cap": 0.1, "mean_turns": 3.0, "turn_tokens": 12, "tool_tokens": 6,
+        "prompt_tokens": 24}
+
+
+def cfg(policy: str, **kw) -> RolloutConfig:
+    return RolloutConfig(**{"scheduling": policy, "concurrency": 4, "max_turns": 64, "max_new_tokens": 10_000,
+                            "max_tokens_per_turn": 4096, "tool_timeout": 10.0, **kw})
+
+
+def check_against_trace(env, trajs, tok) -> None:
+    for t in trajs:
+        t.validate()
+        trace = env.trace_of(t.task_id, t.sample_index)
+        model = [s for s in t.segments if s.kind == "model"]
+        envs = [s for s in t.segments if s.kind == "env"]
+        # Every turn sampled exactly its trace length, verbatim (mask 1, logprob, version).
+        assert [len(s.token_ids) for s in model] == list(trace.turn_tokens)
+        assert all(len(s.logprobs) == len(s.token_ids) == len(s.weight_versions) for s in model)
+        # Every tool output is spliced with mask 0, exactly what the tool returned.
+        assert [tok.decode(s.token_ids) for s in envs] == [env.filler * n for n in trace.tool_tokens]
+        assert sum(t.loss_mask) == sum(trace.turn_tokens)
+        assert t.finish_reason == "stop" and len(t.tool_calls) == trace.turns - 1
+        assert all(c.status == "ok" for c in t.tool_calls)
+        assert tok.decode(t.input_ids).endswith(t.text)
+        # Resumed turns come from the prefix cache (nothing was paused here).
+        assert all(turn.cached_tokens > 0 for turn in t.turns[1:])
+
+
+@pytest.mark.parametrize("policy", ["program", "fifo", "lockstep"])
+async def test_every_policy_yields_the_trace_exactly(engine, policy):
+    env = make("trace", **SPEC)
+    before = child_pids()
+    async with LocalSandbox() as sb:
+        async with Reactor(engine, env, sb, cfg(policy)) as reactor:
+            groups = await reactor.collect(env.tasks(4, seed=1), 3)
+        # Every session a program had is closed (only the pool's own prewarmed ones remain).
+        prewarmed = {x.pid for ready in sb._ready.values() for x in ready}
+        assert set(sb.worker_pids) == prewarmed and len(prewarmed) <= sb.prewarm
+    assert child_pids() - before == set()
+    trajs = [t for g in groups for t in g.trajectories]
+    assert len(trajs) == 12 and len({(t.task_id, t.sample_index) for t in trajs}) == 12
+    check_against_trace(env, trajs, engine.tokenizer)
+    s = reactor.stats
+    assert s.in_flight == 0 and 0 < s.mean_in_flight <= (12 if policy == "lockstep" else 4)
+    assert reactor.scheduler.done and not reactor.scheduler.programs
+
+
+async def test_programs_are_decoupled_from_decode_slots(engine):
+    """With tools slower than turns, the program policy keeps more programs in flight than it
+    has decode slots, and never more requests than slots."""
+    env = make("trace", **{**SPEC, "tool_median": 0.3, "tool_cap": 0.6})
+    seen = {"admitted": 0, "in_flight": 0}
+    async with LocalSandbox() as sb:
+        reactor = Reactor(engine, env, sb, cfg("program", concurrency=2, max_programs=8))
+        sched = reactor.scheduler
+        original = sched.schedule
+
+        def watch():
+            d = original()
+            seen["admitted"] = max(seen["admitted"], sched.admitted)
+            seen["in_flight"] = max(seen["in_flight"], sched.in_flight)
+            return d
+
+        sched.schedule = watch
+        groups = await reactor.collect(env.tasks(4, seed=2), 2)
+    assert seen["admitted"] == 8 and seen["in_flight"] <= 2
+    check_against_trace(env, [t for g in groups for t in g.trajectories], engine.tokenizer)
+
+
+async def test_sessions_are_prepared_ahead_and_unused_ones_handed_on(engine):
+    """A program that never calls a tool never waits for a session; one that does finds it
+    ready (prepared while it decoded)."""
+    env = make("trace", **{**SPEC, "mean_turns": 1.0})  # mostly single-turn programs
+    async with LocalSandbox() as sb:
+        async with Reactor(engine, env, sb, cfg("program")) as reactor:
+            groups = await reactor.collect(env.tasks(6, seed=3), 2)
+    trajs = [t for g in groups for t in g.trajectories]
+    check_against_trace(env, trajs, engine.tokenizer)
+    assert reactor.stats.env_waits <= sum(1 for t in trajs if t.tool_calls)
+
+
+async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir):
+    """A KV cache far smaller than the working set: the scheduler pauses and restores whole
+    programs, every program finishes, and the trajectories are still exactly the trace."""
+    env = make("trace", **{**SPEC, "mean_turns": 5.0, "turn_tokens": 24, "tool_tokens": 16, "prompt_tokens": 48,
+                              "max_total_tokens": 600})
+    engine = EmbeddedEngine(model_dir, seed=0, kv_cache_tokens=1024)
+    async with engine:
+        async with LocalSandbox() as sb, Reactor(engine, env, sb, cfg("program", concurrency=8)) as reactor:
+            groups = await reactor.collect(env.tasks(6, seed=4), 3)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert len(trajs) == 18
+    for t in trajs:
+        t.validate()
+        trace = env.trace_of(t.task_id, t.sample_index)
+        assert [len(s.token_ids) for s in t.segments if s.kind == "model"] == list(trace.turn_tokens)
+        assert t.finish_reason == "stop"
+    assert reactor.stats.pauses > 0 and reactor.stats.restores > 0
+    assert reactor.scheduler.peak_working_set <= 1024
+
+
+async def test_cancelling_with_programs_queued_and_sessions_prepared_leaves_nothing(engine):
+    env = make("trace", **{**SPEC, "tool_median": 0.5, "tool_cap": 1.0, "mean_turns": 6.0})
+    before = child_pids()
+    async with LocalSandbox() as sb:
+        reactor = Reactor(engine, env, sb, cfg("program", concurrency=2, max_programs=4))
+        with anyio.move_on_after(1.0):
+            await reactor.collect(env.tasks(16, seed=5), 4)
+        assert reactor.scheduler.queued == 0 and reactor.scheduler.admitted == 0
+        await reactor.__aexit__(None, None, None)
+    assert child_pids() - before == set()

@@ -1,0 +1,286 @@
+"""The program scheduler, driven without an engine (it is pure: events in, decisions out)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agentenv.scheduler import Policy, Scheduler, SchedulerConfig, State
+
+
+def sched(**kw) -> Scheduler:
+    kw.setdefault("block_size", 1)
+    kw.setdefault("kv_watermark", 1.0)
+    return Scheduler(SchedulerConfig(**kw))
+
+
+def drive(s: Scheduler, programs: dict[int, list[tuple[int, int]]], rng: random.Random, check=None) -> dict:
+    """Run programs to completion with random event order. ``programs[pid]`` is a list of
+    (turn tokens, tool tokens). Returns counters; fails if anything gets stuck."""
+    tokens = {pid: s.programs[pid].tokens for pid in programs}
+    turn = {pid: 0 for pid in programs}
+    running, acting = set(), set()
+    steps = 0
+
+    def apply(d):
+        for pid in d.admit:
+            s.want_turn(pid, tokens[pid], programs[pid][0][0])
+        for pid in d.submit:
+            running.add(pid)
+
+    for pid in programs:
+        pass
+    apply(s.schedule())
+    while not s.done:
+        steps += 1
+        assert steps < 100_000, "stuck"
+        for pid in list(d_ for d_ in s.programs if s.programs[d_].env.value == "preparing"):
+            if rng.random() < 0.5:
+                s.env_ready(pid)
+        choices = [("turn", p) for p in running] + [("tool", p) for p in acting]
+        if not choices:
+            d = s.schedule()
+            apply(d)
+            if check:
+                check(s, d)
+            if not (running or acting) and not d:
+                # Only environment preparation may be outstanding.
+                assert any(p.env.value == "preparing" for p in s.programs.values()), "nothing can move"
+            continue
+        kind, pid = rng.choice(choices)
+        if kind == "turn":
+            running.discard(pid)
+            n, _ = programs[pid][turn[pid]]
+            tokens[pid] += n
+            s.turn_done(pid, tokens[pid])
+            acting.add(pid)
+        else:
+            acting.discard(pid)
+            _, tool = programs[pid][turn[pid]]
+            turn[pid] += 1
+            if turn[pid] == len(programs[pid]):
+                s.finish(pid)
+            else:
+                tokens[pid] += tool
+                s.want_turn(pid, tokens[pid], programs[pid][turn[pid]][0])
+        d = s.schedule()
+        apply(d)
+        if check:
+            check(s, d)
+    return {"steps": steps}
+
+
+def random_programs(s: Scheduler, n: int, rng: random.Random, group_size: int = 4, needs_env: bool = False):
+    progs = {}
+    for pid in range(n):
+        turns = [(rng.randint(8, 120), rng.randint(4, 60)) for _ in range(rng.randint(1, 8))]
+        s.add(pid, rng.randint(20, 100), group=pid // group_size, needs_env=needs_env)
+        progs[pid] = turns
+    return progs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_admission_never_exceeds_the_kv_budget_and_every_program_finishes(seed):
+    rng = random.Random(seed)
+    s = sched(kv_capacity=1500, max_requests=8, max_programs=64, turn_reserve=64)
+    progs = random_programs(s, 60, rng)
+    grew = []
+
+    def check(s, d):
+        marked = sum(s.programs[i].fp for i in s._marked)
+        resident = [p for p in s.programs.values() if p.state in (State.READY, State.DECODING, State.ACTING)]
+        if d.admit or d.restored:
+            # What was let in fits (the sole resident program excepted: it must run).
+            assert s.working_set - marked <= s.budget or len(resident) == 1
+        assert s.in_flight <= 8
+        assert s.in_flight == sum(p.state == State.DECODING for p in s.programs.values())
+        grew.append(s.working_set)
+
+    drive(s, progs, rng, check)
+    assert all(p.state == State.DONE for p in s.programs.values())
+    # The budget was tight: pressure happened; paused programs came back (or ended on their tool).
+    assert s.pauses > 0 and 0 < s.restores <= s.pauses
+
+
+def test_working_set_is_tracked_incrementally():
+    rng = random.Random(7)
+    s = sched(kv_capacity=900, max_requests=4, max_programs=30, block_size=16, turn_reserve=50)
+    progs = random_programs(s, 30, rng)
+
+    def check(s, d):
+        resident = [p for p in s.programs.values() if p.state in (State.READY, State.DECODING, State.ACTING)]
+        assert s.working_set == sum(s.footprint(p) for p in resident) or s._turn_count >= 8
+        assert s.working_set == sum(p.fp for p in resident)
+
+    drive(s, progs, rng, check)
+
+
+def test_pause_order_acting_first_shortest_first_then_decoding_marked():
+    s = sched(kv_capacity=1000, max_requests=8, max_programs=8, turn_reserve=10)
+    for pid, n in enumerate([100, 200, 300, 250]):
+        s.add(pid, n)
+    d = s.schedule()
+    assert d.admit == [0, 1, 2, 3]
+    for pid in range(4):
+        s.want_turn(pid, s.programs[pid].tokens, 10)
+    d = s.schedule()
+    assert d.submit == [0, 1, 2, 3]
+    # 0, 1 and 2 return and act; 3 is still decoding. Then everyone grows past the budget.
+    s.turn_done(0, 110)
+    s.turn_done(1, 290)
+    s.turn_done(2, 300)
+    s.programs[3].tokens = 500  # a long turn in progress (its reserve is on top)
+    s._touch(s.programs[3])
+    assert s.working_set == 110 + 290 + 300 + 510
+    d = s.schedule()
+    # Acting programs go first, shortest first: 0 (110) alone brings 1210 down to 1100, then 1.
+    assert d.paused == [0, 1]
+    assert s.state(0) == State.PAUSED and s.state(3) == State.DECODING
+    # Pressure from a decoding program: it is marked, and pauses when its turn returns.
+    s.programs[3].tokens = 800
+    s._touch(s.programs[3])
+    d = s.schedule()
+    assert d.paused == [2]
+    s.programs[3].tokens = 1200
+    s._touch(s.programs[3])
+    d = s.schedule()
+    assert d.paused == [] and not s.programs[3].pause_pending  # the last resident one always stays
+
+
+def test_restore_order_cached_first_then_nearly_complete_groups_then_older():
+    s = sched(kv_capacity=10_000, max_requests=8, max_programs=16)
+    # Group "a" has 3 programs left, group "b" 1.
+    for pid, g in enumerate("aaab"):
+        s.add(pid, 100, group=g)
+    s.schedule()
+    for pid in range(4):
+        p = s.programs[pid]
+        p.state, p.wanting = State.PAUSED, True
+        s._touch(p)
+        p.paused_clock, p.paused_slack = 0, 0
+    s._clock = 10  # everything was allocated over since the pauses: none is likely cached
+    keys = sorted(s.programs.values(), key=s._restore_key)
+    assert [p.pid for p in keys] == [3, 0, 1, 2]  # the nearly complete group first, then by age
+    s.programs[2].paused_slack = 100  # 2 was paused with room to spare: its prefix is likely cached
+    keys = sorted(s.programs.values(), key=s._restore_key)
+    assert [p.pid for p in keys][0] == 2
+
+
+def test_paused_programs_come_back_before_new_ones_are_admitted():
+    s = sched(kv_capacity=300, max_requests=4, max_programs=10, turn_reserve=10)
+    for pid in range(3):
+        s.add(pid, 100)
+    d = s.schedule()
+    assert d.admit == [0, 1]  # 2 x (100 + 10) fits, a third does not
+    for pid in (0, 1):
+        s.want_turn(pid, 100, 10)
+    s.schedule()
+    s.turn_done(0, 110)
+    s.turn_done(1, 110)
+    s.want_turn(0, 250, 10)  # a big tool output: 0 now needs 260 of 300
+    d = s.schedule()
+    assert d.paused == [1] and d.submit == [0]  # the other acting program makes room
+    s.want_turn(1, 120, 10)  # 1's tool returns while it is paused: it waits
+    d = s.schedule()
+    assert not d and s.state(1) == State.PAUSED and s.state(2) == State.QUEUED
+    s.turn_done(0, 260)
+    s.finish(0)
+    d = s.schedule()
+    # 1 comes back first; 2 (new) fits beside it (130 + 110 <= 300) and is admitted after it.
+    assert d.restored == [1] and d.admit == [2] and d.submit == [1]
+    assert s.working_set <= 300
+
+
+def test_requests_in_flight_are_capped_by_decode_slots_not_programs():
+    s = sched(kv_capacity=None, max_requests=3, max_programs=20)
+    for pid in range(10):
+        s.add(pid, 50)
+    d = s.schedule()
+    assert len(d.admit) == 10  # programs are not slots
+    for pid in range(10):
+        s.want_turn(pid, 50, 20)
+    d = s.schedule()
+    assert d.submit == [0, 1, 2] and s.in_flight == 3
+    s.turn_done(1, 70)  # a program on its tool frees its slot at once
+    d = s.schedule()
+    assert d.submit == [3]
+
+
+def test_environments_are_prepared_ahead_within_the_lookahead():
+    s = sched(kv_capacity=None, max_requests=2, max_programs=2, env_lookahead=3, max_preparing=4)
+    for pid in range(8):
+        s.add(pid, 10, needs_env=True)
+    d = s.schedule()
+    assert d.admit == [0, 1]
+    assert d.prepare == [0, 1, 2, 3]  # admitted first, then the lookahead, capped by max_preparing
+    s.want_turn(0, 10, 5)
+    d = s.schedule()
+    assert d.submit == [0]  # a program decodes before its environment is ready
+    s.env_ready(0)
+    s.env_ready(2)
+    d = s.schedule()
+    assert d.prepare == [4]  # the lookahead window (2, 3, 4) is full again
+
+
+def test_fifo_holds_the_slot_and_waits_for_the_environment():
+    s = sched(policy=Policy.FIFO, max_programs=2)
+    for pid in range(4):
+        s.add(pid, 10, needs_env=True)
+    d = s.schedule()
+    assert d.admit == [0, 1] and d.prepare == [0, 1]
+    s.want_turn(0, 10, 5)
+    assert s.schedule().submit == []  # the first turn waits for the session
+    s.env_ready(0)
+    assert s.schedule().submit == [0]
+    s.turn_done(0, 15)
+    assert s.schedule().admit == []  # acting: it still holds its slot
+    s.finish(0)
+    assert s.schedule().admit == [2]
+
+
+def test_lockstep_moves_the_batch_together():
+    s = sched(policy=Policy.LOCKSTEP, max_programs=3)
+    for pid in range(5):
+        s.add(pid, 10)
+    d = s.schedule()
+    assert d.admit == [0, 1, 2]
+    s.want_turn(0, 10, 5)
+    s.want_turn(1, 10, 5)
+    assert s.schedule().submit == []
+    s.want_turn(2, 10, 5)
+    assert s.schedule().submit == [0, 1, 2]
+    for pid in range(3):
+        s.turn_done(pid, 15)
+    s.want_turn(0, 20, 5)
+    s.finish(1)
+    assert s.schedule().submit == []  # 2 is still on its tool
+    s.want_turn(2, 20, 5)
+    assert s.schedule().submit == [0, 2]
+    for pid in (0, 2):
+        s.turn_done(pid, 25)
+        s.finish(pid)
+    assert s.schedule().admit == [3, 4]  # the next batch only when this one is done
+
+
+def test_cancel_and_forget_keep_the_books_balanced():
+    s = sched(kv_capacity=None, max_programs=1)
+    s.add(0, 10, group="g")
+    s.add(1, 10, group="g")
+    s.schedule()
+    s.cancel(1)
+    assert s.queued == 0 and 1 not in s.programs
+    s.want_turn(0, 10, 5)
+    s.schedule()
+    s.finish(0)
+    s.forget(0)
+    assert s.done and not s.programs and s.in_flight == 0 and s.working_set == 0
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError):
+        SchedulerConfig(max_requests=0)
+    with pytest.raises(ValueError):
+        SchedulerConfig(kv_watermark=0)
+    with pytest.raises(ValueError):
+        SchedulerConfig(policy="random")
