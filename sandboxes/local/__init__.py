@@ -277,7 +277,7 @@ class LocalSession(Session):
             await self._kill()
         if self in self._sandbox._sessions:
             self._sandbox._sessions.discard(self)
-            self._sandbox._slots.release()
+            self._sandbox._free_slot()
 
 
 class LocalSandbox(Sandbox):
@@ -312,6 +312,7 @@ class LocalSandbox(Sandbox):
         self._sessions: set[LocalSession] = set()
         self._ready: dict[str | None, list[LocalSession]] = {}
         self._filling: dict[str | None, int] = {}
+        self._changed = anyio.Event()  # a slot was freed or a ready session added
         self._cgroups = _Cgroups()
         self._dead_cgroups: list[str] = []
         self._start_lock = anyio.Lock()
@@ -427,11 +428,26 @@ class LocalSandbox(Sandbox):
             raise SandboxError("sandbox is closed")
         if self._control is None:
             await self.start()
-        ready = self._ready.get(setup_code)
-        if ready:
-            s = ready.pop()
-        else:
-            await self._slots.acquire()  # at most max_workers sessions at once
+        while True:
+            ready = self._ready.get(setup_code)
+            if ready:
+                s = ready.pop()
+                break
+            try:
+                self._slots.acquire_nowait()  # at most max_workers sessions at once
+            except anyio.WouldBlock:
+                # Full. A prewarmed session for another setup gives its slot up; otherwise
+                # wait until a slot is freed or a ready session of ours appears (a waiter
+                # parked on the semaphore alone would miss the latter: a deadlock when the
+                # pool's own prewarm holds the last slots).
+                other = next((r for k, r in self._ready.items() if r and k != setup_code), None)
+                if other:
+                    await other.pop().aclose()
+                    continue
+                if self._changed.is_set():
+                    self._changed = anyio.Event()
+                await self._changed.wait()
+                continue
             s = LocalSession(self, setup_code)
             self._sessions.add(s)
             try:
@@ -440,11 +456,16 @@ class LocalSandbox(Sandbox):
                     s._started_once = True
             except BaseException:
                 self._sessions.discard(s)
-                self._slots.release()
+                self._free_slot()
                 raise
+            break
         if self._tg is not None and self.prewarm:
             self._tg.start_soon(self._refill, setup_code)
         return s
+
+    def _free_slot(self) -> None:
+        self._slots.release()
+        self._changed.set()
 
     async def _refill(self, setup_code: str | None) -> None:
         ready = self._ready.setdefault(setup_code, [])
@@ -462,12 +483,13 @@ class LocalSandbox(Sandbox):
                 await s._start()
             except SandboxError:
                 self._sessions.discard(s)
-                self._slots.release()
+                self._free_slot()
                 return
             finally:
                 self._filling[setup_code] -= 1
             s._started_once = True
             ready.append(s)
+            self._changed.set()  # a session() waiting for capacity may take this one
 
     async def _server_for(self, setup_code: str | None) -> _Control:
         assert self._control is not None

@@ -129,3 +129,29 @@ async def test_dead_server_is_a_clear_engine_error(model_dir):
 
     with pytest.raises(EngineError, match="cannot reach"):
         await OpenAIEngine.create(f"http://127.0.0.1:{_free_port()}", model_dir, retries=2)
+
+
+async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir):
+    from agentenv.engines.openai import OpenAIEngine
+
+    other = server.replace("127.0.0.1", "localhost")
+    eng = await OpenAIEngine.create([server, other], model_dir)
+    try:
+        # 256 MiB of float32 KV for 4 layers x 2 KV heads x 32 dims: 131,072 tokens per server.
+        assert eng._capacity == [131_072, 131_072] and eng.kv_capacity_tokens == 262_144
+        p = SamplingParams(max_tokens=4)
+        long_prompt = testing.chat_prompt(eng, "Compute 1 + 2. " * 60)
+        short = testing.chat_prompt(eng, "Compute 1 + 2.")
+        big = await eng.generate(long_prompt, p, "big-0")
+        # The next two new programs both go where there is more room, not round robin.
+        s1 = await eng.generate(short, p, "small1-0")
+        s2 = await eng.generate(short, p, "small2-0")
+        assert s1.extra["server"] == s2.extra["server"] != big.extra["server"]
+        # A released (finished or paused) program's KV no longer counts; its next request is
+        # placed afresh where there is room.
+        eng.release("small1")
+        eng.release("small2")
+        eng.release("big")
+        assert eng._held == [0, 0]
+    finally:
+        await eng.aclose()

@@ -175,3 +175,34 @@ def test_workers_die_with_their_parent(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert gone(server, wait=5) and gone(worker, wait=5)
+
+
+async def test_a_full_pool_hands_over_prewarmed_sessions_instead_of_deadlocking():
+    async with LocalSandbox(max_workers=3, prewarm=2) as sb:
+        for _ in range(50):  # the pool's own prewarm fills two of the three slots
+            if len(sb._ready.get(None, [])) == 2:
+                break
+            await anyio.sleep(0.05)
+        held = []
+        with anyio.fail_after(30):
+            # Five sessions through a three-slot pool: each takes a ready one or a free slot,
+            # a different setup evicts a prewarmed session, and a caller that finds the pool
+            # full waits until one is closed.
+            held.append(await sb.session())
+            held.append(await sb.session("x = 1"))
+            held.append(await sb.session())
+            async with anyio.create_task_group() as tg:
+                got = []
+
+                async def take():
+                    got.append(await sb.session())
+
+                tg.start_soon(take)
+                await anyio.sleep(0.3)
+                assert not got  # full: it waits
+                await held.pop().aclose()
+            held += got
+        assert len(sb.worker_pids) <= 3
+        assert (await held[1].run("x")).value == "1"
+        for s in held:
+            await s.aclose()
