@@ -78,6 +78,25 @@ async def pure_decode(engine, context: int, turn: int, concurrency: int, seconds
     return tokens[0] / (time.perf_counter() - t0)
 
 
+async def session_start_rate(n: int = 32) -> float:
+    """Isolated sandbox sessions started per second, ``n`` at once on a fresh pool."""
+    async with LocalSandbox(prewarm=0) as sb:
+        await (await sb.session()).aclose()  # the fork server is up
+        t0 = time.perf_counter()
+        sessions = []
+
+        async def one() -> None:
+            sessions.append(await sb.session())
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one)
+        rate = n / (time.perf_counter() - t0)
+        for x in sessions:
+            await x.aclose()
+    return rate
+
+
 async def run_policy(engine, env, tasks, group_size: int, policy: str, concurrency: int,
                      max_programs: int | None = None) -> dict:
     cfg = RolloutConfig(scheduling=policy, concurrency=concurrency, max_turns=64, max_new_tokens=100_000,
@@ -138,12 +157,15 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
             rates = {b: await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
                      for b in sorted({1, 4, 16, args.concurrency})}
             model = fit_engine(rates, mean_ctx, kv_capacity=cap or 10**9, block_size=engine.page_size)
+            starts = await session_start_rate()
+            env_start_s = 2 / starts  # two CPUs start sessions
             print(f"[{label}] simulator engine: step {1e3 * model.step_base:.2f} ms + {1e3 * model.step_per_seq:.3f} ms"
-                  f" x batch (fit to {', '.join(f'{b}: {r:.0f}' for b, r in rates.items())} tok/s)", flush=True)
+                  f" x batch (fit to {', '.join(f'{b}: {r:.0f}' for b, r in rates.items())} tok/s); sandbox "
+                  f"sessions start at {starts:.0f}/s", flush=True)
             for r in results:
                 t = time.perf_counter()
                 sr = simulate(progs, model, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
-                              max_programs=r["max_programs"])
+                              max_programs=r["max_programs"], env_start_s=env_start_s)
                 err = sr.wall_s / r["wall_s"] - 1
                 sim.append({"policy": r["policy"], **sr.row(), "error": err, "sim_seconds": time.perf_counter() - t})
                 print(f"[{label}] simulated {r['policy']:9s} wall {sr.wall_s:6.1f}s (real {r['wall_s']:.1f}s, "
