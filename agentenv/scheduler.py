@@ -363,7 +363,8 @@ class Scheduler:
         return self._clock - p.paused_clock <= p.paused_slack
 
     def _relieve_pressure(self, d: Decision) -> None:
-        used = self.working_set
+        # Programs already marked leave the working set when their turn returns.
+        used = self._ws - sum(self.programs[i].fp for i in self._marked)
         if used <= self.budget:
             return
         # Pause order: acting programs first, then ready ones not yet submitted, each shortest
