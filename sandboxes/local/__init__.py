@@ -295,6 +295,7 @@ class LocalSandbox(Sandbox):
         isolate: bool = True,
         allow_unisolated: bool = False,
         setup_timeout: float = 120.0,
+        spawn_servers: int = 2,
     ) -> None:
         self.limits = limits
         self.default_timeout = default_timeout
@@ -304,11 +305,13 @@ class LocalSandbox(Sandbox):
         self.max_workers = max_workers
         self._slots = anyio.Semaphore(max_workers)
         self.setup_timeout = setup_timeout
+        self.spawn_servers = max(1, spawn_servers)
         self.isolate = isolate
         self.allow_unisolated = allow_unisolated
         self._proc: Process | None = None
         self._control: _Control | None = None
-        self._templates: dict[str, _Control] = {}
+        self._templates: dict[str | None, list[_Control]] = {}
+        self._rr = 0
         self._sessions: set[LocalSession] = set()
         self._ready: dict[str | None, list[LocalSession]] = {}
         self._filling: dict[str | None, int] = {}
@@ -401,8 +404,9 @@ class LocalSandbox(Sandbox):
         with anyio.CancelScope(shield=True):
             for s in list(self._sessions):
                 await s.aclose()
-            for ctl in self._templates.values():
-                ctl.close()
+            for servers in self._templates.values():
+                for ctl in servers:
+                    ctl.close()
             if self._control is not None:
                 self._control.close()
             if self._proc is not None:
@@ -492,19 +496,27 @@ class LocalSandbox(Sandbox):
             self._changed.set()  # a session() waiting for capacity may take this one
 
     async def _server_for(self, setup_code: str | None) -> _Control:
+        """A fork server for ``setup_code``: a template forked from the base server that ran
+        the code once. Up to ``spawn_servers`` of them per setup, so session starts (fork,
+        namespaces, mounts: milliseconds each, mostly in other processes) overlap instead of
+        queueing behind one server."""
         assert self._control is not None
-        if setup_code is None:
-            return self._control
-        ctl = self._templates.get(setup_code)
-        if ctl is None:
+        servers = self._templates.setdefault(setup_code, [])
+        for ctl in servers:
+            if not ctl.lock.locked():
+                return ctl
+        if len(servers) < self.spawn_servers:
             with anyio.fail_after(self.setup_timeout):
                 resp, fds = await anyio.to_thread.run_sync(
-                    self._control.request, {"op": "template", "setup": setup_code}
+                    self._control.request, {"op": "template", "setup": setup_code or ""}
                 )
             if "error" in resp or not fds:
                 raise SandboxError(f"environment setup code failed: {resp.get('error')}")
-            ctl = self._templates[setup_code] = _Control(socket.socket(fileno=fds[0]))
-        return ctl
+            ctl = _Control(socket.socket(fileno=fds[0]))
+            servers.append(ctl)
+            return ctl
+        self._rr += 1
+        return servers[self._rr % len(servers)]
 
     async def _spawn(self, setup_code: str | None) -> tuple[SocketStream, int, int, list[str]]:
         with anyio.CancelScope(shield=True):  # a half-made worker must not leak
