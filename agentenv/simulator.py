@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .scheduler import Policy, Scheduler, SchedulerConfig
+from .stats import resume_eligible
 from .workload import ProgramTrace
 
 
@@ -238,8 +239,7 @@ class Simulation:
         heapq.heappush(self.finishing, (r.finish_step, r.rid))
         p = self.progs[r.pid]
         if p.last_prompt >= 0:  # a resumed turn: what had been computed before
-            seen = min(p.last_prompt + max(p.last_new - 1, 0), r.prompt - 1)
-            elig = (seen // self.B) * self.B
+            elig = resume_eligible(p.last_prompt, p.last_new, r.prompt, self.B)
             self.res.resume_eligible += elig
             self.res.resume_cached += min(hit * self.B, elig)
             p.last_prompt = -2  # counted once per turn (a preempted re-join does not count again)

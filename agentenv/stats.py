@@ -9,6 +9,14 @@ from dataclasses import dataclass, field
 from .trajectory import Trajectory
 
 
+def resume_eligible(prev_prompt: int, prev_new: int, prompt: int, block_size: int = 1) -> int:
+    """Prompt tokens of a resumed turn the engine could serve from its cache: the previous
+    turn's prompt plus all but its last sampled token (whose KV was never computed), capped
+    below the new prompt's length (one token is always computed), in whole blocks."""
+    seen = min(prev_prompt + max(prev_new - 1, 0), prompt - 1)
+    return (seen // block_size) * block_size
+
+
 def resume_reuse(traj: Trajectory, block_size: int = 1) -> tuple[int, int]:
     """(cached, eligible) tokens over the *resumed* turns of one trajectory.
 
@@ -18,9 +26,7 @@ def resume_reuse(traj: Trajectory, block_size: int = 1) -> tuple[int, int]:
     """
     cached = eligible = 0
     for prev, cur in zip(traj.turns, traj.turns[1:]):
-        seen = prev.prompt_tokens + max(prev.new_tokens - 1, 0)
-        seen = min(seen, cur.prompt_tokens - 1)  # at least one prompt token is always computed
-        elig = (seen // block_size) * block_size
+        elig = resume_eligible(prev.prompt_tokens, prev.new_tokens, cur.prompt_tokens, block_size)
         eligible += elig
         cached += min(cur.cached_tokens, elig) if elig else 0
     return cached, eligible
