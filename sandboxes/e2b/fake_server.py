@@ -56,10 +56,10 @@ class _Kernel:
             self.count += 1
         payload = json.dumps({"code": code, "max_output": 100_000}).encode()
         try:
-            proc.stdin.write(struct.pack(">I", len(payload)) + payload)
+            proc.stdin.write(struct.pack(">IQ", len(payload), 1) + payload)  # worker.py's framing
             proc.stdin.flush()
-            head = proc.stdout.read(4)
-            (n,) = struct.unpack(">I", head)
+            head = proc.stdout.read(12)
+            n, _ = struct.unpack(">IQ", head)
             return json.loads(proc.stdout.read(n))
         except (OSError, struct.error, ValueError):
             return {"status": "error", "stdout": "", "stderr": "", "value": None,

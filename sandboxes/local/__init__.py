@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import anyio
@@ -44,29 +45,38 @@ from anyio.abc import Process, SocketStream, TaskGroup
 from agentenv.errors import SandboxError
 
 from ..base import ExecResult, Sandbox, Session
+from .protocol import ERROR_CAP, HEADER, MAX_REQUEST, VIOLATION, frame_cap
 
 log = logging.getLogger(__name__)
 FORKSERVER = Path(__file__).with_name("forkserver.py")
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
              "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 CGROUP_V1 = Path("/sys/fs/cgroup")
-MAX_FRAME = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     memory_mb: int = 1024  # address space per process, and the session's cgroup memory
     cpu_s: int = 120  # CPU seconds per worker process (a session's lifetime budget)
+    cpus: float = 1.0  # CPU share of a session (cgroup cfs quota, in CPUs); 0: no quota
     fsize_mb: int = 64  # largest file it may write
     nofile: int = 256  # open files
     pids: int = 64  # processes and threads in the session (cgroup pids.max)
     tmp_mb: int = 128  # its private /tmp
+    shm_mb: int = 16  # its private /dev/shm
     seccomp: bool = True  # deny syscalls a session never needs (needs libseccomp)
+    uid: int = 65534  # the unprivileged user the code runs as (nobody)
+    gid: int = 65534
+    background: bool = False  # let processes started by a call outlive it
 
 
-def _clean(s: str | None) -> str | None:
+def _clean(s: str | None, cap: int | None = None) -> str | None:
     # Lone surrogates (from undecodable bytes) would break UTF-8 JSONL later.
-    return None if s is None else s.encode("utf-8", "replace").decode("utf-8")
+    if s is None:
+        return None
+    if cap is not None and len(s) > cap:
+        s = s[:cap]
+    return s.encode("utf-8", "replace").decode("utf-8")
 
 
 class _Control:
@@ -94,35 +104,56 @@ class _Control:
             pass
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class _Cgroups:
-    """Per-session cgroup v1 directories (pids, memory) under an agentenv parent."""
+    """Per-session cgroup v1 directories: ``pids`` and ``memory`` under a parent unique to this
+    pool (``agentenv-<pid>-<random>``, so two pools in one process never share a limit), and
+    ``cpu`` directly at the hierarchy's root (``agentenv-<pid>-<random>.s<n>``), so that each
+    session competes for CPU as one entity beside the host's own processes, whatever number
+    of processes it starts. Directories left by a dead process are reaped at start."""
+
+    CONTROLLERS = ("pids", "memory", "cpu")
 
     def __init__(self) -> None:
-        self.roots = {}
-        for ctl in ("pids", "memory"):
+        self.name = f"agentenv-{os.getpid()}-{secrets.token_hex(4)}"
+        self.bases = {}
+        for ctl in self.CONTROLLERS:
             base = CGROUP_V1 / ctl
             if (base / "cgroup.procs").exists() and os.access(base, os.W_OK):
-                self.roots[ctl] = base / f"agentenv-{os.getpid()}"
+                self.bases[ctl] = base
         self.n = 0
 
     @property
-    def available(self) -> bool:
-        return "pids" in self.roots
+    def missing(self) -> list[str]:
+        return [ctl for ctl in self.CONTROLLERS if ctl not in self.bases]
 
     def create(self, limits: Limits) -> list[str]:
         self.n += 1
         dirs = []
-        for ctl, root in self.roots.items():
-            d = root / f"s{self.n}"
+        for ctl, base in self.bases.items():
+            d = base / f"{self.name}.s{self.n}" if ctl == "cpu" else base / self.name / f"s{self.n}"
             try:
-                d.mkdir(parents=True, exist_ok=True)
+                d.mkdir(parents=True)  # never exist_ok: a name in use is someone else's limit
+                dirs.append(str(d))
                 if ctl == "pids":
                     (d / "pids.max").write_text(str(limits.pids))
-                else:
+                elif ctl == "memory":
                     (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 1024 * 1024))
+                elif limits.cpus > 0:
+                    period = int((d / "cpu.cfs_period_us").read_text())
+                    (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(limits.cpus * period))))
             except OSError as exc:
+                self.remove(dirs)
                 raise SandboxError(f"cannot set up cgroup {d}: {exc}") from exc
-            dirs.append(str(d))
         return dirs
 
     @staticmethod
@@ -138,11 +169,26 @@ class _Cgroups:
         return ok
 
     def remove_roots(self) -> None:
-        for root in self.roots.values():
-            try:
-                os.rmdir(root)
-            except OSError:
-                pass
+        for ctl, base in self.bases.items():
+            if ctl != "cpu":
+                self.remove([str(base / self.name)])
+
+    def reap_stale(self) -> int:
+        """Remove ``agentenv-<pid>-*`` directories whose process is gone (a crashed pool's;
+        its workers died with it). Returns how many were removed."""
+        removed = 0
+        for base in self.bases.values():
+            for d in base.glob("agentenv-*"):
+                try:
+                    pid = int(d.name.split("-")[1].split(".")[0])
+                except (IndexError, ValueError):
+                    continue
+                if pid == os.getpid() or _pid_alive(pid):
+                    continue
+                subs = [str(s) for s in d.iterdir() if s.is_dir()] if d.is_dir() else []
+                if self.remove(subs + [str(d)]):
+                    removed += 1
+        return removed
 
 
 class LocalSession(Session):
@@ -156,6 +202,7 @@ class LocalSession(Session):
         self._lock = anyio.Lock()
         self._closed = False
         self._started_once = False
+        self._seq = 0
 
     @property
     def pid(self) -> int | None:
@@ -172,23 +219,31 @@ class LocalSession(Session):
             buf += await self._stream.receive(n - len(buf))
         return bytes(buf)
 
-    async def _read_frame(self):
-        """One response, or "eof" when the worker died or broke the protocol (code can write
-        to the socket fd it inherits: anything malformed is treated as a crash)."""
+    async def _read_frame(self, seq: int):
+        """The answer to call ``seq``: a dict, "eof" when the session died, or a message when
+        it broke the framing (the worker runs untrusted code, so its answer is data to check:
+        the supervisor relays one frame per call, and we check number, size and shape again)."""
         try:
-            (n,) = struct.unpack(">I", await self._read_exact(4))
-            if n > MAX_FRAME:
-                return "eof"
+            n, got = HEADER.unpack(await self._read_exact(HEADER.size))
+            if got == VIOLATION and n <= 4096:
+                why = json.loads(await self._read_exact(n)).get("violation")
+                return str(why)[:300]
+            if got != seq:
+                return f"the session answered call {got} during call {seq}"
+            if n > self._sandbox._frame_cap:
+                return f"the session sent a {n}-byte result (at most {self._sandbox._frame_cap})"
             resp = json.loads(await self._read_exact(n))
-            if not isinstance(resp, dict) or resp.get("status") not in ("ok", "error", "timeout"):
-                return "eof"
-            for key in ("stdout", "stderr", "value", "error"):
-                if not isinstance(resp.get(key), (str, type(None))):
-                    return "eof"
-            resp["truncated"] = bool(resp.get("truncated"))
-            return resp
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError, ValueError):
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return "eof"
+        except ValueError:
+            return "the session sent a malformed result"
+        if not isinstance(resp, dict) or resp.get("status") not in ("ok", "error", "timeout"):
+            return "the session sent a malformed result"
+        for key in ("stdout", "stderr", "value", "error"):
+            if not isinstance(resp.get(key), (str, type(None))):
+                return "the session sent a malformed result"
+        resp["truncated"] = bool(resp.get("truncated"))
+        return resp
 
     def _signal(self, sig: int) -> None:
         if self._pid is not None:
@@ -218,36 +273,56 @@ class LocalSession(Session):
 
     async def _call(self, code: str, timeout: float) -> ExecResult:
         assert self._stream is not None
+        self._seq += 1
         payload = json.dumps({"code": code, "max_output": self._sandbox.max_output}).encode()
+        if len(payload) > MAX_REQUEST:
+            return ExecResult("error", error=f"SandboxError: code of {len(payload)} bytes exceeds the "
+                              f"{MAX_REQUEST}-byte request limit")
         start = time.perf_counter()
+        late = False
         try:
-            await self._stream.send(struct.pack(">I", len(payload)) + payload)
+            await self._stream.send(HEADER.pack(len(payload), self._seq) + payload)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            resp = "eof"
+            # Dead, or its supervisor hung up on a violation: its last word may be buffered.
+            with anyio.move_on_after(0.05):
+                resp = await self._read_frame(self._seq)
+            resp = resp if isinstance(resp, str) else "eof"
         else:
             resp = None
             with anyio.move_on_after(timeout):
-                resp = await self._read_frame()
+                resp = await self._read_frame(self._seq)
             if resp is None:  # deadline: interrupt the code, give it a moment to unwind
+                late = True
                 self._signal(signal.SIGINT)
                 with anyio.move_on_after(self._sandbox.kill_grace):
-                    resp = await self._read_frame()
-                if resp is None or resp == "eof":
+                    resp = await self._read_frame(self._seq)
+                if not isinstance(resp, dict):
                     await self._kill()
                     return ExecResult("timeout", error=f"TimeoutError: execution exceeded {timeout:g}s and was "
                                       "killed", duration_s=time.perf_counter() - start, state_lost=True)
+        elapsed = time.perf_counter() - start
         if resp == "eof":
             await self._kill()
             return ExecResult("crashed", error="the interpreter process died (crash, exit or a resource limit)",
-                              duration_s=time.perf_counter() - start, state_lost=True)
+                              duration_s=elapsed, state_lost=True)
+        if isinstance(resp, str):
+            await self._kill()
+            return ExecResult("error", error=f"SandboxError: {resp}; the session was killed and will be replaced",
+                              duration_s=elapsed, state_lost=True)
+        cap = self._sandbox.max_output
+        fields = {k: resp.get(k) for k in ("stdout", "stderr", "value")}
+        truncated = resp["truncated"] or any(v is not None and len(v) > cap + 3 for v in fields.values())
+        status, error = resp["status"], _clean(resp.get("error"), ERROR_CAP)
+        if late:  # the deadline passed: a timeout, whatever the code made of the interrupt
+            status, error = "timeout", f"TimeoutError: execution exceeded {timeout:g}s"
         return ExecResult(
-            status=resp["status"],
-            stdout=_clean(resp.get("stdout")) or "",
-            stderr=_clean(resp.get("stderr")) or "",
-            value=_clean(resp.get("value")),
-            error=_clean(resp.get("error")),
-            duration_s=time.perf_counter() - start,
-            truncated=resp["truncated"],
+            status=status,
+            stdout=_clean(fields["stdout"], cap) or "",
+            stderr=_clean(fields["stderr"], cap) or "",
+            value=_clean(fields["value"], cap + 3),
+            error=error,
+            duration_s=elapsed,
+            truncated=truncated,
         )
 
     async def run(self, code: str, timeout: float | None = None) -> ExecResult:
@@ -317,6 +392,7 @@ class LocalSandbox(Sandbox):
         self._filling: dict[str | None, int] = {}
         self._changed = anyio.Event()  # a slot was freed or a ready session added
         self._cgroups = _Cgroups()
+        self._frame_cap = frame_cap(max_output)
         self._dead_cgroups: list[str] = []
         self._start_lock = anyio.Lock()
         self._tg: TaskGroup | None = None
@@ -344,13 +420,10 @@ class LocalSandbox(Sandbox):
                 return
             if self._closed:
                 raise SandboxError("sandbox is closed")
-            if self.isolate and not self._cgroups.available:
-                if not self.allow_unisolated:
-                    raise SandboxError("no writable cgroup v1 'pids' hierarchy: the process-count limit cannot be "
-                                       "enforced; pass allow_unisolated=True to run without it")
-                warnings.warn("agentenv: no cgroup 'pids' hierarchy: sandbox sessions run WITHOUT a process-count "
-                              "or memory cgroup limit", stacklevel=2)
-                log.warning("no cgroup pids hierarchy: sandbox sessions run without process/memory cgroup limits")
+            self._cgroups.reap_stale()
+            if self.isolate and self._cgroups.missing:
+                self._weaker(f"no writable cgroup v1 {'/'.join(self._cgroups.missing)} hierarchy: the session "
+                             "process-count, memory or CPU limit cannot be enforced")
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 self._proc = await anyio.open_process(
@@ -367,35 +440,54 @@ class LocalSandbox(Sandbox):
             mine.settimeout(None)
             if not hello:
                 raise SandboxError("the sandbox fork server exited at start")
-            if self.limits.seccomp and not json.loads(hello).get("seccomp"):
-                warnings.warn("agentenv: libseccomp/pyseccomp unavailable: sandbox sessions run without a "
-                              "seccomp filter", stacklevel=2)
             self._control = _Control(mine)
+            if self.isolate and self.limits.seccomp and not json.loads(hello).get("seccomp"):
+                try:
+                    self._weaker("libseccomp/pyseccomp is unavailable: no seccomp filter (user namespaces, "
+                                 "the mount API, other socket families would be reachable)")
+                except SandboxError:
+                    await self.aclose()
+                    raise
+                self.limits = replace(self.limits, seccomp=False)
             await self._probe()
 
+    def _weaker(self, what: str) -> None:
+        """A kernel feature the isolation relies on is missing: refuse, unless the user opted
+        into weaker isolation (then say so loudly, every time)."""
+        if not self.allow_unisolated:
+            raise SandboxError(f"sandbox isolation is incomplete on this host: {what}; pass "
+                               "allow_unisolated=True to run with weaker isolation (NOT safe for untrusted code)")
+        warnings.warn(f"agentenv: sandbox runs with WEAKER isolation: {what}", stacklevel=3)
+        log.warning("sandbox runs with WEAKER isolation: %s", what)
+
     async def _probe(self) -> None:
-        """Refuse to run weaker than asked: a first isolated session must really be isolated."""
+        """Refuse to run weaker than asked: a first isolated session must really be isolated
+        (its own pid namespace, an unprivileged uid)."""
+        check = "import os\n(os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()], os.getuid())"
+        expect = f"(1, ['1'], {self.limits.uid})"
+        problem = None
         try:
             s = await self.session()
         except SandboxError as exc:
             if not self.isolate:
                 raise
-            if not self.allow_unisolated:
-                await self.aclose()
-                raise SandboxError(
-                    f"sandbox isolation is not available on this host ({exc}); pass allow_unisolated=True "
-                    "to run without namespaces (NOT safe for untrusted code)"
-                ) from exc
-            warnings.warn(f"agentenv: sandbox isolation unavailable ({exc}); running UNISOLATED", stacklevel=2)
-            log.warning("sandbox isolation unavailable (%s); running UNISOLATED", exc)
-            self.isolate = False
-            s = await self.session()
-        if self.isolate:
-            r = await s.run("import os\n(os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()])", timeout=10)
-            if r.value != "(1, ['1'])":
-                await s.aclose()
-                raise SandboxError(f"sandbox isolation check failed: {r.render()[:300]}")
-        await s.aclose()
+            problem = str(exc)
+        else:
+            if self.isolate:
+                r = await s.run(check, timeout=10)
+                if r.value != expect:
+                    problem = f"isolation check failed: {r.render()[:300]}"
+            await s.aclose()
+        if problem is None:
+            return
+        if not self.allow_unisolated:
+            await self.aclose()
+            raise SandboxError(f"sandbox isolation is not available on this host ({problem}); pass "
+                               "allow_unisolated=True to run without namespaces (NOT safe for untrusted code)")
+        warnings.warn(f"agentenv: sandbox isolation unavailable ({problem}); running UNISOLATED", stacklevel=2)
+        log.warning("sandbox isolation unavailable (%s); running UNISOLATED", problem)
+        self.isolate = False
+        await (await self.session()).aclose()
 
     async def aclose(self) -> None:
         if self._closed:
@@ -521,9 +613,10 @@ class LocalSandbox(Sandbox):
     async def _spawn(self, setup_code: str | None) -> tuple[SocketStream, int, int, list[str]]:
         with anyio.CancelScope(shield=True):  # a half-made worker must not leak
             server = await self._server_for(setup_code)
-            cgroups = self._cgroups.create(self.limits) if self._cgroups.available else []
+            cgroups = self._cgroups.create(self.limits)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups}
+            req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups,
+                   "max_output": self.max_output}
             try:
                 resp, _ = await anyio.to_thread.run_sync(server.request, req, [theirs.fileno()])
             finally:

@@ -1,16 +1,19 @@
-"""A persistent, stateful Python worker: the process side of ``sandboxes.local``.
+"""A persistent, stateful Python worker: the process that runs a session's code.
 
-Run as ``python -I worker.py``. It speaks length-prefixed JSON frames on the stdin/stdout
-pipes it was started with, then points fds 0-2 at /dev/null so that stray writes from user
-code (``os.write(1, ...)``) cannot corrupt the protocol. Python-level stdout/stderr are
-captured per call into capped buffers.
+In the local sandbox it is forked by the fork server (``forkserver.py``) and serves frames
+from its supervisor on a socket (``serve``). Standalone, ``python -I worker.py`` speaks the
+same frames on the stdin/stdout pipes it was started with (the E2B test server uses this),
+then points fds 0-2 at /dev/null so that stray writes from user code (``os.write(1, ...)``)
+cannot reach the channel directly. Python-level stdout/stderr are captured per call into
+capped buffers. Framing (``protocol.py``): header ``>IQ`` (length, call number) + JSON.
 
 Request:  {"code": str, "max_output": int}
 Response: {"status": "ok"|"error"|"timeout", "stdout", "stderr", "value", "error",
            "truncated": bool, "duration_s": float}
 
-A timeout is delivered by the parent as SIGINT, which surfaces as KeyboardInterrupt inside
-the user's code; the parent kills the worker if that does not come back in time.
+A timeout is delivered by the host as SIGINT, which surfaces as KeyboardInterrupt inside
+the user's code; the host kills the worker if that does not come back in time, and reports
+``timeout`` whatever the worker says once the deadline has passed.
 """
 
 import ast
@@ -23,6 +26,9 @@ import struct
 import sys
 import time
 import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import ERROR_CAP, HEADER  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
 
@@ -61,14 +67,30 @@ def _die_with_parent() -> None:
         pass
 
 
+class _Interrupted:
+    """Whether the host's SIGINT (its deadline) arrived during this call: then the call is a
+    timeout whatever the code did with the KeyboardInterrupt (swallowed it, or hung in an
+    exception's ``__str__`` while we formatted it)."""
+
+    flag = False
+
+    @classmethod
+    def handler(cls, signum, frame):  # noqa: ANN001
+        cls.flag = True
+        raise KeyboardInterrupt
+
+
 def _short_traceback(exc: BaseException) -> str:
-    """The traceback of the user's code only (our own frames dropped), capped in length."""
+    """The traceback of the user's code only (our own frames dropped), capped in length.
+    Formatting runs the exception's own ``__str__``: that is user code too."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    lines = traceback.format_exception(type(exc), exc, tb)
-    text = "".join(lines)
-    if len(text) > 2000:
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except BaseException:  # noqa: BLE001 - a hostile __str__/__repr__, or the deadline
+        text = f"{type(exc).__name__}: <the exception could not be formatted>"
+    if len(text) > ERROR_CAP // 2:
         text = text[:600] + "\n...\n" + text[-1200:]
     return text
 
@@ -79,6 +101,7 @@ def execute(code: str, ns: dict, max_output: int) -> dict:
     start = time.perf_counter()
     old_out, old_err, old_in = sys.stdout, sys.stderr, sys.stdin
     sys.stdout, sys.stderr, sys.stdin = out, err, io.StringIO("")
+    _Interrupted.flag = False
     try:
         tree = ast.parse(code, filename="<code>", mode="exec")
         last = None
@@ -91,14 +114,18 @@ def execute(code: str, ns: dict, max_output: int) -> dict:
                 value = repr(result)
                 if len(value) > max_output:
                     value = value[:max_output] + "..."
-    except KeyboardInterrupt:
-        status, error = "timeout", "TimeoutError: execution exceeded the time limit"
     except SystemExit as exc:
-        status, error = "error", f"SystemExit: {exc.code}"
+        code = exc.code if type(exc.code) in (int, str, type(None)) else f"<{type(exc.code).__name__}>"
+        status, error = "error", f"SystemExit: {code}"[:ERROR_CAP]
     except BaseException as exc:  # noqa: BLE001 - user code may raise anything
-        status, error = "error", _short_traceback(exc)
+        if _Interrupted.flag:
+            status = "timeout"
+        else:
+            status, error = "error", _short_traceback(exc)
     finally:
         sys.stdout, sys.stderr, sys.stdin = old_out, old_err, old_in
+    if _Interrupted.flag:
+        status, error = "timeout", "TimeoutError: execution exceeded the time limit"
     return {
         "status": status,
         "stdout": out.getvalue(),
@@ -120,13 +147,14 @@ def _read_exact(f, n: int) -> bytes:
     return buf
 
 
-def serve(rf, wf, ns: dict) -> None:
-    """Answer framed requests on (rf, wf) until EOF."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def serve(rf, wf, ns: dict, after_call=None) -> None:
+    """Answer framed requests on (rf, wf) until EOF. ``after_call`` runs after each call's
+    code and before its answer (the sandbox uses it to end the call's background processes)."""
+    signal.signal(signal.SIGINT, _Interrupted.handler)
     me = os.getpid()
     while True:
         try:
-            (n,) = struct.unpack(">I", _read_exact(rf, 4))
+            n, seq = HEADER.unpack(_read_exact(rf, HEADER.size))
             req = json.loads(_read_exact(rf, n))
             resp = execute(req["code"], ns, int(req.get("max_output", 4000)))
         except KeyboardInterrupt:  # a late timeout signal between calls: ignore it
@@ -135,9 +163,11 @@ def serve(rf, wf, ns: dict) -> None:
             break
         if os.getpid() != me:  # a process the user's code forked must never answer
             os._exit(0)
+        if after_call is not None:
+            after_call()
         payload = json.dumps(resp, ensure_ascii=True).encode()
         try:
-            wf.write(struct.pack(">I", len(payload)) + payload)
+            wf.write(HEADER.pack(len(payload), seq) + payload)
         except (OSError, KeyboardInterrupt):
             break
 
