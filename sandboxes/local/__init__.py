@@ -314,7 +314,7 @@ class LocalSession(Session):
         truncated = resp["truncated"] or any(v is not None and len(v) > cap + 3 for v in fields.values())
         status, error = resp["status"], _clean(resp.get("error"), ERROR_CAP)
         if late:  # the deadline passed: a timeout, whatever the code made of the interrupt
-            status, error = "timeout", f"TimeoutError: execution exceeded {timeout:g}s"
+            status, error, fields["value"] = "timeout", f"TimeoutError: execution exceeded {timeout:g}s", None
         return ExecResult(
             status=status,
             stdout=_clean(fields["stdout"], cap) or "",

@@ -125,7 +125,7 @@ def execute(code: str, ns: dict, max_output: int) -> dict:
     finally:
         sys.stdout, sys.stderr, sys.stdin = old_out, old_err, old_in
     if _Interrupted.flag:
-        status, error = "timeout", "TimeoutError: execution exceeded the time limit"
+        status, value, error = "timeout", None, "TimeoutError: execution exceeded the time limit"
     return {
         "status": status,
         "stdout": out.getvalue(),

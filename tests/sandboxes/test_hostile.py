@@ -11,62 +11,9 @@ import anyio
 import psutil
 import pytest
 
-from sandboxes.local import LocalSandbox, Limits
+from .hostile import MARK, SECRET, hostile
 
 pytestmark = pytest.mark.anyio
-
-LIMITS = Limits(memory_mb=512, cpu_s=20, fsize_mb=8, nofile=128, pids=32, tmp_mb=16)
-SECRET = "AGENTENV_TEST_SECRET"
-MARK = "/tmp/agentenv-hostile-mark"  # on the host: must never be written by sandboxed code
-
-
-@pytest.fixture(scope="module")
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-async def sandbox():
-    os.environ[SECRET] = "hunter2"
-    spawned: set[int] = set()
-    async with LocalSandbox(limits=LIMITS, default_timeout=2.0, kill_grace=0.3, prewarm=2) as sb:
-        sb.spawned = spawned  # type: ignore[attr-defined]
-        yield sb
-    os.environ.pop(SECRET, None)
-    # After the suite: every worker this sandbox ever started is gone.
-    deadline = time.time() + 5
-    while time.time() < deadline and any(_alive(p) for p in spawned):
-        time.sleep(0.05)
-    assert not [p for p in spawned if _alive(p)], "leaked sandbox processes"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-async def hostile(sandbox, code: str, timeout: float = 2.0):
-    """Run ``code`` in a fresh session; check the session and the pool still work after it."""
-    s = await sandbox.session()
-    sandbox.spawned.add(s.pid)
-    try:
-        res = await s.run(code, timeout=timeout)
-        if s.pid:
-            sandbox.spawned.add(s.pid)
-        after = await s.run("6 * 7", timeout=5)
-        assert after.value == "42", f"session unusable after hostile code: {after}"
-    finally:
-        await s.aclose()
-    fresh = await sandbox.session()
-    try:
-        assert (await fresh.run("1 + 1")).value == "2", "pool unhealthy after hostile code"
-    finally:
-        await fresh.aclose()
-    assert os.getpid() and psutil.Process(os.getpid()).is_running()
-    return res
-
 
 # -- resource exhaustion --------------------------------------------------------------------
 async def test_fork_bomb(sandbox):

@@ -1,0 +1,32 @@
+"""The hostile suites share one real pool per test module (namespaces, cgroups, seccomp)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from sandboxes.local import LocalSandbox
+
+from .hostile import LIMITS, SECRET, alive
+
+
+@pytest.fixture(scope="module")
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def sandbox():
+    os.environ[SECRET] = "hunter2"
+    spawned: set[int] = set()
+    async with LocalSandbox(limits=LIMITS, default_timeout=2.0, kill_grace=0.3, prewarm=2) as sb:
+        sb.spawned = spawned  # type: ignore[attr-defined]
+        yield sb
+    os.environ.pop(SECRET, None)
+    # After the suite: every worker this sandbox ever started is gone.
+    deadline = time.time() + 5
+    while time.time() < deadline and any(alive(p) for p in spawned):
+        time.sleep(0.05)
+    assert not [p for p in spawned if alive(p)], "leaked sandbox processes"

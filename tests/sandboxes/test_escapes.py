@@ -1,0 +1,389 @@
+"""Escapes an independent audit found (issue 9), one class per section, each with cases of
+our own: every one must fail closed, leave the host unchanged and the pool healthy."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from sandboxes.local import LocalSandbox, _Cgroups
+
+from .hostile import LIMITS, hostile, x86_64
+
+pytestmark = pytest.mark.anyio
+
+LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+
+
+def syscall(nr: int, *args: int | bytes) -> str:
+    """Code that makes a raw syscall and evaluates to (return value, errno); a child that a
+    clone somehow created exits at once."""
+    return (LIBC + f"ctypes.set_errno(0)\nr = libc.syscall({nr}, *{args!r})\n"
+            "if r == 0 and os.getpid() != 1:\n    os._exit(0)\n(r, ctypes.get_errno())")
+
+
+# -- 1. host kernel settings ----------------------------------------------------------------
+@pytest.mark.parametrize("knob", ["kernel/core_pattern", "vm/panic_on_oom", "kernel/pid_max", "vm/drop_caches",
+                                  "vm/overcommit_memory", "user/max_user_namespaces"])
+async def test_proc_sys_is_not_writable(sandbox, knob):
+    r = await hostile(sandbox, f"open('/proc/sys/{knob}', 'w').write('3')")
+    assert r.status == "error" and ("Read-only file system" in r.error or "Permission denied" in r.error)
+
+
+async def test_proc_is_mounted_read_only_and_kernel_leaks_read_empty(sandbox):
+    code = ("opts = [l.split()[5] for l in open('/proc/self/mountinfo') if l.split()[4] == '/proc']\n"
+            "(opts[-1].split(',')[0], [open(p, 'rb').read() for p in ('/proc/keys', '/proc/timer_list', "
+            "'/proc/kallsyms') if os.path.exists(p)])")
+    r = await hostile(sandbox, "import os\n" + code)
+    assert r.status == "ok", r.error
+    mode, leaks = eval(r.value)
+    assert mode == "ro" and all(x == b"" for x in leaks)
+
+
+async def test_runs_as_nobody_without_capabilities(sandbox):
+    code = ("import os\nstatus = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+            "(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(), "
+            "[status[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp')])")
+    r = await hostile(sandbox, code)
+    assert r.status == "ok", r.error
+    uid, euid, gid, groups, caps = eval(r.value)
+    assert (uid, euid, gid) == (LIMITS.uid, LIMITS.uid, LIMITS.gid) and groups in ([], [LIMITS.gid])
+    assert caps == ["0000000000000000"] * 4 + ["1", "2"]
+
+
+async def test_cannot_regain_root_or_capabilities(sandbox):
+    code = (LIBC + "out = []\nfor call in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.setgroups([0]),\n"
+            "             lambda: os.chown('/tmp', 0, 0), lambda: os.chmod('/tmp', 0o777)):\n"
+            "    try:\n        call()\n        out.append('ALLOWED')\n    except PermissionError:\n"
+            "        out.append('denied')\n"
+            "hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)\ndata = (ctypes.c_uint32 * 6)(0xffffffff, 0, 0xffffffff, 0, 0, 0)\n"
+            "out.append(libc.capset(hdr, data))\nout")
+    r = await hostile(sandbox, code)
+    assert r.value == "['denied', 'denied', 'denied', 'denied', 'denied', -1]"
+
+
+async def test_sysfs_and_cgroup_release_agent_are_read_only(sandbox):
+    code = ("import glob\nout = []\nfor p in glob.glob('/sys/fs/cgroup/*/release_agent')[:2] + "
+            "['/sys/kernel/mm/transparent_hugepage/enabled', '/sys/fs/cgroup/pids/cgroup.procs']:\n"
+            "    try:\n        open(p, 'w').write('/tmp/x')\n        out.append('WROTE ' + p)\n"
+            "    except OSError as e:\n        out.append(e.errno)\nout")
+    r = await hostile(sandbox, code)
+    assert r.status == "ok" and "WROTE" not in r.value
+
+
+# -- 2. capabilities regained through a new user namespace ----------------------------------
+@x86_64
+@pytest.mark.parametrize("flag", [0x10000000, 0x00020000, 0x40000000, 0x20000000, 0x02000000, 0x00000080],
+                         ids=["user", "mount", "net", "pid", "cgroup", "time"])
+async def test_clone_into_new_namespaces_is_denied(sandbox, flag):
+    r = await hostile(sandbox, syscall(56, flag | 17, 0, 0, 0, 0))  # clone(flag | SIGCHLD)
+    assert r.value == "(-1, 1)"  # EPERM
+
+
+@x86_64
+async def test_clone3_is_unavailable_so_its_flags_cannot_hide(sandbox):
+    r = await hostile(sandbox, LIBC + "args = (ctypes.c_uint64 * 11)(0x10000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)\n"
+                                      "ctypes.set_errno(0)\nr = libc.syscall(435, args, 88)\n"
+                                      "if r == 0:\n    os._exit(0)\n(r, ctypes.get_errno())")
+    assert r.value == "(-1, 38)"  # ENOSYS: libc falls back to clone(), which the filter reads
+
+
+@x86_64
+@pytest.mark.parametrize("nr,args", [(430, (b"tmpfs", 0)), (428, (-100, b"/", 1)), (429, (-100, b"/tmp", -100, b"/mnt", 0)),
+                                     (433, (-100, b"/", 0)), (442, (-100, b"/", 0x8000, 0, 32))],
+                         ids=["fsopen", "open_tree", "move_mount", "fspick", "mount_setattr"])
+async def test_new_mount_api_is_denied(sandbox, nr, args):
+    r = await hostile(sandbox, syscall(nr, *args))
+    assert r.value == "(-1, 1)"
+
+
+async def test_threads_and_subprocesses_still_work_under_the_clone_filter(sandbox):
+    code = ("import threading, subprocess, multiprocessing\nout = []\n"
+            "t = threading.Thread(target=lambda: out.append('thread'))\nt.start()\nt.join()\n"
+            "out.append(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout.strip())\n"
+            "with multiprocessing.Pool(2) as p:\n    out.append(sum(p.map(abs, [-1, -2])))\nout")
+    r = await hostile(sandbox, code, timeout=10)
+    assert r.value == "['thread', 'child', 3]", r.error
+
+
+async def test_unshare_binary_fails(sandbox):
+    r = await hostile(sandbox, "import subprocess\np = subprocess.run(['unshare', '-U', '-r', 'id', '-u'], "
+                               "capture_output=True, text=True)\n(p.returncode, p.stdout)")
+    assert r.status == "ok" and eval(r.value)[0] != 0 and eval(r.value)[1] == ""
+
+
+@x86_64
+@pytest.mark.parametrize("nr,args", [(250, (0, 0, 0, 0)), (248, (b"user", b"x", b"y", 1, -3)), (321, (0, 0, 0)),
+                                     (298, (0, 0, -1, -1, 0)), (323, (0,)), (425, (8, 0)), (135, (0x0040000,)),
+                                     (103, (3, 0, 0))],
+                         ids=["keyctl", "add_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
+                              "personality", "syslog"])
+async def test_kernel_surface_syscalls_are_denied(sandbox, nr, args):
+    r = await hostile(sandbox, syscall(nr, *args))
+    assert r.value == "(-1, 1)"
+
+
+# -- 3. host devices ------------------------------------------------------------------------
+async def test_dev_holds_only_the_minimal_devices(sandbox):
+    r = await hostile(sandbox, "import os\nsorted(os.listdir('/dev'))")
+    assert r.value == repr(sorted(["null", "zero", "full", "random", "urandom", "shm", "fd", "stdin", "stdout",
+                                   "stderr"]))
+
+
+@pytest.mark.parametrize("dev", ["kvm", "loop-control", "loop0", "console", "kmsg", "zram0", "cpu_dma_latency",
+                                 "fuse", "userfaultfd", "mem", "vda", "net/tun"])
+async def test_host_devices_are_absent(sandbox, dev):
+    r = await hostile(sandbox, f"open('/dev/{dev}', 'r+b')")
+    assert r.status == "error" and "FileNotFoundError" in r.error
+
+
+async def test_cannot_create_device_nodes(sandbox):
+    r = await hostile(sandbox, "import os, stat\nos.mknod('/tmp/kvm', 0o666 | stat.S_IFCHR, os.makedev(10, 232))")
+    assert r.status == "error" and "PermissionError" in r.error
+
+
+async def test_the_minimal_devices_work_and_shm_is_private_and_capped(sandbox):
+    open("/dev/shm/agentenv-host-mark", "w").close()
+    try:
+        code = ("import os\nopen('/dev/null', 'w').write('x')\nz = open('/dev/zero', 'rb').read(4)\n"
+                "u = len(open('/dev/urandom', 'rb').read(8))\nseen = os.listdir('/dev/shm')\nfull = None\n"
+                "try:\n    with open('/dev/shm/big', 'wb') as f:\n        f.write(b'x' * (LIMIT + 1) * 2**20)\n"
+                "except OSError as e:\n    full = e.errno\n(z, u, seen, full)").replace("LIMIT", str(LIMITS.shm_mb))
+        r = await hostile(sandbox, code)
+    finally:
+        os.unlink("/dev/shm/agentenv-host-mark")
+    assert r.value == "(b'\\x00\\x00\\x00\\x00', 8, [], 28)", r.error  # ENOSPC past shm_mb
+
+
+# -- 4. socket families that ignore network namespaces --------------------------------------
+@pytest.mark.parametrize("family,kind", [(40, 1), (16, 3), (17, 3), (15, 3), (38, 5), (31, 1), (44, 3), (30, 2),
+                                         (21, 5), (29, 3)],
+                         ids=["vsock", "netlink", "packet", "key", "alg", "bluetooth", "xdp", "tipc", "rds", "can"])
+async def test_other_socket_families_are_denied(sandbox, family, kind):
+    r = await hostile(sandbox, LIBC + f"ctypes.set_errno(0)\n(libc.socket({family}, {kind}, 0), ctypes.get_errno())")
+    assert r.value == "(-1, 97)"  # EAFNOSUPPORT
+
+
+@x86_64
+async def test_family_with_high_bits_set_is_denied(sandbox):
+    r = await hostile(sandbox, syscall(41, (1 << 32) | 40, 1, 0))  # socket(): the kernel reads an int
+    assert r.value == "(-1, 97)"
+
+
+async def test_unix_and_inet_sockets_still_work(sandbox):
+    code = ("import socket\na, b = socket.socketpair()\na.send(b'hi')\ns = socket.socket(socket.AF_INET6)\n"
+            "s.close()\nb.recv(2)")
+    r = await hostile(sandbox, code)
+    assert r.value == "b'hi'"
+
+
+# -- 5. a forged result channel -------------------------------------------------------------
+FORGE = """import sys, os, json, struct
+f, seq = sys._getframe(), None
+while f is not None:
+    if f.f_code.co_name == 'serve' and 'seq' in f.f_locals:
+        seq = f.f_locals['seq']
+    f = f.f_back
+def forge(n, stdout='FORGED'):
+    payload = json.dumps({"status": "ok", "stdout": stdout, "stderr": "", "value": None, "error": None,
+                          "truncated": False}).encode()
+    for fd in range(3, 32):
+        try:
+            os.write(fd, struct.pack('>IQ', len(payload), n) + payload)
+        except OSError:
+            pass
+"""
+
+
+async def test_a_forged_result_never_shifts_later_calls(sandbox):
+    # Code can make its own call return what it likes (it could print it, too); the genuine
+    # answer that follows is caught, the session killed and the *next* call an error: no
+    # call ever gets another call's result.
+    s = await sandbox.session()
+    try:
+        r1 = await s.run(FORGE + "forge(seq)\n'genuine-1'")
+        assert r1.stdout in ("FORGED", "") and len(r1.stdout) <= sandbox.max_output
+        r2 = await s.run("'genuine-2'")
+        assert r2.status == "error" and r2.state_lost and "SandboxError" in r2.error and r2.value is None
+        assert (await s.run("'genuine-3'")).value == "'genuine-3'"
+    finally:
+        await s.aclose()
+    await hostile(sandbox, FORGE + "forge(seq)", session_survives=False)
+
+
+async def test_a_huge_forged_frame_is_refused_by_size(sandbox):
+    code = FORGE + "forge(seq, 'z' * 15 * 2**20)\n'genuine'"
+    r = await hostile(sandbox, code, timeout=10, session_survives=False)
+    assert r.status == "error" and r.state_lost and "byte result" in r.error and len(r.stdout) == 0
+
+
+async def test_a_frame_for_another_call_number_is_refused(sandbox):
+    r = await hostile(sandbox, FORGE + "forge(seq + 1)\n'genuine'", session_survives=False)
+    assert r.status == "error" and "answered call" in r.error
+
+
+async def test_a_frame_written_between_calls_is_refused(sandbox):
+    s = await sandbox.session()
+    try:
+        code = FORGE + "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.2), forge(seq + 1))).start()"
+        assert (await s.run(code)).status == "ok"
+        await anyio.sleep(0.5)
+        r = await s.run("'next'")
+        assert r.status == "error" and r.state_lost and "no call was running" in r.error
+        assert (await s.run("'after'")).value == "'after'"
+    finally:
+        await s.aclose()
+
+
+async def test_the_code_holds_no_channel_to_the_host(sandbox):
+    # Its only socket leads to the supervisor, which runs no user code.
+    code = ("import os, stat\nsocks = []\nfor fd in map(int, os.listdir('/proc/self/fd')):\n    try:\n"
+            "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n            socks.append(fd)\n"
+            "    except OSError:\n        pass\nsocks")
+    r = await hostile(sandbox, code)
+    assert r.status == "ok" and len(eval(r.value)) == 1
+
+
+async def test_output_caps_hold_on_the_host_too(sandbox):
+    code = FORGE + "forge(seq, 'q' * (50 * 2000))\n'genuine'"
+    r = await hostile(sandbox, code, session_survives=False)
+    assert len(r.stdout) <= sandbox.max_output and len(r.render()) < 3 * sandbox.max_output + 500
+
+
+# -- 6. CPU isolation and background processes ----------------------------------------------
+SPIN = "['sh', '-c', 'while :; do :; done; echo agentenv-spinner']"
+
+
+def spinners() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if "agentenv-spinner" in " ".join(p.info["cmdline"] or [])]
+
+
+async def test_setsid_background_processes_end_with_the_call(sandbox):
+    code = (f"import subprocess, os\nfor _ in range(4):\n    subprocess.Popen({SPIN}, start_new_session=True)\n"
+            "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        import time\n"
+            "        while True:\n            time.sleep(1)\n    os._exit(0)\n"
+            "import os\nlen([p for p in os.listdir('/proc') if p.isdigit()])")
+    r = await hostile(sandbox, code)
+    assert r.status == "ok" and int(r.value) >= 5
+    assert not spinners()
+
+
+async def test_a_session_full_of_spinners_gets_one_cpu_share(sandbox):
+    bench = "import time\nt = time.perf_counter()\nsum(range(4_000_000))\ntime.perf_counter() - t"
+    fresh = await sandbox.session()
+    spinner = await sandbox.session()
+    try:
+        alone = min([float((await fresh.run(bench)).value) for _ in range(3)])
+        loaded: list[float] = []
+
+        async def measure():
+            await anyio.sleep(0.3)
+            for _ in range(3):
+                loaded.append(float((await fresh.run(bench)).value))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(measure)
+            r = await spinner.run(f"import subprocess, time\nps = [subprocess.Popen({SPIN}) for _ in range(8)]\n"
+                                  "time.sleep(2.0)\nlen(ps)", timeout=10)
+        assert r.value == "8"
+        cpu_dir = next(d for d in spinner._cgroups if "/cpu/" in d)
+        throttled = int(dict(line.split() for line in Path(cpu_dir, "cpu.stat").read_text().splitlines())["nr_throttled"])
+    finally:
+        await fresh.aclose()
+        await spinner.aclose()
+    assert throttled > 0  # the quota held the spinners to one CPU
+    assert min(loaded) < 2.5 * alone, (alone, loaded)  # without it: ~4.5x on 2 cores
+    assert not spinners()
+
+
+async def test_background_processes_may_outlive_a_call_when_allowed():
+    from dataclasses import replace
+
+    async with LocalSandbox(limits=replace(LIMITS, background=True), prewarm=0) as sb:
+        s = await sb.session()
+        await s.run("import subprocess\np = subprocess.Popen(['sleep', '30'])")
+        assert (await s.run("p.poll() is None")).value == "True"
+        await s.aclose()
+
+
+# -- 7. cgroups per pool --------------------------------------------------------------------
+async def test_two_pools_in_one_process_do_not_share_limits():
+    async with LocalSandbox(limits=LIMITS, prewarm=0) as a, LocalSandbox(limits=LIMITS, prewarm=0) as b:
+        sa, sb = await a.session(), await b.session()
+        assert not set(sa._cgroups) & set(sb._cgroups)
+        flood = ("import os, time\nkids = []\ntry:\n    while True:\n        pid = os.fork()\n"
+                 "        if pid == 0:\n            time.sleep(3)\n            os._exit(0)\n        kids.append(pid)\n"
+                 "except OSError:\n    pass\ntime.sleep(1.5)\nlen(kids)")
+        other = "import subprocess\nsubprocess.run(['true']).returncode"
+        results: dict[str, object] = {}
+
+        async def run(name, session, code, delay):
+            await anyio.sleep(delay)
+            results[name] = await session.run(code, timeout=10)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "flood", sa, flood, 0)
+            tg.start_soon(run, "other", sb, other, 0.8)
+        assert int(results["flood"].value) >= LIMITS.pids - 4  # it hit its own pids limit
+        assert results["other"].value == "0", results["other"]  # the other pool's session was unaffected
+
+
+async def test_stale_cgroups_of_a_dead_process_are_reaped_at_start():
+    proc = await anyio.open_process(["true"])
+    await proc.wait()
+    stale = [Path("/sys/fs/cgroup", ctl, f"agentenv-{proc.pid}-deadbeef") for ctl in ("pids", "memory")]
+    stale.append(Path("/sys/fs/cgroup/cpu", f"agentenv-{proc.pid}-deadbeef.s1"))
+    if not _Cgroups().bases:
+        pytest.skip("no cgroup v1 hierarchy")
+    for d in stale[:2]:
+        (d / "s1").mkdir(parents=True)
+    stale[2].mkdir()
+    async with LocalSandbox(limits=LIMITS, prewarm=0) as sb:
+        s = await sb.session()
+        dirs = list(s._cgroups)
+        assert all(f"agentenv-{os.getpid()}-" in d for d in dirs)
+        await s.aclose()
+    assert not [d for d in stale if d.exists()]
+    assert not [d for d in dirs if os.path.exists(d)]  # and its own are gone after close
+
+
+# -- 8. deadlines that exception formatting cannot swallow ---------------------------------
+async def test_hanging_exception_str_is_a_timeout(sandbox):
+    code = "class E(Exception):\n    def __str__(self):\n        while True:\n            pass\nraise E()"
+    r = await hostile(sandbox, code, timeout=1)
+    assert r.status == "timeout" and not r.state_lost
+
+
+async def test_exception_str_that_swallows_the_interrupt_is_a_timeout(sandbox):
+    code = ("class E(Exception):\n    def __str__(self):\n        while True:\n            try:\n"
+            "                while True:\n                    pass\n            except BaseException:\n"
+            "                pass\nraise E()")
+    r = await hostile(sandbox, code, timeout=1)
+    assert r.status == "timeout" and r.state_lost
+
+
+async def test_code_that_swallows_the_interrupt_and_returns_is_still_a_timeout(sandbox):
+    code = "import time\ntry:\n    time.sleep(10)\nexcept KeyboardInterrupt:\n    pass\n'I finished in time'"
+    r = await hostile(sandbox, code, timeout=0.5)
+    assert r.status == "timeout" and r.value is None
+
+
+async def test_hanging_repr_of_the_value_is_a_timeout(sandbox):
+    r = await hostile(sandbox, "class V:\n    def __repr__(self):\n        while True:\n            pass\nV()", timeout=1)
+    assert r.status == "timeout"
+
+
+async def test_raising_keyboard_interrupt_itself_is_an_error_not_a_timeout(sandbox):
+    r = await hostile(sandbox, "raise KeyboardInterrupt")
+    assert r.status == "error" and "KeyboardInterrupt" in r.error
+
+
+async def test_hostile_exit_code_object(sandbox):
+    r = await hostile(sandbox, "import sys\nclass C:\n    def __str__(self):\n        while True:\n            pass\n"
+                               "    __repr__ = __str__\nsys.exit(C())", timeout=1)
+    assert r.status == "error" and "SystemExit: <C>" in r.error
