@@ -58,7 +58,7 @@ CGROUP_V1 = Path("/sys/fs/cgroup")
 class Limits:
     memory_mb: int = 1024  # address space per process, and the session's cgroup memory
     cpu_s: int = 120  # CPU seconds per worker process (a session's lifetime budget)
-    cpus: float = 1.0  # CPU share of a session (cgroup cfs quota, in CPUs); 0: no quota
+    cpus: float = 0.0  # a hard CPU cap per session (cgroup cfs quota, in CPUs); 0: none, only an equal share
     fsize_mb: int = 64  # largest file it may write
     nofile: int = 256  # open files
     pids: int = 64  # processes and threads in the session (cgroup pids.max)
@@ -221,8 +221,8 @@ class LocalSession(Session):
 
     async def _read_frame(self, seq: int):
         """The answer to call ``seq``: a dict, "eof" when the session died, or a message when
-        it broke the framing (the worker runs untrusted code, so its answer is data to check:
-        the supervisor relays one frame per call, and we check number, size and shape again)."""
+        it broke the framing (the code can write to the session socket: its answer is data to
+        check by number, size and shape)."""
         try:
             n, got = HEADER.unpack(await self._read_exact(HEADER.size))
             if got == VIOLATION and n <= 4096:
@@ -273,7 +273,9 @@ class LocalSession(Session):
 
     async def _call(self, code: str, timeout: float) -> ExecResult:
         assert self._stream is not None
-        self._seq += 1
+        # A fresh random number per call: code cannot answer a call before it was sent, and a
+        # stale or forged answer waiting in the stream never matches the next call.
+        self._seq = secrets.randbelow(VIOLATION)
         payload = json.dumps({"code": code, "max_output": self._sandbox.max_output}).encode()
         if len(payload) > MAX_REQUEST:
             return ExecResult("error", error=f"SandboxError: code of {len(payload)} bytes exceeds the "
@@ -283,12 +285,10 @@ class LocalSession(Session):
         try:
             await self._stream.send(HEADER.pack(len(payload), self._seq) + payload)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            # Dead, or its supervisor hung up on a violation: its last word may be buffered.
-            with anyio.move_on_after(0.05):
-                resp = await self._read_frame(self._seq)
-            resp = resp if isinstance(resp, str) else "eof"
+            resp = "eof"
         else:
             resp = None
+        if resp is None:
             with anyio.move_on_after(timeout):
                 resp = await self._read_frame(self._seq)
             if resp is None:  # deadline: interrupt the code, give it a moment to unwind

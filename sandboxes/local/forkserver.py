@@ -7,20 +7,20 @@ message, possibly carrying file descriptors (SCM_RIGHTS):
 
   {"op": "spawn", "limits": {...}, "isolate": bool, "cgroups": [...], "max_output": int}
       + [session socket]
-      -> {"pid": <worker host pid>, "reaper": <supervisor host pid>}
+      -> {"pid": <worker host pid>, "reaper": <reaper host pid>}
   {"op": "template", "setup": "<code>"}
       -> {"ok": true} + [control socket of a new fork server whose namespace ran <code>]
 
-A spawned session is two processes. The *supervisor* (A) joins the session's cgroups,
-unshares mount/net/ipc/uts/pid namespaces and builds the session's filesystem view
+A spawned session is two processes. The *reaper* (A) joins the session's cgroups, unshares
+mount/net/ipc/uts/pid namespaces and builds the session's filesystem view
 (``isolation.enter_namespaces``: host system dirs read-only, everything else hidden, a private
-``/dev``, private tmpfs ``/tmp`` and ``/dev/shm``), then forks the *worker* (B), pid 1 of the
-new pid namespace: killing it kills everything the code started. The worker mounts a fresh
-read-only ``/proc``, applies rlimits, becomes an unprivileged uid with no capabilities,
-loads the seccomp filter and serves calls (``worker.serve``) on a socket to A. A holds the
-host's session socket, drops its own capabilities and relays exactly one answer per call
-(``supervisor.relay``): the code never holds the host's channel. After each call the worker
-kills every other process in its namespace (unless the limits allow background processes).
+``/dev``, private tmpfs ``/tmp`` and ``/dev/shm``), forks the *worker* (B), pid 1 of the new
+pid namespace (killing it kills everything the code started), drops its own capabilities
+and waits. The worker mounts a fresh read-only ``/proc``, applies rlimits, becomes an
+unprivileged uid with no capabilities, loads the seccomp filter and serves calls
+(``worker.serve``) on the session socket; after each call it kills every other process in
+its namespace (unless the limits allow background processes). If it cannot confine itself
+it never runs code: it answers the host's first call with a ``VIOLATION`` frame saying why.
 Without ``isolate`` only the rlimits, cgroups and a private working directory apply (the
 caller must have opted in, loudly).
 """
@@ -42,10 +42,9 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import isolation  # noqa: E402
-import supervisor  # noqa: E402
 import worker  # noqa: E402
 from isolation import PR_SET_PDEATHSIG, libc  # noqa: E402
-from protocol import frame_cap  # noqa: E402
+from protocol import HEADER, VIOLATION  # noqa: E402
 
 try:  # compiled once here; each session only loads it
     SECCOMP_BPF = isolation.compile_seccomp()
@@ -62,11 +61,18 @@ for _mod in ("math", "json", "re", "itertools", "functools", "collections", "fra
 
 def _end_background() -> None:
     """After a call, in the worker (pid 1 of its namespace): kill every other process in the
-    namespace, wherever it hid (setsid, double fork), and reap them."""
+    namespace, wherever it hid (setsid, double fork), and reap them. Every process there
+    descends from the worker and orphans are re-parented to it, so no child means nothing
+    else runs: the common case costs one syscall."""
+    try:
+        if os.waitpid(-1, os.WNOHANG) == (0, 0):
+            pass  # children running
+    except ChildProcessError:
+        return
     try:
         os.kill(-1, signal.SIGKILL)
     except OSError:
-        pass  # ESRCH: nothing else runs
+        pass  # ESRCH: the only child was a zombie, now reaped
     while True:
         try:
             os.waitpid(-1, 0)
@@ -80,9 +86,13 @@ def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: 
     try:
         after_call = _confine(sock, limits, isolate, workdir)
     except BaseException as exc:  # noqa: BLE001 - a session that cannot be confined never runs code
-        sock.sendall(b"E" + f"{type(exc).__name__}: {exc}".encode()[:1000])
+        why = json.dumps({"violation": f"the session could not be confined: {type(exc).__name__}: {exc}"[:1000]})
+        try:
+            sock.recv(HEADER.size)  # the first call
+            sock.sendall(HEADER.pack(len(why), VIOLATION) + why.encode())
+        except OSError:
+            pass
         os._exit(1)
-    sock.sendall(b"R")
     worker.serve(sock.makefile("rb", buffering=0), sock.makefile("wb", buffering=0), ns, after_call)
     os._exit(0)
 
@@ -106,8 +116,8 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str):
     isolation.apply_rlimits(limits)
     if not isolate:
         return None
-    # The uid change clears the parent-death signal until drop_privileges sets it again; a
-    # supervisor that died in between leaves the socket at EOF, which ends serve() at once.
+    # The uid change clears the parent-death signal until drop_privileges sets it again: a
+    # reaper that died in between is not noticed, but the host kills every session it closes.
     isolation.drop_privileges(limits["uid"], limits["gid"])
     if limits.get("seccomp"):
         if SECCOMP_BPF is None:
@@ -133,35 +143,27 @@ def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
                 workdir = "/tmp"
             else:
                 workdir = tempfile.mkdtemp(prefix="agentenv-sbx-")
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             pid = os.fork()
             if pid == 0:
                 os.close(w)
-                sock.close()
-                mine.close()
-                _worker(theirs, limits, isolate, workdir, ns)
-            theirs.close()
+                _worker(sock, limits, isolate, workdir, ns)
             os.write(w, struct.pack(">i", pid))  # the fork server is free; the worker confines itself
             os.close(w)
+            sock.close()
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-            if isolate:  # the supervisor needs no privilege to relay
+            if isolate:  # the reaper only waits: it needs no privilege
                 isolation.drop_privileges(-1, -1)
-            ready = mine.recv(1024)
-            if ready == b"R":
-                supervisor.relay(sock, mine, frame_cap(int(req.get("max_output", 4000))))
-            else:  # it never runs code; the host hears why at its first call
-                why = ready[1:].decode(errors="replace") or "it died"
-                supervisor.refuse(sock, f"the session could not be confined: {why}")
-            # Returning: the worker dies with us (its parent-death signal), and with it, as
-            # pid 1, its whole namespace. Unisolated, it is ours to kill and clean up after.
+            while True:
+                try:
+                    os.waitpid(pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+                except ChildProcessError:
+                    break
             if not isolate:
                 import shutil
 
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except OSError:
-                    pass
                 shutil.rmtree(workdir, ignore_errors=True)
         except BaseException as exc:  # noqa: BLE001 - report and die
             try:

@@ -1,11 +1,14 @@
-"""The session protocol's framing, shared by the host, the supervisor and the worker.
+"""The session protocol's framing, shared by the host and the worker.
 
 Every frame is a header ``>IQ`` (payload length, call sequence number) and a JSON payload.
-The host numbers its calls 1, 2, 3, ...; a response must carry its call's number. The worker
-runs untrusted code in its own process, so anything it sends is data, not truth: the
-supervisor (which runs no user code) and the host both check lengths and numbers, and the
-host caps every field again. A frame numbered ``VIOLATION`` comes from the supervisor itself
-and says the worker broke the framing (its payload says how); the session is then dead.
+The host gives each call a fresh random number; an answer must carry its call's number. The
+worker runs untrusted code in its own process, and that code can write to the session socket
+too, so whatever arrives is data to check, not truth: the host refuses a frame with another
+call's number (a forged or stale answer, which cannot guess the next call's number), over
+``frame_cap`` bytes or malformed, kills that session and reports the call as an error; it
+caps every field itself. A frame numbered
+``VIOLATION`` says the session is unusable (its payload says why; e.g. the worker could not
+confine itself, and never ran code).
 """
 
 from __future__ import annotations

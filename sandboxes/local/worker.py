@@ -1,7 +1,7 @@
 """A persistent, stateful Python worker: the process that runs a session's code.
 
 In the local sandbox it is forked by the fork server (``forkserver.py``) and serves frames
-from its supervisor on a socket (``serve``). Standalone, ``python -I worker.py`` speaks the
+from the host on the session socket (``serve``). Standalone, ``python -I worker.py`` speaks the
 same frames on the stdin/stdout pipes it was started with (the E2B test server uses this),
 then points fds 0-2 at /dev/null so that stray writes from user code (``os.write(1, ...)``)
 cannot reach the channel directly. Python-level stdout/stderr are captured per call into

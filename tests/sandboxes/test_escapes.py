@@ -202,8 +202,8 @@ def forge(n, stdout='FORGED'):
 
 async def test_a_forged_result_never_shifts_later_calls(sandbox):
     # Code can make its own call return what it likes (it could print it, too); the genuine
-    # answer that follows is caught, the session killed and the *next* call an error: no
-    # call ever gets another call's result.
+    # answer that follows is caught at the next call (it carries the old call's number), the
+    # session killed and that call an error: no call ever gets another call's result.
     s = await sandbox.session()
     try:
         r1 = await s.run(FORGE + "forge(seq)\n'genuine-1'")
@@ -234,19 +234,30 @@ async def test_a_frame_written_between_calls_is_refused(sandbox):
         assert (await s.run(code)).status == "ok"
         await anyio.sleep(0.5)
         r = await s.run("'next'")
-        assert r.status == "error" and r.state_lost and "no call was running" in r.error
+        assert r.status == "error" and r.state_lost and "answered call" in r.error
         assert (await s.run("'after'")).value == "'after'"
     finally:
         await s.aclose()
 
 
-async def test_the_code_holds_no_channel_to_the_host(sandbox):
-    # Its only socket leads to the supervisor, which runs no user code.
-    code = ("import os, stat\nsocks = []\nfor fd in map(int, os.listdir('/proc/self/fd')):\n    try:\n"
-            "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n            socks.append(fd)\n"
-            "    except OSError:\n        pass\nsocks")
-    r = await hostile(sandbox, code)
-    assert r.status == "ok" and len(eval(r.value)) == 1
+async def test_the_session_is_the_trust_boundary(sandbox):
+    # Code can rewrite its own interpreter (here: the worker's execute), so later calls in that
+    # session answer what it likes, within the caps; a fresh session is never affected.
+    code = ("import sys\nw = sys.modules['worker']\n"
+            "w.execute = lambda code, ns, cap: dict(status='ok', stdout='P' * 5000, stderr='', value=None, "
+            "error=None, truncated=False)")
+    s = await sandbox.session()
+    try:
+        assert (await s.run(code)).status == "ok"
+        r = await s.run("'anything'")
+        assert r.stdout == "P" * sandbox.max_output and r.truncated
+    finally:
+        await s.aclose()
+    other = await sandbox.session()
+    try:
+        assert (await other.run("'anything'")).value == "'anything'"
+    finally:
+        await other.aclose()
 
 
 async def test_output_caps_hold_on_the_host_too(sandbox):
@@ -291,13 +302,29 @@ async def test_a_session_full_of_spinners_gets_one_cpu_share(sandbox):
             r = await spinner.run(f"import subprocess, time\nps = [subprocess.Popen({SPIN}) for _ in range(8)]\n"
                                   "time.sleep(2.0)\nlen(ps)", timeout=10)
         assert r.value == "8"
-        cpu_dir = next(d for d in spinner._cgroups if "/cpu/" in d)
-        throttled = int(dict(line.split() for line in Path(cpu_dir, "cpu.stat").read_text().splitlines())["nr_throttled"])
     finally:
         await fresh.aclose()
         await spinner.aclose()
-    assert throttled > 0  # the quota held the spinners to one CPU
-    assert min(loaded) < 2.5 * alone, (alone, loaded)  # without it: ~4.5x on 2 cores
+    assert min(loaded) < 2.5 * alone, (alone, loaded)  # 8 spinners vs 1 without cgroups: ~4.5x on 2 cores
+    assert not spinners()
+
+
+async def test_a_cpu_cap_throttles_a_session():
+    from dataclasses import replace
+
+    async with LocalSandbox(limits=replace(LIMITS, cpus=0.5), prewarm=0) as sb:
+        s = await sb.session()
+        try:
+            r = await s.run(f"import subprocess, time\nps = [subprocess.Popen({SPIN}) for _ in range(4)]\n"
+                            "time.sleep(1.0)\nlen(ps)", timeout=10)
+            assert r.value == "4"
+            cpu_dir = next(d for d in s._cgroups if "/cpu/" in d)
+            stat = dict(line.split() for line in Path(cpu_dir, "cpu.stat").read_text().splitlines())
+            quota = int(Path(cpu_dir, "cpu.cfs_quota_us").read_text())
+            period = int(Path(cpu_dir, "cpu.cfs_period_us").read_text())
+        finally:
+            await s.aclose()
+    assert quota == period // 2 and int(stat["nr_throttled"]) > 0 and int(stat["throttled_time"]) > 0
     assert not spinners()
 
 

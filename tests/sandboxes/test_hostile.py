@@ -245,7 +245,7 @@ async def test_invalid_utf8_and_binary_output(sandbox):
 async def test_garbage_on_the_protocol_socket(sandbox):
     r = await hostile(sandbox, "import os\nfor fd in range(3, 64):\n    try:\n"
                                "        os.write(fd, b'\\xff' * 64)\n    except OSError:\n        pass")
-    # The supervisor sees a frame that answers no call: the session is killed, the call an error.
+    # A frame that answers no call: the session is killed, the call an error.
     assert r.status == "error" and r.state_lost and "SandboxError" in r.error and "killed" in r.error
 
 
