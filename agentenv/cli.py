@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -47,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environment constructor argument, repeatable (e.g. extra_digits=1)")
     r.add_argument("--tasks", type=_positive(int), default=32, help="number of tasks (default 32)")
     r.add_argument("--group-size", type=_positive(int), default=4, help="samples per task, a GRPO group (default 4)")
-    r.add_argument("--out", type=Path, default=Path("rollouts.jsonl"), help="output JSONL file")
+    r.add_argument("--out", type=Path, default=Path("rollouts.jsonl"),
+                   help="output JSONL file; its event log is written beside it as OUT.log")
+    r.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run with the same arguments: finished trajectories are kept, "
+                        "programs in flight continue from their last logged turn")
+    r.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out (and its log)")
     r.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
     r.add_argument("--engine", default="embedded", choices=["embedded", "vllm", "openai"],
                    help="embedded (CPU, default), vllm (in-process AsyncLLM), openai (HTTP server)")
@@ -147,6 +153,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentEnvError as exc:
         sys.stderr.write(f"agentenv: error: {exc}\n")
         return 2
+    except BaseExceptionGroup as group:  # raised inside a task group: report the first of ours
+        ours = group.subgroup(lambda e: isinstance(e, AgentEnvError))
+        if ours is None:
+            raise
+        while isinstance(ours, BaseExceptionGroup):
+            ours = ours.exceptions[0]
+        sys.stderr.write(f"agentenv: error: {ours}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("agentenv: interrupted\n")
         return 130
@@ -232,8 +246,39 @@ def _rollout(args: argparse.Namespace) -> int:
         raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
     if args.out.parent and not args.out.parent.exists():
         raise AgentEnvError(f"output directory does not exist: {args.out.parent}")
+    if args.resume and args.overwrite:
+        raise AgentEnvError("--resume and --overwrite exclude each other")
+    has_output = args.out.exists() and args.out.stat().st_size > 0
+    if has_output and not (args.resume or args.overwrite):
+        raise AgentEnvError(f"{args.out} exists and is not empty: pass --resume to continue that run, or "
+                            "--overwrite to replace it")
+    args.settings = {"env": env.id, "env_args": _engine_args(args.env_arg), "model": str(model.resolve()),
+                     "seed": args.seed, "tasks": args.tasks, "group_size": args.group_size,
+                     "temperature": config.temperature, "top_p": config.top_p, "max_turns": config.max_turns,
+                     "max_new_tokens": config.max_new_tokens, "tool_timeout": config.tool_timeout}
     tasks = env.tasks(args.tasks, seed=args.seed)
+    args.log, args.resume_state = _open_log(args)  # refuses a resume with other settings at once
     return anyio.run(_run, env, model, config, tasks, args)
+
+
+def _open_log(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The run's event log, and for ``--resume`` what it (and ``--out``) say is left to do."""
+    from . import journal
+
+    log = Path(f"{args.out}.log")
+    if not args.resume:
+        return journal.Journal.create(log, args.settings), None
+    if not log.exists():
+        raise AgentEnvError(f"nothing to resume: {log} does not exist")
+    j, state = journal.Journal.resume(log, args.settings)
+    if args.out.exists():
+        finished, good = journal.finished_lines(args.out)
+        with open(args.out, "r+b") as f:
+            f.truncate(good)  # a torn last line is dropped; its program runs again
+        state.done |= finished
+        for key in finished:
+            state.partial.pop(key, None)
+    return j, state
 
 
 async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Namespace) -> int:
@@ -249,30 +294,47 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     console = Console(stderr=True)
     console.print(f"[bold]agentenv[/] rollout: env={env.id} model={model} engine={args.engine} "
                   f"tasks={len(tasks)} x group {args.group_size}")
-    engine = await open_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
-                               seed=args.seed, base_urls=args.base_url, **args.engine_kwargs)
-    check_env(env, tokenizer=engine.tokenizer)
-    total = len(tasks) * args.group_size
-    written = 0
-    progress = Progress(
-        TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
-    )
     try:
-        async with engine, default_sandbox(args.sandbox) as sandbox, Reactor(engine, env, sandbox, config) as reactor:
-            with progress, args.out.open("w", encoding="utf-8") as f:
+        engine = await open_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
+                                   seed=args.seed, base_urls=args.base_url, **args.engine_kwargs)
+        check_env(env, tokenizer=engine.tokenizer)
+        total = len(tasks) * args.group_size
+        written = 0
+        progress = Progress(
+            TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
+        )
+        log, resume = args.log, args.resume_state
+        if resume is not None:
+            console.print(f"resuming: {len(resume.done)} trajectories done, {len(resume.partial)} in flight continue "
+                          f"from their last turn")
+            total -= len(resume.done)
+        async with engine, default_sandbox(args.sandbox) as sandbox, \
+                Reactor(engine, env, sandbox, config, journal=log) as reactor:
+            with progress, args.out.open("a" if args.resume else "w", encoding="utf-8") as f:
                 bar = progress.add_task("rollouts", total=total, info="")
-                async with reactor.rollouts(tasks, args.group_size) as results:
+                async with reactor.rollouts(tasks, args.group_size, resume=resume) as results:
                     async for item in results:
                         if isinstance(item, Trajectory):
-                            f.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
-                            f.flush()
+                            try:
+                                f.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
+                                f.flush()
+                            except OSError as exc:
+                                raise AgentEnvError(f"cannot write {args.out}: {exc.strerror or exc}; the lines "
+                                                    "before this one are intact (--resume continues)") from None
+                            log.done(item)
                             written += 1
                             s = reactor.stats
                             mr = s.mean_reward
                             progress.update(bar, advance=1, info=f"{s.tokens_per_s:.0f} tok/s  reward "
                                             f"{'-' if mr is None else f'{mr:.2f}'}")
             _summary(console, reactor.stats.summary(), args.out, written)
+    except BaseException:
+        with contextlib.suppress(AgentEnvError):  # the first error is the one to report
+            args.log.close()
+        raise
+    else:
+        args.log.close()
     finally:
         await env.aclose()
     return 0

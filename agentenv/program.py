@@ -53,6 +53,7 @@ class ProgramContext:
     tools: dict[str, Tool]
     prompt_cache: dict[str, list[int]]
     stop_token_ids: tuple[int, ...]
+    journal: Any = None  # agentenv.journal.Journal: every completed turn is logged
 
     @property
     def tokenizer(self) -> Any:
@@ -95,18 +96,27 @@ def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:
 
 
 async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_index: int,
-                      hooks: ProgramHooks, program_id: str | None = None) -> Trajectory:
+                      hooks: ProgramHooks, program_id: str | None = None, resume: Any = None) -> Trajectory:
+    """Run one program. ``resume`` (an ``agentenv.journal.Partial``) continues a program from
+    its last logged turn: the same ids, logprobs and versions so far, its notebook rebuilt
+    by replaying its tool calls."""
     tok = ctx.tokenizer
     traj = Trajectory(
-        id=program_id or uuid.uuid4().hex[:16],
+        id=resume.key if resume is not None else program_id or uuid.uuid4().hex[:16],
         env=ctx.env.id,
         task_id=task.id,
         group_id=group_id,
         sample_index=sample_index,
-        prompt_ids=ctx.prompt_ids(task),
+        prompt_ids=list(resume.prompt_ids) if resume is not None else ctx.prompt_ids(task),
     )
+    if resume is not None:
+        traj.segments, traj.tool_calls, traj.turns = list(resume.segments), list(resume.tool_calls), list(resume.turns)
+    elif ctx.journal is not None:
+        ctx.journal.start(traj)
     start = time.perf_counter()
     try:
+        if resume is not None and traj.turns:
+            await _replay(ctx, traj, hooks)
         traj.finish_reason = await _turns(ctx, task, traj, hooks)
     except PromptTooLongError as exc:
         traj.finish_reason, traj.error = "context_overflow", str(exc)
@@ -124,9 +134,26 @@ async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_ind
     return traj
 
 
+async def _replay(ctx: ProgramContext, traj: Trajectory, hooks: ProgramHooks) -> None:
+    """Rebuild a resumed program's notebook: run its logged sandbox calls again, in order, in
+    a fresh session. Outputs that differ from the log are counted on the trajectory."""
+    calls = [c for c in traj.tool_calls if c.status != "malformed" and isinstance(ctx.tools.get(c.name), PythonTool)]
+    mismatches = 0
+    for call in calls:
+        out = await ctx.tools[call.name](ToolContext(await hooks.session(), ctx.config.tool_timeout, traj, call.turn),
+                                         **call.arguments)
+        mismatches += out.text != call.output
+    traj.metadata["resumed"] = {"from_turn": len(traj.turns), "replayed_calls": len(calls),
+                                "replay_mismatches": mismatches}
+
+
 async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, hooks: ProgramHooks) -> str:
     cfg, tok, engine = ctx.config, ctx.tokenizer, ctx.engine
-    for turn in range(cfg.max_turns):
+    first = len(traj.turns)
+    mark = [len(traj.segments), len(traj.tool_calls), len(traj.turns)]
+    for turn in range(first, cfg.max_turns):
+        if turn > first and ctx.journal is not None:  # the previous turn is complete: log it
+            ctx.journal.turn(traj, mark)
         plan = ctx.env.plan_turn(task, traj, turn)
         budget = cfg.max_new_tokens - traj.num_sampled_tokens
         room = engine.max_model_len - traj.num_tokens

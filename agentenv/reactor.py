@@ -91,7 +91,7 @@ class _Slot:
     """The reactor's side of one program: what it runs, and the events it waits on."""
 
     __slots__ = ("pid", "key", "task", "index", "group", "pending", "send", "tg", "grant", "env_done",
-                 "session", "env_error", "used_session", "batch", "started")
+                 "session", "env_error", "used_session", "batch", "started", "partial")
 
     def __init__(self, pid: int, task: Task, index: int, group: Group, pending: list[int],
                  send: MemoryObjectSendStream | None, tg: TaskGroup, batch: _Batch) -> None:
@@ -104,6 +104,7 @@ class _Slot:
         self.env_error: BaseException | None = None
         self.used_session = False
         self.started = False
+        self.partial: Any = None  # agentenv.journal.Partial: resume from its last logged turn
 
 
 class _Hooks:
@@ -155,6 +156,7 @@ class Reactor:
         config: RolloutConfig | None = None,
         *,
         buffer_size: int = 64,
+        journal: Any = None,
     ) -> None:
         self.engine, self.env, self.sandbox = engine, env, sandbox
         self.config = config or RolloutConfig()
@@ -170,6 +172,7 @@ class Reactor:
             tools=tools,
             prompt_cache={},
             stop_token_ids=stop_token_ids(engine.tokenizer, fmt),
+            journal=journal,
         )
         self._needs_env = any(isinstance(t, PythonTool) for t in tools.values())
         self._setup = env.sandbox_setup() if self._needs_env else None
@@ -213,11 +216,14 @@ class Reactor:
     # -- public API --------------------------------------------------------------------------
     @asynccontextmanager
     async def rollouts(
-        self, tasks: Sequence[Task], group_size: int = 1
+        self, tasks: Sequence[Task], group_size: int = 1, *, resume: Any = None
     ) -> AsyncIterator[MemoryObjectReceiveStream]:
+        """Stream every trajectory as it is scored, and every group once complete. ``resume``
+        (an ``agentenv.journal.LogState``): samples it lists as done are skipped, partial ones
+        continue from their last logged turn."""
         send, receive = anyio.create_memory_object_stream[object](self.buffer_size)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._produce, list(tasks), group_size, send)
+            tg.start_soon(self._produce, list(tasks), group_size, send, resume)
             try:
                 async with receive:
                     yield receive
@@ -243,30 +249,43 @@ class Reactor:
         return group
 
     # -- carrying out the scheduler's decisions ------------------------------------------------
-    async def _produce(self, tasks: list[Task], group_size: int, send: MemoryObjectSendStream) -> None:
-        self.stats.start(len(tasks) * group_size)
+    async def _produce(self, tasks: list[Task], group_size: int, send: MemoryObjectSendStream,
+                       resume: Any = None) -> None:
+        skip = resume.done if resume is not None else set()
+        self.stats.start(len(tasks) * group_size - sum((t.id, i) in skip for t in tasks for i in range(group_size)))
         try:
             async with send, anyio.create_task_group() as tg:
-                await self._run(tg, tasks, group_size, send, {})
+                await self._run(tg, tasks, group_size, send, {}, resume)
         finally:
             self.stats.stop()
 
     async def _run(self, tg: TaskGroup, tasks: list[Task], group_size: int, send: MemoryObjectSendStream | None,
-                   groups: dict[str, Group]) -> None:
+                   groups: dict[str, Group], resume: Any = None) -> None:
         """Add the programs to the scheduler; they start in ``tg`` when admitted. Returns when
         all of them are done."""
-        batch = _Batch(len(tasks) * group_size)
+        skip = resume.done if resume is not None else set()
+        partial = resume.partial if resume is not None else {}
+        todo = [(t, [i for i in range(group_size) if (t.id, i) not in skip]) for t in tasks]
+        batch = _Batch(sum(len(samples) for _, samples in todo))
         added: list[int] = []
         try:
-            for task in tasks:
+            for task, samples in todo:
+                if not samples:
+                    continue
                 group = groups.setdefault(task.id, Group(task))
-                pending = [group_size]
-                prompt = len(self._ctx.prompt_ids(task))
-                for i in range(group_size):
+                pending = [len(samples)]
+                for i in samples:
                     pid = self._next_pid
                     self._next_pid += 1
-                    self._slots[pid] = _Slot(pid, task, i, group, pending, send, tg, batch)
-                    self._sched.add(pid, prompt, group=task.id, needs_env=self._needs_env)
+                    slot = _Slot(pid, task, i, group, pending, send, tg, batch)
+                    slot.partial = partial.get((task.id, i))
+                    if slot.partial is not None:
+                        slot.key = slot.partial.key
+                        tokens = len(slot.partial.prompt_ids) + sum(len(x.token_ids) for x in slot.partial.segments)
+                    else:
+                        tokens = len(self._ctx.prompt_ids(task))
+                    self._slots[pid] = slot
+                    self._sched.add(pid, tokens, group=task.id, needs_env=self._needs_env)
                     added.append(pid)
             if batch.left == 0:
                 return
@@ -351,7 +370,7 @@ class Reactor:
         self.stats.program_started()
         try:
             traj = await run_program(self._ctx, slot.task, f"{slot.task.id}#g", slot.index, _Hooks(self, slot),
-                                     program_id=slot.key)
+                                     program_id=slot.key, resume=slot.partial)
         finally:
             self._sched.finish(slot.pid)
             self.engine.release(slot.key)

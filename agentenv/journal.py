@@ -1,0 +1,218 @@
+"""The durable event log of a rollout run: an append-only journal beside the output.
+
+Format (version ``LOG_VERSION``): UTF-8 text, one record per line, ``<crc32 as 8 hex
+digits> <json object>``. The CRC covers the JSON bytes, so a torn or corrupted record (a
+crash mid-write) is detected; reading stops at the first bad record and a resume truncates
+the file there. Records (``"e"`` names the event):
+
+  {"e": "header", "v": 1, "settings": {...}}        first line: what the run is
+  {"e": "start", "k": key, "task": id, "sample": i, "prompt": [ids]}   a program started
+  {"e": "turn", "k": key, "turn": n, "segments": [...], "tools": [...], "stats": [...]}
+        a turn completed: the segments (model ids with logprobs and weight versions, env ids),
+        tool calls and engine stats it added, exactly as in the trajectory
+  {"e": "done", "k": key, "task": id, "sample": i}  its trajectory is in the output
+
+A program is resumed from its last ``turn`` record: the state at the start of a turn is the
+trajectory so far, so the rest of the program runs as if it had never stopped (its notebook
+state is rebuilt by replaying its logged tool calls). Records are buffered and fsynced in
+batches (``flush_interval``): a crash loses at most the last interval's turns, which are
+then generated again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import AgentEnvError
+from .trajectory import Segment, ToolCall, Trajectory, TurnStats
+
+LOG_VERSION = 1
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    body = json.dumps(record, ensure_ascii=True, separators=(",", ":")).encode()
+    return b"%08x " % zlib.crc32(body) + body + b"\n"
+
+
+def read(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The good records of a log and the byte length they span (a torn tail is ignored)."""
+    records: list[dict[str, Any]] = []
+    good = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
+                break
+            body = line[9:-1]
+            try:
+                if int(line[:8], 16) != zlib.crc32(body):
+                    break
+                records.append(json.loads(body))
+            except ValueError:
+                break
+            good += len(line)
+    return records, good
+
+
+@dataclass(slots=True)
+class Partial:
+    """An unfinished program as the log left it."""
+
+    key: str
+    task_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    segments: list[Segment] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    turns: list[TurnStats] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LogState:
+    settings: dict[str, Any]
+    partial: dict[tuple[str, int], Partial]  # (task id, sample index) -> its last state
+    done: set[tuple[str, int]]
+
+
+def replay(records: list[dict[str, Any]]) -> LogState:
+    if not records or records[0].get("e") != "header":
+        raise AgentEnvError("the event log has no header record")
+    if records[0].get("v") != LOG_VERSION:
+        raise AgentEnvError(f"event log version {records[0].get('v')!r} is not {LOG_VERSION}")
+    by_key: dict[str, Partial] = {}
+    partial: dict[tuple[str, int], Partial] = {}
+    done: set[tuple[str, int]] = set()
+    for r in records[1:]:
+        e = r.get("e")
+        if e == "start":
+            p = Partial(r["k"], r["task"], r["sample"], r["prompt"])
+            by_key[p.key] = p
+            partial[(p.task_id, p.sample_index)] = p  # a later start of the same sample wins
+        elif e == "turn" and r["k"] in by_key:
+            p = by_key[r["k"]]
+            p.segments += [Segment(**s) for s in r["segments"]]
+            p.tool_calls += [ToolCall(**t) for t in r["tools"]]
+            p.turns += [TurnStats(**t) for t in r["stats"]]
+        elif e == "done":
+            done.add((r["task"], r["sample"]))
+            partial.pop((r["task"], r["sample"]), None)
+    return LogState(records[0]["settings"], partial, done)
+
+
+def finished_lines(out: Path) -> tuple[set[tuple[str, int]], int]:
+    """The (task, sample) of every complete trajectory line in ``out`` and the byte length
+    those lines span (a torn last line, from a crash mid-write, is not counted)."""
+    done: set[tuple[str, int]] = set()
+    good = 0
+    with open(out, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                d = json.loads(line)
+                key = (d["task_id"], d["sample_index"])
+            except (ValueError, KeyError, TypeError):
+                break
+            done.add(key)
+            good += len(line)
+    return done, good
+
+
+def settings_difference(logged: dict[str, Any], now: dict[str, Any]) -> str | None:
+    for key in sorted(set(logged) | set(now)):
+        if logged.get(key) != now.get(key):
+            return f"{key} was {logged.get(key)!r}, now {now.get(key)!r}"
+    return None
+
+
+class Journal:
+    """Appends records; a background thread fsyncs them in batches. Thread-safe."""
+
+    def __init__(self, path: Path, *, flush_interval: float = 0.2) -> None:
+        self.path = path
+        self._f = open(path, "ab", buffering=1 << 16)
+        self._lock = threading.Lock()
+        self._interval = flush_interval
+        self._closed = threading.Event()
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._flusher, name="agentenv-journal", daemon=True)
+        self._thread.start()
+        self.records = 0
+
+    @classmethod
+    def create(cls, path: Path, settings: dict[str, Any], **kw: Any) -> "Journal":
+        with open(path, "wb") as f:
+            f.write(encode({"e": "header", "v": LOG_VERSION, "settings": settings}))
+            f.flush()
+            os.fsync(f.fileno())
+        return cls(path, **kw)
+
+    @classmethod
+    def resume(cls, path: Path, settings: dict[str, Any], **kw: Any) -> tuple["Journal", LogState]:
+        records, good = read(path)
+        state = replay(records)
+        diff = settings_difference(state.settings, settings)
+        if diff is not None:
+            raise AgentEnvError(f"cannot resume with different settings: {diff}")
+        with open(path, "r+b") as f:  # drop a torn tail before appending
+            f.truncate(good)
+        return cls(path, **kw), state
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._error is not None:
+            raise AgentEnvError(f"cannot write the event log {self.path}: {self._error}")
+        data = encode(record)
+        with self._lock:
+            self._f.write(data)
+            self.records += 1
+
+    def start(self, traj: Trajectory) -> None:
+        self.write({"e": "start", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index,
+                    "prompt": traj.prompt_ids})
+
+    def turn(self, traj: Trajectory, mark: list[int]) -> None:
+        """Log what ``traj`` gained since ``mark`` (segments, tool calls, turns), then move it."""
+        seg, tools, turns = mark
+        self.write({"e": "turn", "k": traj.id, "turn": len(traj.turns),
+                    "segments": [asdict(s) for s in traj.segments[seg:]],
+                    "tools": [asdict(t) for t in traj.tool_calls[tools:]],
+                    "stats": [asdict(t) for t in traj.turns[turns:]]})
+        mark[:] = [len(traj.segments), len(traj.tool_calls), len(traj.turns)]
+
+    def done(self, traj: Trajectory) -> None:
+        self.write({"e": "done", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index})
+
+    def sync(self) -> None:
+        try:
+            with self._lock:  # writers wait only for the copy into the OS, not for the disk
+                self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as exc:
+            self._error = exc
+        if self._error is not None:
+            raise AgentEnvError(f"cannot write the event log {self.path}: {self._error}")
+
+    def _flusher(self) -> None:
+        while not self._closed.wait(self._interval):
+            try:
+                self.sync()
+            except AgentEnvError:
+                return
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._thread.join()
+        try:
+            self.sync()
+        finally:
+            try:
+                self._f.close()
+            except OSError:
+                pass  # the error is recorded (and raised by sync)

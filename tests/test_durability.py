@@ -1,0 +1,153 @@
+"""Durable rollouts: the CLI killed (SIGKILL) at seeded random points, then ``--resume``d
+until done, loses and duplicates nothing; refusals; a full disk. Real CLI processes, the
+bundled model on the embedded engine, the real sandbox pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from agentenv import journal
+from agentenv.models import default_model
+from agentenv.trajectory import Trajectory
+
+TASKS, GROUP = 3, 2
+ARGS = ["rollout", "--tasks", str(TASKS), "--group-size", str(GROUP), "--no-progress", "--concurrency", "4"]
+
+
+def cli(out: Path, *extra: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agentenv.cli", *ARGS, "--out", str(out), *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def log_records(out: Path) -> int:
+    try:
+        return len(journal.read(Path(f"{out}.log"))[0])
+    except OSError:
+        return 0
+
+
+def kill_at(proc: subprocess.Popen, out: Path, records: int, deadline: float = 120) -> bool:
+    """SIGKILL the CLI once its event log holds ``records`` records; False if it ended first."""
+    end = time.time() + deadline
+    while time.time() < end and proc.poll() is None:
+        if log_records(out) >= records:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(0.02)
+    proc.communicate(timeout=deadline)
+    return False
+
+
+def check_output(out: Path, tok) -> list[str]:
+    lines = out.read_text().splitlines()
+    keys = []
+    for line in lines:
+        d = json.loads(line)
+        traj = Trajectory.from_dict(d)  # aligned arrays, masks, segments agree with input_ids
+        assert tok.decode(traj.completion_ids, skip_special_tokens=False) == traj.text
+        keys.append((traj.task_id, traj.sample_index))
+    assert sorted(keys) == sorted(set(keys)), "a trajectory was written twice"
+    assert len(keys) == TASKS * GROUP, f"{len(keys)} of {TASKS * GROUP} trajectories"
+    return lines
+
+
+@pytest.mark.timeout(1500)
+def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
+    tok = AutoTokenizer.from_pretrained(str(default_model()))
+    rng = random.Random(0)
+    resumed_programs = 0
+    for trial in range(10):
+        out = tmp_path / f"run{trial}.jsonl"
+        # Header + starts + turns + dones of a run this size: roughly 3 records per program.
+        kills = [rng.randint(2, 3 * TASKS * GROUP)]
+        if trial % 3 == 0:
+            kills.append(rng.randint(1, 6))  # and kill the first resume too
+        proc, done_before, partial_before = cli(out), b"", {}
+        for k, at in enumerate(kills):
+            if not kill_at(proc, out, at if k == 0 else log_records(out) + at):
+                break
+            done_before = out.read_bytes() if out.exists() else b""
+            state = journal.replay(journal.read(Path(f"{out}.log"))[0])
+            partial_before = {p.key: p for p in state.partial.values()}
+            proc = cli(out, "--resume")
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-2000:]
+        lines = check_output(out, tok)
+        # Lines complete before the last kill are byte-identical after it (a torn last line,
+        # if any, is dropped and its program redone).
+        complete_before = done_before[: done_before.rfind(b"\n") + 1]
+        assert out.read_bytes().startswith(complete_before)
+        # Programs in flight at the kill continued token-exact from their last logged turn.
+        for line in lines:
+            d = json.loads(line)
+            p = partial_before.get(d["id"])
+            if p is None or not p.turns:
+                continue
+            resumed_programs += 1
+            assert d["metadata"]["resumed"]["from_turn"] >= len(p.turns)
+            assert d["segments"][: len(p.segments)] == [asdict(s) for s in p.segments]
+            assert d["prompt_ids"] == p.prompt_ids
+    assert resumed_programs > 0, "no trial caught a program mid-flight"
+
+
+def test_existing_output_is_refused_without_resume_or_overwrite(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"x": 1}\n')
+    r = subprocess.run([sys.executable, "-m", "agentenv.cli", *ARGS, "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 2 and "--resume" in r.stderr and "--overwrite" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and out.read_text() == '{"x": 1}\n'
+
+
+def test_resume_with_different_settings_is_refused(tmp_path):
+    out = tmp_path / "r.jsonl"
+    settings = {"env": "retool-math", "tasks": TASKS}
+    journal.Journal.create(Path(f"{out}.log"), settings).close()
+    r = subprocess.run([sys.executable, "-m", "agentenv.cli", *ARGS, "--seed", "7", "--out", str(out), "--resume"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "cannot resume with different settings" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_torn_log_record_is_ignored(tmp_path):
+    path = tmp_path / "x.log"
+    j = journal.Journal.create(path, {"a": 1})
+    j.write({"e": "done", "k": "k1", "task": "t", "sample": 0})
+    j.close()
+    good = path.read_bytes()
+    path.write_bytes(good + journal.encode({"e": "done", "k": "k2", "task": "t", "sample": 1})[:-7])
+    records, size = journal.read(path)
+    assert size == len(good) and journal.replay(records).done == {("t", 0)}
+    flipped = bytearray(good)
+    flipped[-5] ^= 1  # a corrupted last record fails its checksum
+    path.write_bytes(bytes(flipped))
+    assert len(journal.read(path)[0]) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_is_a_clear_error_and_earlier_lines_survive(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mnt)], check=True)
+    try:
+        out = mnt / "r.jsonl"
+        r = subprocess.run([sys.executable, "-m", "agentenv.cli", *ARGS, "--out", str(out)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 2, r.stderr[-1000:]
+        assert "No space left on device" in r.stderr and "Traceback" not in r.stderr
+        lines = out.read_text().splitlines()
+        for line in lines[:-1]:
+            Trajectory.from_dict(json.loads(line))
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
