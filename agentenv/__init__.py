@@ -2,6 +2,7 @@
 
 from .checker import check_env
 from .config import RolloutConfig
+from . import journal
 from .env import Environment, Task, TurnAction
 from .errors import (
     AgentEnvError,
@@ -26,5 +27,5 @@ __all__ = [
     "FunctionTool", "Group", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
     "RolloutConfig", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
     "Trajectory", "TrajectoryError", "TurnAction", "TurnStats", "check_env", "make", "register",
-    "registered",
+    "journal", "registered",
 ]
