@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from .scheduler import Policy, Scheduler, SchedulerConfig

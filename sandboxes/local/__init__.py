@@ -31,7 +31,6 @@ import os
 import secrets
 import signal
 import socket
-import struct
 import sys
 import threading
 import time

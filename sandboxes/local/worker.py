@@ -22,7 +22,6 @@ import io
 import json
 import os
 import signal
-import struct
 import sys
 import time
 import traceback

@@ -4,7 +4,6 @@ our own: every one must fail closed, leave the host unchanged and the pool healt
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import anyio
