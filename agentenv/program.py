@@ -37,7 +37,7 @@ from .engines.base import Engine, SamplingParams
 from .env import Environment, Task
 from .errors import EngineError, PromptTooLongError, SandboxError
 from .formats import MalformedCall, ToolFormat
-from .tools import PythonTool, Tool, ToolContext
+from .tools import PythonTool, Tool, ToolContext, replay, replayable
 from .trajectory import ToolCall, Trajectory, TurnStats
 
 
@@ -137,14 +137,13 @@ async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_ind
 async def _replay(ctx: ProgramContext, traj: Trajectory, hooks: ProgramHooks) -> None:
     """Rebuild a resumed program's notebook: run its logged sandbox calls again, in order, in
     a fresh session. Outputs that differ from the log are counted on the trajectory."""
-    calls = [c for c in traj.tool_calls if c.status != "malformed" and isinstance(ctx.tools.get(c.name), PythonTool)]
-    mismatches = 0
-    for call in calls:
-        out = await ctx.tools[call.name](ToolContext(await hooks.session(), ctx.config.tool_timeout, traj, call.turn),
-                                         **call.arguments)
-        mismatches += out.text != call.output
-    traj.metadata["resumed"] = {"from_turn": len(traj.turns), "replayed_calls": len(calls),
-                                "replay_mismatches": mismatches}
+    done: dict[str, Any] = {"replayed_calls": 0, "replay_mismatches": 0}
+    for name, tool in ctx.tools.items():
+        calls = replayable(traj.tool_calls, name) if isinstance(tool, PythonTool) else []
+        if calls:
+            r = await replay(await hooks.session(), calls, ctx.config.tool_timeout)
+            done = {k: done[k] + r[k] for k in done}
+    traj.metadata["resumed"] = {"from_turn": len(traj.turns), **done}
 
 
 async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, hooks: ProgramHooks) -> str:
@@ -223,6 +222,8 @@ async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory,
         return text
     session = await hooks.session() if isinstance(tool, PythonTool) else None
     out = await tool(ToolContext(session, ctx.config.tool_timeout, traj, turn), **call.arguments)
+    if out.restored is not None:  # the session died in this call and was rebuilt by replay
+        traj.metadata.setdefault("session_restores", []).append({"turn": turn, **out.restored})
     traj.tool_calls.append(
         ToolCall(turn, call.name, call.arguments, out.text, out.status, time.perf_counter() - start, out.error)  # type: ignore[arg-type]
     )

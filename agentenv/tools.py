@@ -40,6 +40,9 @@ class ToolOutput:
     text: str
     status: str = "ok"  # ok | error | timeout
     error: str | None = None
+    #: The session died in this call and was rebuilt: {"replayed_calls", "replay_mismatches",
+    #: "complete"} (see :func:`replay`).
+    restored: dict[str, Any] | None = None
 
 
 class Tool:
@@ -57,11 +60,42 @@ class Tool:
         raise NotImplementedError
 
 
+def replayable(calls: list[Any], name: str) -> list[Any]:
+    """The earlier calls of tool ``name`` whose effects make up a session's state: those that
+    ran to the end (``ok``) or raised in the code (``error``); timed-out, crashed and malformed
+    calls left nothing reliable behind, and running them again would only fail again."""
+    return [c for c in calls if c.name == name and (c.status == "ok" or (c.status == "error" and c.error == "error"))]
+
+
+async def replay(session: "Session", calls: list[Any], timeout: float) -> dict[str, Any]:
+    """Rebuild a session's state by running ``calls`` (``ToolCall`` records) again, in order,
+    notebook-style ("restart and run all above"). Outputs that differ from the recorded ones
+    are counted, not hidden; a replayed call that kills the session stops the replay."""
+    mismatches, done = 0, 0
+    for call in calls:
+        res = await session.run(call.arguments["code"], timeout=timeout)
+        if res.status in ("crashed", "timeout") or (res.status == "error" and res.state_lost and done):
+            return {"replayed_calls": done, "replay_mismatches": mismatches + 1, "complete": False}
+        done += 1
+        res.state_lost = False  # the first replayed call starts the new worker: expected
+        mismatches += res.render() != call.output
+    return {"replayed_calls": done, "replay_mismatches": mismatches, "complete": True}
+
+
 class PythonTool(Tool):
-    """Runs Python code in the program's stateful sandbox session."""
+    """Runs Python code in the program's stateful sandbox session.
+
+    ``restore`` (default on): when a call kills the session (a crash, a worker killed from
+    outside, a timeout the code would not stop for), the session is replaced and the program's
+    earlier calls are run again in it, so the next call finds the variables it expects; the
+    model is told so in the observation, and the trajectory records the replay.
+    """
 
     name = "python"
     description = "Run Python code in a persistent interpreter; the last expression's value is shown."
+
+    def __init__(self, restore: bool = True) -> None:
+        self.restore = restore
 
     def schema(self) -> dict[str, Any]:
         s = super().schema()
@@ -82,7 +116,11 @@ class PythonTool(Tool):
             return ToolOutput("", "error", "no sandbox session for this program")
         res = await ctx.session.run(arguments["code"], timeout=ctx.timeout)
         status = {"ok": "ok", "timeout": "timeout"}.get(res.status, "error")
-        return ToolOutput(res.render(), status, None if status == "ok" else res.status)
+        restored = None
+        if res.state_lost and res.status != "ok" and self.restore and ctx.trajectory is not None:
+            restored = await replay(ctx.session, replayable(ctx.trajectory.tool_calls, self.name), ctx.timeout)
+        text = res.render(restored=None if restored is None else restored["replayed_calls"])
+        return ToolOutput(text, status, None if status == "ok" else res.status, restored)
 
 
 class FunctionTool(Tool):

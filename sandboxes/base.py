@@ -30,8 +30,9 @@ class ExecResult:
     truncated: bool = False
     state_lost: bool = False  # the worker was replaced: variables from earlier calls are gone
 
-    def render(self) -> str:
-        """The text the model sees as the tool's output."""
+    def render(self, restored: int | None = None) -> str:
+        """The text the model sees as the tool's output (``restored``: how many earlier calls
+        were run again in the replacement session)."""
         parts = []
         if self.stdout:
             parts.append(self.stdout.rstrip("\n"))
@@ -44,7 +45,8 @@ class ExecResult:
         if self.error:
             parts.append(self.error.rstrip("\n"))
         if self.state_lost:
-            parts.append("[session restarted: earlier variables are lost]")
+            parts.append("[session restarted: earlier variables are lost]" if restored is None else
+                         f"[session restarted: {restored} earlier call{'s were' if restored != 1 else ' was'} run again]")
         return "\n".join(parts)
 
 

@@ -4,6 +4,8 @@ bundled model on the embedded engine, the real sandbox pool."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import random
@@ -14,12 +16,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import anyio
 import pytest
 from transformers import AutoTokenizer
 
-from agentenv import journal
+from agentenv import Reactor, RolloutConfig, journal
 from agentenv.models import default_model
 from agentenv.trajectory import Trajectory
+from envs.retool_math import RetoolMathEnv
+from sandboxes.local import LocalSandbox
 
 TASKS, GROUP = 3, 2
 ARGS = ["rollout", "--tasks", str(TASKS), "--group-size", str(GROUP), "--no-progress", "--concurrency", "4"]
@@ -154,3 +159,46 @@ def test_a_full_disk_is_a_clear_error_and_earlier_lines_survive(tmp_path):
             Trajectory.from_dict(json.loads(line))
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+class SlowPrint(RetoolMathEnv):
+    """print() takes 0.3 s, so sandbox calls are long enough to be killed in the middle."""
+
+    def sandbox_setup(self):
+        return "import builtins, time\n_p = builtins.print\nbuiltins.print = lambda *a, **k: (time.sleep(0.3), _p(*a, **k))[1]"
+
+
+@pytest.mark.anyio
+async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(engine):
+    env, rng = SlowPrint(extra_digits=0), random.Random(1)
+    config = RolloutConfig(max_turns=4, max_new_tokens=256, concurrency=4, tool_timeout=5)
+    kills = {"workers": 0, "servers": 0}
+    async with LocalSandbox(prewarm=2) as sb:
+
+        async def killer() -> None:
+            for i in itertools.count():
+                await anyio.sleep(0.4)
+                if i == 1:  # once: the fork server (its templates and sessions die with it)
+                    os.kill(sb.server_pid, signal.SIGKILL)
+                    kills["servers"] += 1
+                elif sb.worker_pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(rng.choice(sb.worker_pids), signal.SIGKILL)
+                        kills["workers"] += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(killer)
+            with anyio.fail_after(300):
+                groups = await Reactor(engine, env, sb, config).collect(env.tasks(8, seed=3), 2)
+            tg.cancel_scope.cancel()
+        assert sb.restarts >= 1 and kills["workers"] >= 3
+    trajs = [t for g in groups for t in g.trajectories]
+    assert sorted((t.task_id, t.sample_index) for t in trajs) == sorted((t.id, i) for t in env.tasks(8, seed=3) for i in range(2))
+    assert not [t.finish_reason for t in trajs if t.finish_reason.startswith("error")], [t.error for t in trajs]
+    crashed = [c for t in trajs for c in t.tool_calls if c.error == "crashed"]
+    restores = [r for t in trajs for r in t.metadata.get("session_restores", [])]
+    lost = [c for t in trajs for c in t.tool_calls if "[session restarted" in c.output]
+    assert crashed and len(restores) == len(lost) >= len(crashed), [(c.status, c.error, c.output) for c in lost]
+    assert all(r["complete"] for r in restores)
+    for t in trajs:  # a killed call is an ordinary tool error; what follows it ran on
+        t.validate()

@@ -18,7 +18,9 @@ setup code, so that state is prepared once and shared copy-on-write). Each sessi
 
 A call's wall-clock timeout interrupts the code (SIGINT); code that does not stop is killed
 and its worker replaced, and the result says the session state was lost. A crash is reported
-the same way. Where the namespace primitives are missing, ``LocalSandbox`` refuses to start
+the same way. A fork server that dies (killed from outside) is replaced at the next session
+start; the sessions it had forked die with it (each is killed with its parent, by design) and
+come back as ``state_lost`` at their next call. Where the namespace primitives are missing, ``LocalSandbox`` refuses to start
 unless ``allow_unisolated=True``, which logs a loud warning and keeps only the rlimits,
 cgroups and private working directory.
 """
@@ -39,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import anyio
+import psutil
 from anyio.abc import Process, SocketStream, TaskGroup
 
 from agentenv.errors import SandboxError
@@ -78,6 +81,10 @@ def _clean(s: str | None, cap: int | None = None) -> str | None:
     return s.encode("utf-8", "replace").decode("utf-8")
 
 
+class _ServerGone(SandboxError):
+    """A fork server died (killed, crashed): the pool starts a new one."""
+
+
 class _Control:
     """A blocking request/response channel to one fork server (used from worker threads)."""
 
@@ -91,9 +98,9 @@ class _Control:
                 socket.send_fds(self.sock, [json.dumps(req).encode()], list(fds))
                 msg, rfds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
             except OSError as exc:
-                raise SandboxError(f"the sandbox fork server is gone: {exc}") from exc
+                raise _ServerGone(f"the sandbox fork server is gone: {exc}") from exc
         if not msg:
-            raise SandboxError("the sandbox fork server is gone")
+            raise _ServerGone("the sandbox fork server is gone")
         return json.loads(msg), rfds
 
     def close(self) -> None:
@@ -101,6 +108,14 @@ class _Control:
             self.sock.close()
         except OSError:
             pass
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, killed but not yet reaped, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _pid_alive(pid: int) -> bool:
@@ -396,6 +411,8 @@ class LocalSandbox(Sandbox):
         self._start_lock = anyio.Lock()
         self._tg: TaskGroup | None = None
         self._closed = False
+        #: How many times a dead fork server was replaced.
+        self.restarts = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> "LocalSandbox":
@@ -448,7 +465,8 @@ class LocalSandbox(Sandbox):
                     await self.aclose()
                     raise
                 self.limits = replace(self.limits, seccomp=False)
-            await self._probe()
+            if not self.restarts:  # a replacement server runs on the host the probe checked
+                await self._probe()
 
     def _weaker(self, what: str) -> None:
         """A kernel feature the isolation relies on is missing: refuse, unless the user opted
@@ -517,6 +535,11 @@ class LocalSandbox(Sandbox):
     @property
     def worker_pids(self) -> list[int]:
         return [s.pid for s in self._sessions if s.pid is not None]
+
+    @property
+    def server_pid(self) -> int | None:
+        """Host pid of the base fork server (its templates and sessions die with it)."""
+        return self._proc.pid if self._proc is not None else None
 
     async def session(self, setup_code: str | None = None) -> LocalSession:
         if self._closed:
@@ -591,6 +614,8 @@ class LocalSandbox(Sandbox):
         the code once. Up to ``spawn_servers`` of them per setup, so session starts (fork,
         namespaces, mounts: milliseconds each, mostly in other processes) overlap instead of
         queueing behind one server."""
+        if self._control is None:  # a dead server is being replaced
+            await self.start()
         assert self._control is not None
         servers = self._templates.setdefault(setup_code, [])
         for ctl in servers:
@@ -610,22 +635,66 @@ class LocalSandbox(Sandbox):
         return servers[self._rr % len(servers)]
 
     async def _spawn(self, setup_code: str | None) -> tuple[SocketStream, int, int, list[str]]:
-        with anyio.CancelScope(shield=True):  # a half-made worker must not leak
-            server = await self._server_for(setup_code)
-            cgroups = self._cgroups.create(self.limits)
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups,
-                   "max_output": self.max_output}
+        for attempt in range(3):
+            server = None
             try:
-                resp, _ = await anyio.to_thread.run_sync(server.request, req, [theirs.fileno()])
-            finally:
-                theirs.close()
-            if "error" in resp:
-                mine.close()
-                _Cgroups.remove(cgroups)
-                raise SandboxError(f"cannot start a sandbox worker: {resp['error']}")
-            stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
-            return stream, resp["pid"], resp["reaper"], cgroups
+                with anyio.CancelScope(shield=True):  # a half-made worker must not leak
+                    server = await self._server_for(setup_code)
+                    return await self._spawn_from(server)
+            except _ServerGone:
+                if attempt == 2 or self._closed:
+                    raise
+                await self._replace_server(server, setup_code)
+        raise AssertionError("unreachable")
+
+    async def _spawn_from(self, server: _Control) -> tuple[SocketStream, int, int, list[str]]:
+        cgroups = self._cgroups.create(self.limits)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups,
+               "max_output": self.max_output}
+        try:
+            resp, _ = await anyio.to_thread.run_sync(server.request, req, [theirs.fileno()])
+        except BaseException:
+            mine.close()
+            _Cgroups.remove(cgroups)
+            raise
+        finally:
+            theirs.close()
+        if "error" in resp:
+            mine.close()
+            _Cgroups.remove(cgroups)
+            raise SandboxError(f"cannot start a sandbox worker: {resp['error']}")
+        stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
+        return stream, resp["pid"], resp["reaper"], cgroups
+
+    async def _replace_server(self, dead: _Control | None, setup_code: str | None) -> None:
+        """A fork server is gone. A template that died alone is dropped (the next start makes
+        a new one); if the base server died (its templates die with it), start a new one."""
+        servers = self._templates.get(setup_code, [])
+        if dead is not None and dead in servers:
+            servers.remove(dead)
+            dead.close()
+        async with self._start_lock:
+            proc, control = self._proc, self._control
+            if proc is not None and control is not None and (dead is control or not _alive(proc.pid)):
+                log.warning("the sandbox fork server (pid %s) died; starting a new one", proc.pid)
+                self.restarts += 1
+                for group in self._templates.values():
+                    for ctl in group:
+                        ctl.close()
+                self._templates, self._control, self._proc = {}, None, None
+                control.close()
+                ready, self._ready = self._ready, {}  # prewarmed sessions died with it
+                for group in ready.values():
+                    for s in group:
+                        await s.aclose()
+                with anyio.CancelScope(shield=True):
+                    try:
+                        proc.kill()
+                    except ProcessLookupError:
+                        pass
+                    await proc.aclose()
+        await self.start()
 
     def _retire_cgroups(self, dirs: list[str]) -> None:
         if not _Cgroups.remove(dirs):

@@ -151,8 +151,11 @@ def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
             os.close(w)
             sock.close()
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-            if isolate:  # the reaper only waits: it needs no privilege
-                isolation.drop_privileges(-1, -1)
+            if isolate:  # the reaper only waits: it needs no privilege. It takes the worker's
+                # uid: its parent-death SIGKILL to the worker is a signal from it, and a process
+                # without CAP_KILL may signal only its own uid (as root it could not, and the
+                # worker outlived a dead fork server).
+                isolation.drop_privileges(limits["uid"], limits["gid"])
             while True:
                 try:
                     os.waitpid(pid, 0)

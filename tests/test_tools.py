@@ -1,0 +1,92 @@
+"""Tools on real sandbox processes: a session killed from outside is rebuilt by replay."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import anyio
+import psutil
+import pytest
+
+from agentenv.tools import PythonTool, ToolContext
+from agentenv.trajectory import ToolCall, Trajectory
+from sandboxes.local import LocalSandbox
+
+pytestmark = pytest.mark.anyio
+
+
+async def call(tool: PythonTool, session, traj: Trajectory, code: str):
+    out = await tool(ToolContext(session, 10.0, traj, len(traj.tool_calls)), code=code)
+    traj.tool_calls.append(ToolCall(len(traj.tool_calls), tool.name, {"code": code}, out.text, out.status, 0.0, out.error))
+    return out
+
+
+def gone(pid: int, wait: float = 5.0) -> bool:
+    import time
+
+    end = time.time() + wait
+    while time.time() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def trajectory() -> Trajectory:
+    return Trajectory(id="t", env="e", task_id="task", group_id="g", sample_index=0, prompt_ids=[1])
+
+
+async def kill_later(pid: int, delay: float) -> None:
+    await anyio.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+
+
+async def test_worker_killed_mid_call_is_a_tool_error_and_the_state_is_rebuilt():
+    tool, traj = PythonTool(), trajectory()
+    async with LocalSandbox(prewarm=0) as sb:
+        s = await sb.session()
+        assert (await call(tool, s, traj, "x = 41\nx")).text == "41"
+        await call(tool, s, traj, "y = [x]\nraise ValueError('kept: it ran up to here')")
+        await call(tool, s, traj, "import time\nwhile True: time.sleep(1)")  # timed out: not replayed
+        assert traj.tool_calls[-1].status == "timeout"
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_later, s.pid, 0.5)
+            out = await call(tool, s, traj, "import time\ntime.sleep(30)")
+        assert out.status == "error" and out.error == "crashed"
+        assert out.restored == {"replayed_calls": 2, "replay_mismatches": 0, "complete": True}
+        assert "[session restarted: 2 earlier calls were run again]" in out.text
+        after = await call(tool, s, traj, "x + 1, y")
+        assert (after.status, after.text) == ("ok", "(42, [41])")
+
+
+async def test_without_restore_the_state_is_lost_and_said_so():
+    tool, traj = PythonTool(restore=False), trajectory()
+    async with LocalSandbox(prewarm=0) as sb:
+        s = await sb.session()
+        await call(tool, s, traj, "x = 41")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_later, s.pid, 0.3)
+            out = await call(tool, s, traj, "import time\ntime.sleep(30)")
+        assert out.restored is None and "earlier variables are lost" in out.text
+        assert "NameError" in (await call(tool, s, traj, "x")).text
+
+
+async def test_fork_server_killed_the_pool_starts_a_new_one_and_sessions_are_rebuilt():
+    tool, traj = PythonTool(), trajectory()
+    async with LocalSandbox(prewarm=2) as sb:
+        s = await sb.session("helper = lambda v: v * 2")
+        await call(tool, s, traj, "z = helper(21)")
+        old, worker = sb.server_pid, s.pid
+        os.kill(old, signal.SIGKILL)  # its templates and the sessions it forked die with it
+        assert gone(worker), "a session worker outlived its fork server"
+        out = await call(tool, s, traj, "z")
+        # The worker died with its server: this call is a tool error, the session rebuilt.
+        assert out.status == "error" and out.restored is not None and out.restored["complete"], out
+        assert (await call(tool, s, traj, "z, helper(1)")).text == "(42, 2)"
+        assert sb.restarts == 1 and sb.server_pid not in (None, old)
+        fresh = await sb.session()  # new sessions start from the new server
+        assert (await fresh.run("1 + 1")).value == "2"
