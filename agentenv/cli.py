@@ -299,7 +299,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                                    seed=args.seed, base_urls=args.base_url, **args.engine_kwargs)
         check_env(env, tokenizer=engine.tokenizer)
         total = len(tasks) * args.group_size
-        written = 0
+        written, held_back = 0, []
         progress = Progress(
             TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
@@ -315,7 +315,12 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                 bar = progress.add_task("rollouts", total=total, info="")
                 async with reactor.rollouts(tasks, args.group_size, resume=resume) as results:
                     async for item in results:
-                        if isinstance(item, Trajectory):
+                        if isinstance(item, Trajectory) and item.finish_reason == "error:engine":
+                            # The engine failed for good (restarts/reconnects exhausted): not a
+                            # result. Its log records stay, so --resume continues it.
+                            held_back.append(item)
+                            progress.update(bar, advance=1)
+                        elif isinstance(item, Trajectory):
                             try:
                                 f.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
                                 f.flush()
@@ -329,6 +334,12 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                             progress.update(bar, advance=1, info=f"{s.tokens_per_s:.0f} tok/s  reward "
                                             f"{'-' if mr is None else f'{mr:.2f}'}")
             _summary(console, reactor.stats.summary(), args.out, written)
+        if held_back:
+            console.print(f"[bold red]{len(held_back)} programs stopped because the engine failed[/] "
+                          f"(first: {held_back[0].error}); they are not in {args.out}. Run the same command "
+                          "with --resume to finish them from their last completed turn.")
+            args.log.close()
+            return 1
     except BaseException:
         with contextlib.suppress(AgentEnvError):  # the first error is the one to report
             args.log.close()

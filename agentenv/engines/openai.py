@@ -14,7 +14,11 @@ tool-call tag, and ``usage.prompt_tokens_details.cached_tokens`` reports the pre
   server's capacity is read from its ``/metrics`` (``vllm:cache_config_info``), and what our
   programs hold there is their last known length. Without metrics: the fewest requests in
   flight. ``kv_capacity_tokens`` is the sum over replicas.
-* tenacity retries connection errors, timeouts, 429 and 5xx with exponential backoff.
+* tenacity retries timeouts, 429 and 5xx with exponential backoff (``retries`` attempts), and
+  keeps retrying a server it cannot connect to (down, restarting) for ``reconnect_s`` seconds:
+  a restarted server's programs go on from their last completed turn. A server that came
+  back gets the weights pushed to it so far again (a restart reloads the checkpoint) before
+  any request is sent to it.
 * Weight updates (optional) go through vLLM's dev endpoint ``/collective_rpc`` (server
   started with ``VLLM_SERVER_DEV_MODE=1`` and
   ``--worker-extension-cls agentenv.engines.vllm_worker.WeightSyncExtension``); the prefix
@@ -36,8 +40,21 @@ from .base import Engine, Generation, SamplingParams
 from .embedded import load_tokenizer
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """The server is down or restarting (refused, reset mid-request), not merely slow."""
+    import httpx
+    import openai
+
+    if isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException)):
+        return False
+    return isinstance(exc, (openai.APIConnectionError, httpx.TransportError))
+
+
 def _retryable(exc: BaseException) -> bool:
     import openai
+
+    if _unreachable(exc):
+        return True
 
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
                         openai.InternalServerError)):
@@ -55,6 +72,7 @@ class OpenAIEngine(Engine):
         max_model_len: int = 2048,
         api_key: str = "EMPTY",
         retries: int = 5,
+        reconnect_s: float = 120.0,
         timeout: float = 600.0,
         sticky_programs: int = 100_000,
         block_size: int = 16,
@@ -75,6 +93,9 @@ class OpenAIEngine(Engine):
         self.max_model_len = max_model_len
         self.page_size = block_size  # the server's KV block size (reuse statistics only)
         self.retries = retries
+        self.reconnect_s = reconnect_s
+        self._pushed: dict[str, torch.Tensor] = {}  # every weight update so far (for a restarted server)
+        self._lost = [False] * len(self.urls)  # a server we lost the connection to
         #: Send each request's priority (the server must run ``--scheduling-policy priority``;
         #: vLLM rejects a non-zero priority otherwise).
         self.priority = priority
@@ -94,7 +115,7 @@ class OpenAIEngine(Engine):
         """Connect, and read the served model's name and context length from ``/v1/models``."""
         eng = cls(base_urls, tokenizer, **kwargs)
         try:
-            models = await eng._retry(eng.clients[0].models.list)
+            models = await eng._retry(eng.clients[0].models.list, reconnect=False)  # down at start: say so
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"cannot reach {eng.urls[0]}: {type(exc).__name__}: {exc}") from exc
         first = models.data[0]
@@ -139,8 +160,19 @@ class OpenAIEngine(Engine):
     def weight_version(self) -> int:
         return self._version
 
-    async def _retry(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await retry_async(fn, *args, attempts=self.retries, transient=_retryable, **kwargs)
+    async def _retry(self, fn: Any, *args: Any, server: int = 0, reconnect: bool = True, **kwargs: Any) -> Any:
+        async def call() -> Any:
+            if self._lost[server] and self._pushed:  # it came back (or is back soon): resync
+                await self._push(self.urls[server], self._pushed)
+            self._lost[server] = False
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                self._lost[server] = self._lost[server] or _unreachable(exc)
+                raise
+
+        return await retry_async(call, attempts=self.retries, transient=_retryable,
+                                 unreachable=_unreachable if reconnect else None, reconnect_s=self.reconnect_s)
 
     def _server_for(self, request_id: str, tokens: int) -> int:
         program = request_id.rsplit("-", 1)[0]
@@ -178,6 +210,7 @@ class OpenAIEngine(Engine):
         try:
             resp = await self._retry(
                 self.clients[idx].completions.create,
+                server=idx,
                 model=self.model,
                 prompt=list(prompt_ids),
                 max_tokens=min(params.max_tokens, room),
@@ -222,20 +255,25 @@ class OpenAIEngine(Engine):
 
     async def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                            version: int | None = None) -> int:
+        items = weights.items() if isinstance(weights, dict) else weights
+        host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
+        async with self._update_lock:
+            for i, url in enumerate(self.urls):
+                await self._retry(self._push, url, host, server=i)
+            self._pushed.update(host)  # kept for a server that restarts (it reloads its checkpoint)
+            self._version = self._version + 1 if version is None else int(version)
+        return self._version
+
+    async def _push(self, url: str, tensors: dict[str, torch.Tensor]) -> None:
         import httpx
         from safetensors.torch import save
 
-        items = weights.items() if isinstance(weights, dict) else weights
-        blob = base64.b64encode(save({n: t.detach().to("cpu").contiguous() for n, t in items})).decode()
-        async with self._update_lock, httpx.AsyncClient(timeout=600) as http:
-            for url in self.urls:
-                r = await http.post(f"{url}/collective_rpc",
-                                    json={"method": "agentenv_load_weights", "args": [blob]})
-                if r.status_code != 200:
-                    raise EngineError(f"{url}/collective_rpc failed ({r.status_code}): {r.text[:300]} "
-                                      "(start the server with VLLM_SERVER_DEV_MODE=1 and the agentenv worker extension)")
-            self._version = self._version + 1 if version is None else int(version)
-        return self._version
+        blob = base64.b64encode(save(tensors)).decode()
+        async with httpx.AsyncClient(timeout=600) as http:
+            r = await http.post(f"{url}/collective_rpc", json={"method": "agentenv_load_weights", "args": [blob]})
+        if r.status_code != 200:
+            raise EngineError(f"{url}/collective_rpc failed ({r.status_code}): {r.text[:300]} "
+                              "(start the server with VLLM_SERVER_DEV_MODE=1 and the agentenv worker extension)")
 
     async def aclose(self) -> None:
         if self._closed:

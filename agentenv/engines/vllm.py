@@ -14,23 +14,33 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
   outputs stream as deltas stamped with the version current on arrival, so a request that
   spans an update reports per-token versions; the prefix cache is *salted* with the weight
   version, so KV computed by old weights is never reused by a new-version request;
-* cancellation aborts the request in the engine.
+* cancellation aborts the request in the engine;
+* a dead engine core (killed, crashed: vLLM's ``EngineDeadError``) is restarted, at most
+  ``max_restarts`` times in the engine's life, with the weights it last served (the last
+  update is kept on the host for this; LoRA adapters are registered again), and every
+  request it lost is submitted again: the caller's program goes on from its last completed
+  turn (the engine re-prefills it once). Only when restarts are exhausted or the new engine
+  fails to start does ``generate`` raise ``EngineError``.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
 import anyio
 import torch
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from ..errors import ConfigError, EngineError, PromptTooLongError
 from .base import Engine, Generation, SamplingParams
 from .embedded import check_model_dir, load_tokenizer
 
+log = logging.getLogger(__name__)
 WORKER_EXTENSION = "agentenv.engines.vllm_worker.WeightSyncExtension"
 
 
@@ -39,6 +49,13 @@ class VLLMEngine(Engine):
 
     def __init__(self, llm: Any, tokenizer: Any, max_model_len: int, block_size: int) -> None:
         self.llm = llm
+        self._args: dict[str, Any] | None = None  # what ``create`` built the engine from
+        self.max_restarts = 3
+        #: Engine-core restarts so far (each one after vLLM reported the engine dead).
+        self.restarts = 0
+        self._incarnation = 0
+        self._restart_lock = anyio.Lock()
+        self._served_weights: dict[str, torch.Tensor] = {}  # every update so far, for a restart
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.page_size = block_size
@@ -67,6 +84,7 @@ class VLLMEngine(Engine):
         enable_lora: bool = False,
         max_lora_rank: int = 16,
         seed: int = 0,
+        max_restarts: int = 3,
         **engine_args: Any,
     ) -> "VLLMEngine":
         try:
@@ -103,6 +121,7 @@ class VLLMEngine(Engine):
         args.update(engine_args)
         llm = await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
         engine = cls(llm, load_tokenizer(path), max_model_len, args.get("block_size", 16))
+        engine._args, engine.max_restarts = args, max_restarts
         engine.lora_enabled, engine.model_path = enable_lora, path
         engine.priority_scheduling = args["scheduling_policy"] == "priority"
         cache = llm.vllm_config.cache_config
@@ -172,6 +191,60 @@ class VLLMEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0, lora: str | None = None) -> Generation:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        while True:
+            incarnation, llm = self._incarnation, self.llm
+            try:
+                return await self._generate(prompt_ids, params, request_id, priority, lora)
+            except EngineError as exc:
+                dead = isinstance(exc.__cause__, EngineDeadError) or getattr(llm, "errored", False)
+                if not dead or self._closed:
+                    raise
+                await self._restart(incarnation, exc)
+
+    async def _restart(self, incarnation: int, exc: EngineError) -> None:
+        """Start a new engine core in place of the dead one (once, however many requests
+        saw it die); raise ``exc`` when the restart budget is spent or the start fails."""
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        async with self._restart_lock:
+            if self._incarnation != incarnation:
+                return  # another request restarted it already
+            if self._args is None or self.restarts >= self.max_restarts:
+                raise EngineError(f"{exc}; the engine was restarted {self.restarts} times, no more") from exc.__cause__
+            self.restarts += 1
+            log.warning("the vLLM engine core died (%s); restarting it (%d of at most %d)",
+                        exc, self.restarts, self.max_restarts)
+            old, args = self.llm, self._args
+            with anyio.CancelScope(shield=True):
+                try:
+                    await anyio.to_thread.run_sync(old.shutdown)
+                except Exception:  # noqa: BLE001 - it is dead already
+                    pass
+                try:
+                    async for attempt in AsyncRetrying(stop=stop_after_attempt(3), wait=wait_exponential(1, max=10),
+                                                       reraise=True):
+                        with attempt:
+                            llm = await anyio.to_thread.run_sync(
+                                lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
+                    if self._served_weights:
+                        from safetensors.torch import save
+
+                        await llm.collective_rpc("agentenv_load_weights", args=(save(self._served_weights),))
+                    for req in self._loras.values():
+                        await llm.add_lora(req)
+                except Exception as start_exc:  # noqa: BLE001
+                    raise EngineError(f"{exc}; restarting the engine failed: {type(start_exc).__name__}: "
+                                      f"{start_exc}") from start_exc
+            self.llm = llm
+            self._incarnation += 1
+            del old  # dropped now, while the interpreter is whole (see ``aclose``)
+            gc.collect()
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, priority: int,
+                        lora: str | None) -> Generation:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -242,7 +315,10 @@ class VLLMEngine(Engine):
         items = list(weights.items() if isinstance(weights, dict) else weights)
         if self._train_lora is not None and items and all("lora_" in n for n, _ in items):
             return await self._load_adapter(dict(items), version)
-        blob = save({n: t.detach().to("cpu").contiguous() for n, t in items})
+        host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
+        blob = save(host)
+        # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
+        self._served_weights.update(host)
         async with self._update_lock:
             # In-flight requests are frozen (not aborted), keep their KV, and go on with the
             # new weights after resume; their later tokens carry the new version.
@@ -262,7 +338,5 @@ class VLLMEngine(Engine):
             await anyio.to_thread.run_sync(self.llm.shutdown)
         # Drop the engine now, while the interpreter is whole: vLLM's __del__ calls shutdown
         # again and fails noisily if it only runs at interpreter exit.
-        import gc
-
         self.llm = None
         gc.collect()

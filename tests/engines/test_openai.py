@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 
+import anyio
 import pytest
 
 pytest.importorskip("vllm")
@@ -31,40 +34,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def start_server(model_dir: str, port: int, log) -> subprocess.Popen:
+    """A real ``vllm serve`` on loopback, healthy when this returns."""
     import httpx
 
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(256 * 1024**2),
            "--enforce-eager", "--max-model-len", "1024", "--host", "127.0.0.1", "--port", str(port),
            "--enable-prompt-tokens-details", "--logprobs-mode", "processed_logprobs",
            "--worker-extension-cls", "agentenv.engines.vllm_worker.WeightSyncExtension"]
-    with open(log, "w") as out:
+    with open(log, "a") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
-    url = f"http://127.0.0.1:{port}"
+                                env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"vllm serve exited: {log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    else:
-        proc.kill()
-        raise RuntimeError(f"vllm serve not healthy in time: {log.read_text()[-3000:]}")
-    yield url
-    proc.terminate()
+    stop_server(proc)
+    raise RuntimeError(f"vllm serve not healthy in time: {log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
     try:
+        os.killpg(proc.pid, sig)
         proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    port = _free_port()
+    proc = start_server(model_dir, port, tmp_path_factory.mktemp("vllm") / "server.log")
+    yield f"http://127.0.0.1:{port}"
+    stop_server(proc)
 
 
 @pytest.fixture
@@ -155,3 +166,80 @@ async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir
         assert eng._held == [0, 0]
     finally:
         await eng.aclose()
+
+
+async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(model_dir, tmp_path):
+    """The server is killed (SIGKILL) with requests in flight and started again on the same
+    port: every request completes, after the engine pushed the trained weights to it again."""
+    import torch
+    from safetensors.torch import load_file
+
+    from agentenv.engines.openai import OpenAIEngine
+
+    port, log = _free_port(), tmp_path / "server.log"
+    proc = start_server(model_dir, port, log)
+    eng = await OpenAIEngine.create(f"http://127.0.0.1:{port}", model_dir, reconnect_s=240)
+    try:
+        weights = load_file(f"{model_dir}/model.safetensors")
+        vocab = weights["model.embed_tokens.weight"].shape[0]
+        # A zero final norm: every logit 0, every sampled token's logprob exactly -log(V).
+        await eng.load_weights({"model.norm.weight": torch.zeros_like(weights["model.norm.weight"])})
+        prompt = testing.chat_prompt(eng, "Compute 3 + 4.")
+        results: dict[int, object] = {}
+
+        async def one(i: int) -> None:
+            results[i] = await eng.generate(prompt, SamplingParams(max_tokens=600), f"restart-{i}")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+            await anyio.sleep(1.0)
+            assert len(results) < 4, "the requests finished before the server was killed"
+            stop_server(proc, signal.SIGKILL)
+            proc = await anyio.to_thread.run_sync(start_server, model_dir, port, log)
+        for g in results.values():
+            assert len(g.token_ids) == 600 and g.weight_version == 1
+            assert all(abs(lp + math.log(vocab)) < 1e-3 for lp in g.logprobs), "served without the pushed weights"
+    finally:
+        await eng.aclose()
+        stop_server(proc)
+
+
+def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_them(model_dir, tmp_path):
+    """The CLI against a server that dies for good mid-run: once reconnecting gives up, the
+    in-flight programs are not written as results (exit 1, one message); with the server back,
+    ``--resume`` finishes every one of them, each (task, sample) exactly once."""
+    import json
+
+    from agentenv.trajectory import Trajectory
+
+    port, log, out = _free_port(), tmp_path / "server.log", tmp_path / "r.jsonl"
+    args = [sys.executable, "-m", "agentenv.cli", "rollout", "--engine", "openai", "--base-url",
+            f"http://127.0.0.1:{port}", "--engine-arg", "reconnect_s=2", "--tasks", "4", "--group-size", "2",
+            "--concurrency", "4", "--max-new-tokens", "300", "--no-progress", "--out", str(out)]
+    proc = start_server(model_dir, port, log)
+    try:
+        cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 300
+        while time.time() < deadline and cli.poll() is None:
+            if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 2:
+                break
+            time.sleep(0.05)
+        stop_server(proc, signal.SIGKILL)
+        _, err = cli.communicate(timeout=300)
+        assert cli.returncode == 1, err[-2000:]
+        assert "stopped because the engine failed" in err and "--resume" in err
+        first = out.read_text().splitlines()
+        assert len(first) < 8
+        proc = start_server(model_dir, port, log)
+        r = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    finally:
+        stop_server(proc)
+    lines = out.read_text().splitlines()
+    assert lines[: len(first)] == first
+    keys = [(d["task_id"], d["sample_index"]) for d in map(json.loads, lines)]
+    assert len(keys) == len(set(keys)) == 8
+    for line in lines:
+        t = Trajectory.from_dict(json.loads(line))
+        assert not t.finish_reason.startswith("error"), t.error

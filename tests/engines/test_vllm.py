@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import anyio
 import pytest
 
 pytest.importorskip("vllm")
@@ -80,6 +81,37 @@ async def test_reactor_on_vllm(vengine):
     assert sum(any(c.status == "ok" for c in t.tool_calls) for t in trajs) >= 4
     assert reactor.stats.resume_reuse > 0.9
     for t in trajs:
+        assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
+
+
+async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(vengine):
+    """SIGKILL vLLM's engine core while programs are mid-flight: the engine starts a new core
+    and resubmits what the dead one lost; every program finishes from its last completed turn."""
+    import psutil
+
+    from agentenv import Reactor, RolloutConfig, Trajectory, make
+    from sandboxes.local import LocalSandbox
+
+    env = make("retool-math", extra_digits=0)
+    tasks, restarts, trajs, at_kill = env.tasks(6, seed=2), vengine.restarts, [], None
+    async with LocalSandbox() as sb:
+        reactor = Reactor(vengine, env, sb, RolloutConfig(concurrency=8, max_new_tokens=200))
+        with anyio.fail_after(400):
+            async with reactor.rollouts(tasks, group_size=2) as results:
+                async for item in results:
+                    if isinstance(item, Trajectory):
+                        trajs.append(item)
+                    if at_kill is None:
+                        at_kill = len(trajs)
+                        for p in psutil.Process().children(recursive=True):
+                            if "EngineCore" in p.name():
+                                p.kill()
+    assert vengine.restarts == restarts + 1
+    assert at_kill < 12 and len(trajs) == 12
+    assert sorted((t.task_id, t.sample_index) for t in trajs) == sorted((t.id, i) for t in tasks for i in range(2))
+    assert not [t.error for t in trajs if t.finish_reason.startswith("error")]
+    for t in trajs:
+        t.validate()
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
 
 
