@@ -398,6 +398,7 @@ class Reactor:
             await send.send(traj)
         slot.pending[0] -= 1
         if slot.pending[0] == 0:
+            self._ctx.prompt_cache.pop(slot.task.id, None)  # memory stays bounded by what is in flight
             await self._finish_group(group)
             if send is not None:
                 await send.send(group)

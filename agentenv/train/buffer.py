@@ -64,6 +64,11 @@ class RolloutBuffer:
             raise OverflowError(f"buffer full ({self.capacity} groups): wait for the trainer")
         self._groups.append((_oldest_version(group), group))
 
+    @property
+    def groups(self) -> list[Group]:
+        """What it holds, in arrival order (a checkpoint saves them)."""
+        return [g for _, g in self._groups]
+
     def take(self, n: int, version: int) -> list[Group] | None:
         """``n`` groups usable at ``version`` (oldest first), or None if not enough yet."""
         fresh = [(v, g) for v, g in self._groups if version - v <= self.max_staleness]

@@ -115,6 +115,22 @@ def _task_stream(env: Any, cfg: TrainConfig) -> Callable[[int], Task]:
     return task_at
 
 
+@dataclass
+class _GenState:
+    """The generator's place in the task stream (saved with each checkpoint)."""
+
+    cursor: int = 0  # the next task index of the stream
+    redo: list[int] = field(default_factory=list)  # indices to generate (again) before the cursor's
+    in_flight: set[int] = field(default_factory=set)
+    index: dict[int, int] = field(default_factory=dict)  # id(group) -> its task index
+
+    def next_index(self) -> int:
+        if self.redo:
+            return self.redo.pop(0)
+        self.cursor += 1
+        return self.cursor - 1
+
+
 def latest_checkpoint(out_dir: Path) -> Path | None:
     ckpts = sorted((out_dir / "checkpoints").glob("step-*"))
     done = [c for c in ckpts if (c / "state.json").exists()]  # state.json is written last
@@ -183,13 +199,40 @@ class Trainer:
                 raise ConfigError(f"--resume: {key} was {saved.get(key)!r} in {ckpt}, now {asdict(self.cfg)[key]!r}")
         return int(state["step"]), ckpt
 
-    def _checkpoint(self, policy: Policy, step: int) -> Path:
+    def _checkpoint(self, policy: Policy, step: int, tasks: dict[str, Any] | None = None,
+                    buffered: list[tuple[int, Group]] = ()) -> Path:
+        """The policy and optimiser, and what generation had made of the task stream: the
+        complete groups waiting in the buffer (saved whole, with their weight versions), the
+        tasks in flight (generated again on resume), and the stream's next position."""
         path = self.out / "checkpoints" / f"step-{step:06d}"
         policy.save(path)
+        with open(path / "buffer.jsonl", "w", encoding="utf-8") as f:
+            for index, group in buffered:
+                f.write(json.dumps({"index": index, "trajectories": [t.to_dict() for t in group.trajectories]}) + "\n")
         state = {"step": step, "version": step, "task_cursor": step * self.cfg.groups_per_step,
                  "config": asdict(self.cfg), "torch_rng": torch.get_rng_state().tolist()}
+        if tasks is not None:
+            state["tasks"] = tasks
         (path / "state.json").write_text(json.dumps(state))  # last: marks the checkpoint complete
         return path
+
+    def _restore_generation(self, ckpt: Path | None, start_step: int, task_at: Callable[[int], Task]
+                            ) -> tuple["_GenState", list[tuple[int, Group]]]:
+        """Where generation stands after a checkpoint: the buffered groups it saved, the tasks
+        to generate again first (those in flight at the checkpoint), then the stream onward."""
+        from ..trajectory import Trajectory
+
+        gen = _GenState(cursor=start_step * self.cfg.groups_per_step)
+        state = json.loads((ckpt / "state.json").read_text()) if ckpt is not None else {}
+        if "tasks" not in state:  # a fresh run, or a checkpoint from before buffers were saved
+            return gen, []
+        gen.cursor, gen.redo = state["tasks"]["next"], list(state["tasks"]["in_flight"])
+        restored = []
+        buf = ckpt / "buffer.jsonl"
+        for line in (buf.read_text().splitlines() if buf.exists() else []):
+            d = json.loads(line)
+            restored.append((d["index"], Group(task_at(d["index"]), [Trajectory.from_dict(t) for t in d["trajectories"]])))
+        return gen, restored
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -225,34 +268,40 @@ class Trainer:
             tool_timeout=cfg.tool_timeout or self._env.tool_timeout, temperature=cfg.temperature)
         reactor = Reactor(engine, self._env, self._sandbox, rollout)
         b, s = cfg.groups_per_step, cfg.staleness
-        gate = StalenessGate(batch=b, max_staleness=s, started=start_step * b)
-        buffer = RolloutBuffer(capacity=(s + 1) * b, max_staleness=s)
         task_at = _task_stream(self._env, cfg)
+        gen, restored = self._restore_generation(ckpt, start_step, task_at)
+        gate = StalenessGate(batch=b, max_staleness=s, started=start_step * b + len(restored))
+        buffer = RolloutBuffer(capacity=max((s + 1) * b, len(restored)), max_staleness=s)
+        for index, group in restored:  # too stale for this version: dropped at the first take
+            gen.index[id(group)] = index
+            buffer.put(group)
         cond = anyio.Condition()
         gen_clock = BusyClock()
         st = {"version": start_step, "draining": False, "trainer_wait_s": 0.0}
         pad = engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None else 0
         t0 = time.perf_counter()
 
-        async def run_group(task: Task) -> None:
+        async def run_group(index: int) -> None:
             gen_clock.enter()
             try:
-                group = await reactor.group(task, cfg.group_size)
+                group = await reactor.group(task_at(index), cfg.group_size)
             finally:
                 gen_clock.exit()
             async with cond:
+                gen.in_flight.discard(index)
+                gen.index[id(group)] = index
                 buffer.put(group)
                 cond.notify_all()
 
         async def generator(tg: anyio.abc.TaskGroup) -> None:
-            cursor = gate.started
             while True:
                 async with cond:
                     while st["draining"] or not gate.can_start(st["version"]):
                         await cond.wait()
                     gate.start(st["version"])
-                tg.start_soon(run_group, task_at(cursor))
-                cursor += 1
+                    index = gen.next_index()
+                    gen.in_flight.add(index)
+                tg.start_soon(run_group, index)
 
         async def next_batch() -> list[Group]:
             waited = time.perf_counter()
@@ -316,8 +365,12 @@ class Trainer:
                             print(step_line(row, cfg.steps), flush=True)
                         if self.on_step is not None:
                             self.on_step(row)
+                        gen.index = {id(g): gen.index[id(g)] for g in buffer.groups}  # consumed/dropped: gone
                         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                            await anyio.to_thread.run_sync(self._checkpoint, policy, step)
+                            tasks = {"next": gen.cursor, "in_flight": sorted(gen.in_flight),
+                                     "buffered": len(gen.index)}
+                            buffered = [(gen.index[id(g)], g) for g in buffer.groups]
+                            await anyio.to_thread.run_sync(self._checkpoint, policy, step, tasks, buffered)
                     tg.cancel_scope.cancel()  # groups started for later steps are not needed
             except BaseExceptionGroup as eg:  # one failure inside the task group: raise it as is
                 leaves = _leaves(eg)
@@ -364,6 +417,7 @@ class Trainer:
             "trainer_idle_frac": round(min(1.0, max(0.0, (wait - last["wait"]) / dt)), 4),
             "train_s": round(train_s, 4), "sync_s": round(sync_s, 4), "sync_bytes": sync_bytes,
             "full_sync_bytes": policy.full_bytes, "step_s": round(dt, 3),
+            "task_ids": [g.task.id for g in groups],
         }
         last.update(t=now, tokens=tokens, gen_busy=gen_busy, wait=wait)
         return row

@@ -176,3 +176,31 @@ async def test_drain_syncs_only_when_no_program_is_in_flight(tmp_path):
     trainer = Trainer(TrainConfig(steps=2, partial="drain", out_dir=str(tmp_path), **SMALL), print_steps=False)
     await trainer.run()
     assert [r["groups_in_flight_at_sync"] for r in trainer.rows] == [0, 0]
+
+
+@pytest.mark.anyio
+async def test_resume_consumes_the_saved_buffer_and_trains_no_task_twice(model_dir, tmp_path):
+    """A checkpoint saves the complete groups waiting in the buffer and the tasks in flight; a
+    resumed run trains the saved groups (when within the staleness bound) before new ones,
+    generates the in-flight tasks again, and no task is trained twice or skipped."""
+    from agentenv.trajectory import Trajectory
+
+    cfg = dict(max_staleness=1, out_dir=str(tmp_path), checkpoint_every=2, **SMALL)
+    await Trainer(TrainConfig(steps=2, **cfg), env=AlternatingReward(), print_steps=False).run()
+    ckpt = tmp_path / "checkpoints" / "step-000002"
+    state = json.loads((ckpt / "state.json").read_text())["tasks"]
+    saved = [json.loads(line) for line in (ckpt / "buffer.jsonl").read_text().splitlines()]
+    assert len(saved) == state["buffered"] and state["buffered"] + len(state["in_flight"]) > 0
+    assert state["next"] >= 2 * 2 + len(saved) + len(state["in_flight"])
+    await Trainer(TrainConfig(steps=4, resume=True, **cfg), env=AlternatingReward(), print_steps=False).run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    trained = [tid for r in rows for tid in r["task_ids"]]
+    assert len(trained) == len(set(trained)) == 4 * 2, "a task was trained twice"
+
+    def oldest(d: dict) -> int:
+        return min(v for t in d["trajectories"] for v in Trajectory.from_dict(t).weight_versions if v >= 0)
+
+    fresh = sorted((d for d in saved if 2 - oldest(d) <= 1), key=oldest)  # usable at version 2
+    first = [Trajectory.from_dict(d["trajectories"][0]).task_id for d in fresh[:2]]
+    assert set(first) <= set(rows[2]["task_ids"]), (first, rows[2]["task_ids"])
