@@ -22,10 +22,18 @@ from .trajectory import SCHEMA_VERSION, Segment, ToolCall, Trajectory, TurnStats
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    if name == "RolloutProducer":  # lazily: it pulls in the training stack (torch, peft)
+        from .train.producer import RolloutProducer
+
+        return RolloutProducer
+    raise AttributeError(f"module 'agentenv' has no attribute {name!r}")
+
 __all__ = [
     "AgentEnvError", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "Environment",
     "FunctionTool", "Group", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
-    "RolloutConfig", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
+    "RolloutConfig", "RolloutProducer", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
     "Trajectory", "TrajectoryError", "TurnAction", "TurnStats", "check_env", "make", "register",
     "journal", "registered",
 ]

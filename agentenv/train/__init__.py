@@ -13,7 +13,8 @@ from .batch import Batch, collate
 from .buffer import RolloutBuffer, StalenessGate
 from .loss import LossConfig, group_advantages, grpo_loss
 from .policy import LoraSpec, Policy
+from .producer import RolloutProducer
 from .trainer import TrainConfig, Trainer, latest_checkpoint, train
 
-__all__ = ["Batch", "LoraSpec", "LossConfig", "Policy", "RolloutBuffer", "StalenessGate", "TrainConfig",
+__all__ = ["Batch", "LoraSpec", "LossConfig", "Policy", "RolloutBuffer", "RolloutProducer", "StalenessGate", "TrainConfig",
            "Trainer", "collate", "group_advantages", "grpo_loss", "latest_checkpoint", "train"]
