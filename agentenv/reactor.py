@@ -272,7 +272,9 @@ class Reactor:
             for task, samples in todo:
                 if not samples:
                     continue
-                group = groups.setdefault(task.id, Group(task))
+                # Not kept here: a finished group is referenced only until it is sent, so a long
+                # run's memory does not grow with the programs it has finished.
+                group = groups.get(task.id) or Group(task)
                 pending = [len(samples)]
                 for i in samples:
                     pid = self._next_pid

@@ -1,0 +1,1 @@
+"""agentenv inside other trainers: ``agentenv.integrations.trl`` (TRL's GRPOTrainer)."""
