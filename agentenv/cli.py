@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -226,6 +227,7 @@ def _rollout(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bars between our own output
+    args.t_start = time.perf_counter()
     env = make(args.env, **_engine_args(args.env_arg))
     model = Path(args.model) if args.model else default_model()
     check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
@@ -244,8 +246,7 @@ def _rollout(args: argparse.Namespace) -> int:
     )
     if args.sandbox == "e2b" and not (os.environ.get("E2B_API_KEY") or os.environ.get("E2B_DEBUG")):
         raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
-    if args.out.parent and not args.out.parent.exists():
-        raise AgentEnvError(f"output directory does not exist: {args.out.parent}")
+    _check_out(args.out)
     if args.resume and args.overwrite:
         raise AgentEnvError("--resume and --overwrite exclude each other")
     has_output = args.out.exists() and args.out.stat().st_size > 0
@@ -261,6 +262,21 @@ def _rollout(args: argparse.Namespace) -> int:
     return anyio.run(_run, env, model, config, tasks, args)
 
 
+def _check_out(out: Path) -> None:
+    """Refuse an --out that cannot be written, before anything slow is loaded."""
+    if out.is_dir():
+        raise AgentEnvError(f"--out {out} is a directory; give a file path, e.g. {out / 'rollouts.jsonl'}")
+    if not out.parent.exists():
+        raise AgentEnvError(f"output directory does not exist: {out.parent}")
+    if not out.parent.is_dir():
+        raise AgentEnvError(f"--out {out}: {out.parent} is not a directory")
+    for path in (out, Path(f"{out}.log")):
+        try:
+            open(path, "ab").close()  # created empty if missing; nothing written yet
+        except OSError as exc:
+            raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _open_log(args: argparse.Namespace) -> tuple[Any, Any]:
     """The run's event log, and for ``--resume`` what it (and ``--out``) say is left to do."""
     from . import journal
@@ -268,8 +284,8 @@ def _open_log(args: argparse.Namespace) -> tuple[Any, Any]:
     log = Path(f"{args.out}.log")
     if not args.resume:
         return journal.Journal.create(log, args.settings), None
-    if not log.exists():
-        raise AgentEnvError(f"nothing to resume: {log} does not exist")
+    if not log.exists() or log.stat().st_size == 0:
+        raise AgentEnvError(f"nothing to resume: {log} does not exist or is empty")
     j, state = journal.Journal.resume(log, args.settings)
     if args.out.exists():
         finished, good = journal.finished_lines(args.out)
@@ -299,7 +315,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                                    seed=args.seed, base_urls=args.base_url, **args.engine_kwargs)
         check_env(env, tokenizer=engine.tokenizer)
         total = len(tasks) * args.group_size
-        written, held_back = 0, []
+        written, held_back, reward_errors = 0, [], []
         progress = Progress(
             TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
@@ -321,6 +337,8 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                             held_back.append(item)
                             progress.update(bar, advance=1)
                         elif isinstance(item, Trajectory):
+                            if item.finish_reason == "error:reward":
+                                reward_errors.append(item.error)
                             try:
                                 f.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
                                 f.flush()
@@ -333,7 +351,10 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                             mr = s.mean_reward
                             progress.update(bar, advance=1, info=f"{s.tokens_per_s:.0f} tok/s  reward "
                                             f"{'-' if mr is None else f'{mr:.2f}'}")
-            _summary(console, reactor.stats.summary(), args.out, written)
+            _summary(console, reactor.stats.summary(), args.out, written, time.perf_counter() - args.t_start)
+        if reward_errors:
+            console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "
+                          f"trajectories (reward None, finish_reason error:reward); first error: {reward_errors[0]}")
         if held_back:
             console.print(f"[bold red]{len(held_back)} programs stopped because the engine failed[/] "
                           f"(first: {held_back[0].error}); they are not in {args.out}. Run the same command "
@@ -351,7 +372,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     return 0
 
 
-def _summary(console: Any, s: dict, out: Path, written: int) -> None:
+def _summary(console: Any, s: dict, out: Path, written: int, total_s: float) -> None:
     from rich.table import Table
 
     t = Table(title=f"{written} trajectories -> {out}", show_header=False)
@@ -370,7 +391,7 @@ def _summary(console: Any, s: dict, out: Path, written: int) -> None:
         ("pauses / restores (KV pressure)", f"{s['pauses']} / {s['restores']}"),
         ("mean reward", s["mean_reward"]),
         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),
-        ("wall time", f"{s['wall_s']}s"),
+        ("wall time", f"{s['wall_s']}s rollout, {total_s:.1f}s with start-up (model, sandbox)"),
     ]
     for k, v in rows:
         t.add_row(k, str(v))

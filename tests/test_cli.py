@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from envs.retool_math import RetoolMathEnv
+
 
 def agentenv(*args, timeout=300):
     env = {**os.environ, "COLUMNS": "120"}
@@ -41,6 +43,9 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
         (["rollout", "--env-arg", "extra_digits=99"], "cannot create environment"),
         (["rollout", "--env", "retool-mat"], "Did you mean 'retool-math'"),
         (["rollout", "--out", "/nonexistent/dir/r.jsonl"], "output directory does not exist"),
+        (["rollout", "--out", "/proc/x.jsonl"], "cannot write /proc/x.jsonl"),
+        (["rollout", "--out", "."], "is a directory"),
+        (["rollout", "--out", "pyproject.toml/x.jsonl"], "is not a directory"),
         (["rollout", "--engine", "openai"], "needs --base-url"),
         (["rollout", "--engine-arg", "oops"], "KEY=VALUE"),
     ],
@@ -130,3 +135,18 @@ def test_train_then_resume_then_plot(tmp_path, model_dir):
 def test_bad_train_and_plot_input_is_one_line_and_exit_2(args, message):
     r = agentenv(*args, timeout=120)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+class BrokenReward(RetoolMathEnv):
+    async def reward(self, task, trajectory):
+        raise RuntimeError("grader is down")
+
+
+def test_failing_rewards_are_warned_about_and_start_up_is_in_the_wall_time(tmp_path):
+    out = tmp_path / "r.jsonl"
+    r = agentenv("rollout", "--env", "tests.test_cli:BrokenReward", "--tasks", "2", "--group-size", "2",
+                 "--max-new-tokens", "64", "--no-progress", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stderr.split())
+    assert "warning: the reward failed for 4 of 4 trajectories" in text and "grader is down" in text
+    assert "with start-up" in text
