@@ -6,12 +6,13 @@ import os
 import signal
 
 import anyio
-import psutil
 import pytest
 
 from agentenv.tools import PythonTool, ToolContext
 from agentenv.trajectory import ToolCall, Trajectory
 from sandboxes.local import LocalSandbox
+
+from .sandboxes.test_local import gone
 
 pytestmark = pytest.mark.anyio
 
@@ -20,20 +21,6 @@ async def call(tool: PythonTool, session, traj: Trajectory, code: str):
     out = await tool(ToolContext(session, 10.0, traj, len(traj.tool_calls)), code=code)
     traj.tool_calls.append(ToolCall(len(traj.tool_calls), tool.name, {"code": code}, out.text, out.status, 0.0, out.error))
     return out
-
-
-def gone(pid: int, wait: float = 5.0) -> bool:
-    import time
-
-    end = time.time() + wait
-    while time.time() < end:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def trajectory() -> Trajectory:
