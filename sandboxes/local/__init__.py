@@ -116,16 +116,17 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    return True
+
+
+async def _exits_soon(pid: int, within: float = 1.0) -> bool:
+    """Whether ``pid`` is gone now or within ``within`` seconds."""
+    with anyio.move_on_after(within):
+        while _alive(pid):
+            await anyio.sleep(0.02)
+        return True
+    return False
 
 
 class _Cgroups:
@@ -197,7 +198,7 @@ class _Cgroups:
                     pid = int(d.name.split("-")[1].split(".")[0])
                 except (IndexError, ValueError):
                     continue
-                if pid == os.getpid() or _pid_alive(pid):
+                if pid == os.getpid() or _alive(pid):
                     continue
                 subs = [str(s) for s in d.iterdir() if s.is_dir()] if d.is_dir() else []
                 if self.remove(subs + [str(d)]):
@@ -636,7 +637,7 @@ class LocalSandbox(Sandbox):
 
     async def _spawn(self, setup_code: str | None) -> tuple[SocketStream, int, int, list[str]]:
         for attempt in range(3):
-            server = None
+            server, base = None, self._control
             try:
                 with anyio.CancelScope(shield=True):  # a half-made worker must not leak
                     server = await self._server_for(setup_code)
@@ -644,7 +645,7 @@ class LocalSandbox(Sandbox):
             except _ServerGone:
                 if attempt == 2 or self._closed:
                     raise
-                await self._replace_server(server, setup_code)
+                await self._replace_server(server, base, setup_code)
         raise AssertionError("unreachable")
 
     async def _spawn_from(self, server: _Control) -> tuple[SocketStream, int, int, list[str]]:
@@ -667,7 +668,7 @@ class LocalSandbox(Sandbox):
         stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
         return stream, resp["pid"], resp["reaper"], cgroups
 
-    async def _replace_server(self, dead: _Control | None, setup_code: str | None) -> None:
+    async def _replace_server(self, dead: _Control | None, base: _Control | None, setup_code: str | None) -> None:
         """A fork server is gone. A template that died alone is dropped (the next start makes
         a new one); if the base server died (its templates die with it), start a new one."""
         servers = self._templates.get(setup_code, [])
@@ -676,7 +677,13 @@ class LocalSandbox(Sandbox):
             dead.close()
         async with self._start_lock:
             proc, control = self._proc, self._control
-            if proc is not None and control is not None and (dead is control or not _alive(proc.pid)):
+            # ``dead is None``: the base server's own channel failed. A template's socket can
+            # close (it dies with its parent) a moment before the base server's exit shows in
+            # /proc, so a template's death waits briefly for the base server's. ``control is
+            # not base``: another start already replaced the server this attempt used.
+            if proc is not None and control is not None and control is base and (
+                dead is None or await _exits_soon(proc.pid)
+            ):
                 log.warning("the sandbox fork server (pid %s) died; starting a new one", proc.pid)
                 self.restarts += 1
                 for group in self._templates.values():
