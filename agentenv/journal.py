@@ -27,7 +27,7 @@ import threading
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import AgentEnvError
 from .trajectory import Segment, ToolCall, Trajectory, TurnStats
@@ -130,6 +130,16 @@ def settings_difference(logged: dict[str, Any], now: dict[str, Any]) -> str | No
     return None
 
 
+class ProgramLog(Protocol):
+    """What a program and the reactor tell a log: :class:`Journal` (the rollout CLI's, on
+    disk) and :class:`InFlight` (the trainer's, in memory, saved with each checkpoint)."""
+
+    def start(self, traj: Trajectory) -> None: ...
+    def resumed(self, traj: Trajectory) -> None: ...
+    def turn(self, traj: Trajectory, mark: list[int]) -> None: ...
+    def finished(self, traj: Trajectory) -> None: ...
+
+
 class Journal:
     """Appends records; a background thread fsyncs them in batches. Thread-safe."""
 
@@ -184,6 +194,12 @@ class Journal:
                     "stats": [asdict(t) for t in traj.turns[turns:]]})
         mark[:] = [len(traj.segments), len(traj.tool_calls), len(traj.turns)]
 
+    def resumed(self, traj: Trajectory) -> None:
+        """A program continues from the log: its records are there already."""
+
+    def finished(self, traj: Trajectory) -> None:
+        """A program ended; ``done`` is logged once its line is in the output, not before."""
+
     def done(self, traj: Trajectory) -> None:
         self.write({"e": "done", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index})
 
@@ -216,3 +232,60 @@ class Journal:
                 self._f.close()
             except OSError:
                 pass  # the error is recorded (and raised by sync)
+
+
+class InFlight:
+    """The in-memory counterpart of :class:`Journal` for the trainer: it keeps a reference to
+    every running program's trajectory and how far it was complete at its last logged turn, and
+    the finished (scored) trajectories of groups not yet complete, so a checkpoint can save
+    exactly the in-flight work (:meth:`snapshot`) and a resumed run continue it."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, dict[str, tuple[Trajectory, tuple[int, int, int]]]] = {}  # task -> key -> ...
+        self._finished: dict[str, list[Trajectory]] = {}
+
+    def start(self, traj: Trajectory) -> None:
+        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, (0, 0, 0))
+
+    def resumed(self, traj: Trajectory) -> None:
+        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, (len(traj.segments), len(traj.tool_calls),
+                                                                  len(traj.turns)))
+
+    def turn(self, traj: Trajectory, mark: list[int]) -> None:
+        mark[:] = [len(traj.segments), len(traj.tool_calls), len(traj.turns)]
+        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, tuple(mark))  # type: ignore[assignment]
+
+    def finished(self, traj: Trajectory) -> None:
+        self._live.get(traj.task_id, {}).pop(traj.id, None)
+        self._finished.setdefault(traj.task_id, []).append(traj)
+
+    def forget(self, task_id: str) -> None:
+        """The task's group is complete (it went to the buffer)."""
+        self._live.pop(task_id, None)
+        self._finished.pop(task_id, None)
+
+    def snapshot(self, task_ids: set[str]) -> dict[str, Any]:
+        """JSON-ready: for each task, its programs' logged prefixes and its finished trajectories."""
+        out: dict[str, Any] = {}
+        for tid in task_ids:
+            partial = [{"k": t.id, "task": t.task_id, "sample": t.sample_index, "prompt": t.prompt_ids,
+                        "segments": [asdict(x) for x in t.segments[:m[0]]],
+                        "tools": [asdict(x) for x in t.tool_calls[:m[1]]],
+                        "stats": [asdict(x) for x in t.turns[:m[2]]]}
+                       for t, m in self._live.get(tid, {}).values()]
+            done = [t.to_dict() for t in self._finished.get(tid, [])]
+            if partial or done:
+                out[tid] = {"partial": partial, "finished": done}
+        return out
+
+
+def restore(snapshot: dict[str, Any]) -> tuple[LogState, list[Trajectory]]:
+    """One task's entry of :meth:`InFlight.snapshot`: what to resume (partial programs, and the
+    samples already finished) and the finished trajectories themselves."""
+    finished = [Trajectory.from_dict(d) for d in snapshot["finished"]]
+    partial = {}
+    for r in snapshot["partial"]:
+        p = Partial(r["k"], r["task"], r["sample"], r["prompt"], [Segment(**x) for x in r["segments"]],
+                    [ToolCall(**x) for x in r["tools"]], [TurnStats(**x) for x in r["stats"]])
+        partial[(p.task_id, p.sample_index)] = p
+    return LogState({}, partial, {(t.task_id, t.sample_index) for t in finished}), finished

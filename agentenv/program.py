@@ -53,7 +53,7 @@ class ProgramContext:
     tools: dict[str, Tool]
     prompt_cache: dict[str, list[int]]
     stop_token_ids: tuple[int, ...]
-    journal: Any = None  # agentenv.journal.Journal: every completed turn is logged
+    journal: Any = None  # agentenv.journal.ProgramLog: every completed turn is logged
 
     @property
     def tokenizer(self) -> Any:
@@ -111,6 +111,8 @@ async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_ind
     )
     if resume is not None:
         traj.segments, traj.tool_calls, traj.turns = list(resume.segments), list(resume.tool_calls), list(resume.turns)
+        if ctx.journal is not None:
+            ctx.journal.resumed(traj)
     elif ctx.journal is not None:
         ctx.journal.start(traj)
     start = time.perf_counter()

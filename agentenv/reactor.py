@@ -239,13 +239,17 @@ class Reactor:
                     groups[item.task.id] = item
         return [groups[t.id] for t in tasks if t.id in groups]
 
-    async def group(self, task: Task, group_size: int) -> Group:
+    async def group(self, task: Task, group_size: int, *, resume: Any = None,
+                    finished: Sequence[Trajectory] = ()) -> Group:
         """Run the ``group_size`` programs of one task (scheduled together with every other
         call's programs) and return the scored group. Trainers that stream tasks one group at
-        a time (under their own admission control) use this."""
-        group = Group(task)
+        a time (under their own admission control) use this. ``resume`` and ``finished``
+        continue a group a checkpoint saved mid-way (see ``agentenv.journal.restore``)."""
+        group = Group(task, list(finished))
         async with anyio.create_task_group() as tg:
-            await self._run(tg, [task], group_size, None, {task.id: group})
+            await self._run(tg, [task], group_size, None, {task.id: group}, resume)
+        if finished and len(group.trajectories) == len(finished):  # nothing left to run: score the group
+            await self._finish_group(group)
         return group
 
     # -- carrying out the scheduler's decisions ------------------------------------------------
@@ -394,6 +398,8 @@ class Reactor:
         except TrajectoryError as exc:  # an engine returned inconsistent data: keep it, flagged
             traj.finish_reason, traj.error = "error:trajectory", str(exc)
         self.stats.add(traj)
+        if self._ctx.journal is not None:
+            self._ctx.journal.finished(traj)
         group = slot.group
         group.trajectories.append(traj)
         if send is not None:

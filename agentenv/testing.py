@@ -65,6 +65,13 @@ async def check_abort(engine: Engine, prompt: list[int]) -> None:
     # Either it finished quickly or it was cancelled; the engine must still serve afterwards.
     g = await engine.generate(prompt, _params(engine, 4), "contract-after-abort")
     assert len(g.token_ids) > 0, f"engine unusable after cancellation (cancelled={scope.cancelled_caught})"
+    # The same id again at once, while the cancelled request may still be being removed (a
+    # program resumed after a crash asks for the turn it was on): a new request, served.
+    with anyio.move_on_after(0.2):
+        await engine.generate(prompt, _params(engine, 100_000 // 100), "contract-reused")
+    with anyio.fail_after(120):
+        g = await engine.generate(prompt, _params(engine, 4), "contract-reused")
+    assert len(g.token_ids) > 0, "a request id reused after its request was cancelled was not served"
 
 
 async def check_concurrency(engine: Engine, prompt: list[int], n: int = 8) -> None:

@@ -175,14 +175,16 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
     async with LocalSandbox(prewarm=2) as sb:
 
         async def killer() -> None:
+            # First the fork server (its templates and sessions die with it), as soon as the
+            # first sessions exist: before the model has written any code, so the programs'
+            # first calls need a new server. Then a random worker every 0.4 s.
+            while not sb.worker_pids:
+                await anyio.sleep(0.01)
+            os.kill(sb.server_pid, signal.SIGKILL)
+            kills["servers"] += 1
             while True:
                 await anyio.sleep(0.4)
-                if not kills["servers"] and sb.worker_pids:
-                    # once, while the first sessions run and most programs have yet to start
-                    # theirs: the fork server (its templates and sessions die with it)
-                    os.kill(sb.server_pid, signal.SIGKILL)
-                    kills["servers"] += 1
-                elif sb.worker_pids:
+                if sb.worker_pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(rng.choice(sb.worker_pids), signal.SIGKILL)
                         kills["workers"] += 1
@@ -192,8 +194,9 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
             with anyio.fail_after(300):
                 groups = await Reactor(engine, env, sb, config).collect(env.tasks(8, seed=3), 2)
             tg.cancel_scope.cancel()
-        assert kills["servers"] == 1 and sb.restarts >= 1 and kills["workers"] >= 3, (kills, sb.restarts)
     trajs = [t for g in groups for t in g.trajectories]
+    assert kills["servers"] == 1 and sb.restarts >= 1 and kills["workers"] >= 3, \
+        (kills, sb.restarts, [(t.finish_reason, len(t.tool_calls), t.error) for t in trajs])
     assert sorted((t.task_id, t.sample_index) for t in trajs) == sorted((t.id, i) for t in env.tasks(8, seed=3) for i in range(2))
     assert not [t.finish_reason for t in trajs if t.finish_reason.startswith("error")], [t.error for t in trajs]
     crashed = [c for t in trajs for c in t.tool_calls if c.error == "crashed"]
@@ -202,4 +205,39 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
     assert crashed and len(restores) == len(lost) >= len(crashed), [(c.status, c.error, c.output) for c in lost]
     assert all(r["complete"] for r in restores)
     for t in trajs:  # a killed call is an ordinary tool error; what follows it ran on
+        t.validate()
+
+
+@pytest.mark.anyio
+async def test_a_group_saved_mid_way_continues_token_exact(engine):
+    """What a trainer checkpoint saves of a group in flight (``journal.InFlight``): finished
+    programs whole, running ones up to their last completed turn. A new reactor continues it
+    (``Reactor.group(resume=, finished=)``): the group comes back complete, the finished
+    trajectories as they were, the running ones continued from the same tokens."""
+    env, task = RetoolMathEnv(extra_digits=0), RetoolMathEnv(extra_digits=0).tasks(1, seed=11)[0]
+    config = RolloutConfig(max_turns=4, max_new_tokens=256, concurrency=4)
+    tracker = journal.InFlight()
+    async with LocalSandbox() as sb:
+        reactor = Reactor(engine, env, sb, config, journal=tracker)
+        with anyio.move_on_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reactor.group, task, 4)
+                while not any(p["stats"] for p in tracker.snapshot({task.id}).get(task.id, {}).get("partial", [])):
+                    await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()  # the "crash": mid-way through the group
+        saved = tracker.snapshot({task.id})[task.id]
+        snap = json.loads(json.dumps(saved))  # as the checkpoint stores it
+        resume, finished = journal.restore(snap)
+        mid = [p for p in resume.partial.values() if p.turns]
+        assert mid, "no program had completed a turn"
+        group = await Reactor(engine, env, sb, config).group(task, 4, resume=resume, finished=finished)
+    assert sorted(t.sample_index for t in group.trajectories) == [0, 1, 2, 3]
+    by_id = {t.id: t for t in group.trajectories}
+    for d in snap["finished"]:  # programs that had ended are kept, not run again
+        assert {k: by_id[d["id"]].to_dict()[k] for k in ("prompt_ids", "segments", "tool_calls")} == \
+            {k: d[k] for k in ("prompt_ids", "segments", "tool_calls")}
+    for p in mid:
+        t = by_id[p.key]
+        assert t.metadata["resumed"]["from_turn"] == len(p.turns) and t.segments[: len(p.segments)] == p.segments
+        assert t.reward is not None and not t.finish_reason.startswith("error")
         t.validate()

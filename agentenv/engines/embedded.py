@@ -24,6 +24,7 @@ This needs an asyncio event loop (results come back through ``call_soon_threadsa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -106,6 +107,11 @@ class EmbeddedEngine(Engine):
         # in place before the first request.
         self._mgr.batch_processor = self._mgr._create_batch_processor()
         self._cached: dict[str, int] = {}
+        # The engine's own id for each request: the caller's id plus a sequence number, so a
+        # request id reused while its cancelled namesake is still being removed (a resumed
+        # program asking for the same turn again) is a new request, not a victim of that cancel.
+        self._internal: dict[str, str] = {}
+        self._seq = itertools.count()
         self._hook_prefix_match(self._mgr.batch_processor.cache)
         self._mgr.start()
         self._version = 0
@@ -159,23 +165,26 @@ class EmbeddedEngine(Engine):
                 fut.set_result(out)
 
         start = time.perf_counter()
-        self._cached.pop(request_id, None)
-        self._mgr.register_result_handler(request_id, on_result)
+        rid = self._internal[request_id] = f"{request_id}#{next(self._seq)}"
+        self._mgr.register_result_handler(rid, on_result)
         stop_ids = list(dict.fromkeys(params.stop_token_ids)) or [-1]
         try:
             added = self._mgr.add_request(
-                list(prompt_ids), request_id=request_id, max_new_tokens=max_tokens, eos_token_id=stop_ids
+                list(prompt_ids), request_id=rid, max_new_tokens=max_tokens, eos_token_id=stop_ids
             )
             if added is None:
                 raise EngineError("the engine refused the request (it is stopping or failed)")
             out = await fut
         except BaseException:
-            self._mgr.cancel_request(request_id)
+            self._mgr.cancel_request(rid)
             with self._mgr.output_router._lock:
-                self._mgr.output_router.result_handlers.pop(request_id, None)
-            self._cached.pop(request_id, None)
+                self._mgr.output_router.result_handlers.pop(rid, None)
+            self._cached.pop(rid, None)
             raise
-        cached = self._cached.pop(request_id, 0)
+        finally:
+            if self._internal.get(request_id) == rid:
+                del self._internal[request_id]
+        cached = self._cached.pop(rid, 0)
         if out.error is not None:
             raise EngineError(f"generation failed: {out.error}")
         tokens = list(out.generated_tokens)
@@ -195,7 +204,9 @@ class EmbeddedEngine(Engine):
         )
 
     async def abort(self, request_id: str) -> None:
-        self._mgr.cancel_request(request_id)
+        rid = self._internal.get(request_id)
+        if rid is not None:
+            self._mgr.cancel_request(rid)
 
     def _load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None) -> int:
         params = self.model.state_dict(keep_vars=True)  # includes tied names (lm_head.weight)

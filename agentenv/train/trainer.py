@@ -31,6 +31,7 @@ from typing import Any, Callable, Literal
 import anyio
 import torch
 
+from .. import journal
 from ..config import RolloutConfig
 from ..env import Task
 from ..errors import ConfigError, EngineError, SandboxError
@@ -123,6 +124,7 @@ class _GenState:
     redo: list[int] = field(default_factory=list)  # indices to generate (again) before the cursor's
     in_flight: set[int] = field(default_factory=set)
     index: dict[int, int] = field(default_factory=dict)  # id(group) -> its task index
+    saved: dict[str, Any] = field(default_factory=dict)  # task id -> its programs at the checkpoint
 
     def next_index(self) -> int:
         if self.redo:
@@ -227,6 +229,7 @@ class Trainer:
         if "tasks" not in state:  # a fresh run, or a checkpoint from before buffers were saved
             return gen, []
         gen.cursor, gen.redo = state["tasks"]["next"], list(state["tasks"]["in_flight"])
+        gen.saved = dict(state["tasks"].get("programs", {}))
         restored = []
         buf = ckpt / "buffer.jsonl"
         for line in (buf.read_text().splitlines() if buf.exists() else []):
@@ -266,7 +269,8 @@ class Trainer:
             max_turns=cfg.max_turns or self._env.max_turns, max_new_tokens=cfg.max_new_tokens,
             concurrency=cfg.concurrency, scheduling=cfg.scheduling,
             tool_timeout=cfg.tool_timeout or self._env.tool_timeout, temperature=cfg.temperature)
-        reactor = Reactor(engine, self._env, self._sandbox, rollout)
+        tracker = journal.InFlight()  # in-flight programs, for the checkpoints
+        reactor = Reactor(engine, self._env, self._sandbox, rollout, journal=tracker)
         b, s = cfg.groups_per_step, cfg.staleness
         task_at = _task_stream(self._env, cfg)
         gen, restored = self._restore_generation(ckpt, start_step, task_at)
@@ -282,11 +286,15 @@ class Trainer:
         t0 = time.perf_counter()
 
         async def run_group(index: int) -> None:
+            task = task_at(index)
+            saved = gen.saved.pop(task.id, None)  # in flight at the checkpoint: continue it
+            resume, finished = journal.restore(saved) if saved is not None else (None, ())
             gen_clock.enter()
             try:
-                group = await reactor.group(task_at(index), cfg.group_size)
+                group = await reactor.group(task, cfg.group_size, resume=resume, finished=finished)
             finally:
                 gen_clock.exit()
+            tracker.forget(task.id)
             async with cond:
                 gen.in_flight.discard(index)
                 gen.index[id(group)] = index
@@ -368,7 +376,8 @@ class Trainer:
                         gen.index = {id(g): gen.index[id(g)] for g in buffer.groups}  # consumed/dropped: gone
                         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                             tasks = {"next": gen.cursor, "in_flight": sorted(gen.in_flight),
-                                     "buffered": len(gen.index)}
+                                     "buffered": len(gen.index),
+                                     "programs": tracker.snapshot({task_at(i).id for i in gen.in_flight})}
                             buffered = [(gen.index[id(g)], g) for g in buffer.groups]
                             await anyio.to_thread.run_sync(self._checkpoint, policy, step, tasks, buffered)
                     tg.cancel_scope.cancel()  # groups started for later steps are not needed

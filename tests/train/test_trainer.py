@@ -178,21 +178,42 @@ async def test_drain_syncs_only_when_no_program_is_in_flight(tmp_path):
     assert [r["groups_in_flight_at_sync"] for r in trainer.rows] == [0, 0]
 
 
+class Recording(AlternatingReward):
+    """Keeps every trajectory it scores (to see what a resumed run continued); with ``delay``
+    its rewards are slow, so programs of the groups in flight are still waiting for theirs
+    (their earlier turns logged) when the run ends and checkpoints."""
+
+    seen: list = []
+    delay = 0.0
+
+    async def reward(self, task, trajectory):
+        Recording.seen.append(trajectory)
+        await anyio.sleep(self.delay)
+        return await super().reward(task, trajectory)
+
+
 @pytest.mark.anyio
-async def test_resume_consumes_the_saved_buffer_and_trains_no_task_twice(model_dir, tmp_path):
-    """A checkpoint saves the complete groups waiting in the buffer and the tasks in flight; a
-    resumed run trains the saved groups (when within the staleness bound) before new ones,
-    generates the in-flight tasks again, and no task is trained twice or skipped."""
+async def test_resume_continues_the_saved_work_and_trains_no_task_twice(model_dir, tmp_path):
+    """A checkpoint saves the complete groups waiting in the buffer, and for the tasks in
+    flight their programs (finished ones whole, running ones up to their last completed turn).
+    A resumed run trains the saved groups first (within the staleness bound), continues the
+    in-flight programs token-exact, and trains no task twice."""
+    from dataclasses import asdict
+
     from agentenv.trajectory import Trajectory
 
-    cfg = dict(max_staleness=1, out_dir=str(tmp_path), checkpoint_every=2, **SMALL)
-    await Trainer(TrainConfig(steps=2, **cfg), env=AlternatingReward(), print_steps=False).run()
+    cfg = dict(max_staleness=1, out_dir=str(tmp_path), checkpoint_every=2, **{**SMALL, "max_new_tokens": 160})
+    Recording.delay = 2.0
+    await Trainer(TrainConfig(steps=2, **cfg), env=Recording(), print_steps=False).run()
+    Recording.delay = 0.0
     ckpt = tmp_path / "checkpoints" / "step-000002"
     state = json.loads((ckpt / "state.json").read_text())["tasks"]
     saved = [json.loads(line) for line in (ckpt / "buffer.jsonl").read_text().splitlines()]
     assert len(saved) == state["buffered"] and state["buffered"] + len(state["in_flight"]) > 0
     assert state["next"] >= 2 * 2 + len(saved) + len(state["in_flight"])
-    await Trainer(TrainConfig(steps=4, resume=True, **cfg), env=AlternatingReward(), print_steps=False).run()
+    partial = {p["k"]: p for prog in state["programs"].values() for p in prog["partial"]}
+    Recording.seen = []
+    await Trainer(TrainConfig(steps=4, resume=True, **cfg), env=Recording(), print_steps=False).run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     trained = [tid for r in rows for tid in r["task_ids"]]
@@ -204,3 +225,12 @@ async def test_resume_consumes_the_saved_buffer_and_trains_no_task_twice(model_d
     fresh = sorted((d for d in saved if 2 - oldest(d) <= 1), key=oldest)  # usable at version 2
     first = [Trajectory.from_dict(d["trajectories"][0]).task_id for d in fresh[:2]]
     assert set(first) <= set(rows[2]["task_ids"]), (first, rows[2]["task_ids"])
+    # Programs in flight at the checkpoint went on from their last completed turn.
+    mid_way = {k for k, p in partial.items() if p["stats"]}
+    assert mid_way, "no program had completed a turn at the checkpoint"
+    continued = [t for t in Recording.seen if t.id in mid_way]
+    assert {t.id for t in continued} == mid_way
+    for t in continued:
+        p = partial[t.id]
+        assert t.metadata["resumed"]["from_turn"] == len(p["stats"])
+        assert [asdict(x) for x in t.segments[: len(p["segments"])]] == p["segments"]
