@@ -140,7 +140,7 @@ async def test_remount_is_refused(sandbox):
 
 async def test_deleting_its_own_files_and_changing_cwd(sandbox):
     r = await hostile(sandbox, "import os, shutil\nos.chdir('/')\nshutil.rmtree('/tmp', ignore_errors=True)\n"
-                               "os.listdir('/tmp')")
+                               "os.listdir('/tmp')", timeout=10)  # correctness, not speed: a loaded machine
     assert r.status == "ok"
 
 
