@@ -21,10 +21,25 @@ def _fail(env: Any, msg: str) -> None:
     raise EnvCheckError(f"{type(env).__name__}: {msg}")
 
 
-def check_env(env: Environment, tokenizer: Any = None, n: int = 4) -> None:
+def check_env(env: Environment | type[Environment], tokenizer: Any = None, n: int = 4) -> None:
+    """Check an environment instance, or a class (created with no arguments)."""
+    if isinstance(env, type):
+        if not issubclass(env, Environment):
+            raise EnvCheckError(f"{env.__name__}: must subclass agentenv.Environment")
+        try:
+            env = env()
+        except TypeError as exc:
+            raise EnvCheckError(f"{env.__name__}: cannot be created with no arguments ({exc}); "
+                                "pass an instance: check_env(MyEnv(...))") from exc
     if not isinstance(env, Environment):
         _fail(env, "must be an instance of agentenv.Environment (subclass it)")
     cls = type(env)
+    if not isinstance(env.id, str):
+        _fail(env, f"id must be a string (the registry id; '' lets make() use its spec), got {env.id!r}")
+    if isinstance(env.max_turns, bool) or not isinstance(env.max_turns, int) or env.max_turns < 1:
+        _fail(env, f"max_turns must be an int >= 1, got {env.max_turns!r}")
+    if isinstance(env.tool_timeout, bool) or not isinstance(env.tool_timeout, (int, float)) or env.tool_timeout <= 0:
+        _fail(env, f"tool_timeout must be a number of seconds > 0, got {env.tool_timeout!r}")
     for name in ("tasks", "reward"):
         if getattr(cls, name) is getattr(Environment, name):
             _fail(env, f"must override {name}()")

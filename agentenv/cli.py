@@ -39,14 +39,19 @@ def _positive(kind: type):
     return parse
 
 
+ENGINE_ARG_HELP = ("engine setting, repeatable; VALUE is parsed as JSON when it can be. embedded: kv_cache_tokens, "
+                   "page_size, max_batch_tokens, max_model_len; vllm: any AsyncEngineArgs field (block_size=32, "
+                   "kv_cache_memory_bytes=268435456, tensor_parallel_size=2, max_model_len=4096) and max_restarts")
+ENV_MODULE_HELP = ("a module or path/to/file.py to import first, so the environments it register()s can be named "
+                   "by id; repeatable (also AGENTENV_ENV_MODULES, separated by ':')")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="agentenv", description="Token-exact async rollouts for tool-calling models.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("rollout", help="run rollouts and write trajectories as JSONL")
-    r.add_argument("--env", default="retool-math", help="environment id or module:Class (default retool-math)")
-    r.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment constructor argument, repeatable (e.g. extra_digits=1)")
+    _env_options(r, "retool-math")
     r.add_argument("--tasks", type=_positive(int), default=32, help="number of tasks (default 32)")
     r.add_argument("--group-size", type=_positive(int), default=4, help="samples per task, a GRPO group (default 4)")
     r.add_argument("--out", type=Path, default=Path("rollouts.jsonl"),
@@ -58,9 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
     r.add_argument("--engine", default="embedded", choices=["embedded", "vllm", "openai"],
                    help="embedded (CPU, default), vllm (in-process AsyncLLM), openai (HTTP server)")
-    r.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine setting, repeatable (e.g. block_size=32, kv_cache_memory_bytes=268435456, "
-                        "tensor_parallel_size=2, max_model_len=4096); VALUE is parsed as JSON when it can be")
+    r.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help=ENGINE_ARG_HELP)
     r.add_argument("--base-url", action="append", default=None,
                    help="server URL for --engine openai (repeat for several replicas)")
     r.add_argument("--sandbox", default="local", choices=["local", "e2b"],
@@ -75,14 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="programs admitted at once under --scheduling program or lockstep (default 8 x concurrency, "
                         "at most the sandbox's 256 sessions; the engine's KV capacity bounds it too)")
     r.add_argument("--max-turns", type=_positive(int), default=None, help="model turns per program (default: env's)")
-    r.add_argument("--max-new-tokens", type=_positive(int), default=384, help="sampled tokens per program")
-    r.add_argument("--temperature", type=float, default=1.0)
-    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--max-new-tokens", type=_positive(int), default=384,
+                   help="sampled tokens per program, all turns together (default 384)")
+    r.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    r.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
     r.add_argument("--seed", type=int, default=0, help="task and sampling seed (default 0)")
-    r.add_argument("--tool-timeout", type=_positive(float), default=None, help="seconds per tool call")
+    r.add_argument("--tool-timeout", type=_positive(float), default=None,
+                   help="seconds per tool call (default: the env's)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    sub.add_parser("envs", help="list registered environments")
+    e = sub.add_parser("envs", help="list the environments: description, tool format, limits, arguments")
+    e.add_argument("--env-module", action="append", default=[], metavar="MODULE", help=ENV_MODULE_HELP)
     _train_parser(sub)
     pl = sub.add_parser("plot", help="render a training run's reward and throughput curves to PNG")
     pl.add_argument("run", type=Path, help="run directory (holding metrics.jsonl) or a metrics.jsonl file")
@@ -95,14 +101,14 @@ def _train_parser(sub: Any) -> None:
 
     d = TrainConfig()
     t = sub.add_parser("train", help="GRPO-train a policy on an environment (async by default)")
-    t.add_argument("--env", default=d.env, help=f"environment id or module:Class (default {d.env})")
-    t.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment constructor argument, repeatable (e.g. extra_digits=1)")
+    _env_options(t, d.env)
     t.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
-    t.add_argument("--engine", default=d.engine, choices=["embedded", "vllm", "openai"])
-    t.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine setting, repeatable")
+    t.add_argument("--engine", default=d.engine, choices=["embedded", "vllm", "openai"],
+                   help=f"inference engine (default {d.engine}; see agentenv rollout --help)")
+    t.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help=ENGINE_ARG_HELP)
     t.add_argument("--base-url", action="append", default=None, help="server URL for --engine openai")
-    t.add_argument("--sandbox", default=d.sandbox, choices=["local", "e2b"])
+    t.add_argument("--sandbox", default=d.sandbox, choices=["local", "e2b"],
+                   help=f"tool sandbox (default {d.sandbox})")
     t.add_argument("--mode", default=d.mode, choices=["async", "sync"],
                    help="async: generation and training overlap (default); sync: generate, train, sync in turn")
     t.add_argument("--steps", type=_positive(int), default=d.steps, help=f"optimiser steps (default {d.steps})")
@@ -115,24 +121,36 @@ def _train_parser(sub: Any) -> None:
                    help="programs in flight at a weight update: continue with the new weights (default) or drain first")
     t.add_argument("--lr", type=_positive(float), default=d.lr, help=f"learning rate (default {d.lr})")
     t.add_argument("--lora-rank", type=int, default=d.lora_rank, help="train a LoRA adapter of this rank and sync only it (0: full)")
-    t.add_argument("--lora-alpha", type=_positive(float), default=d.lora_alpha)
-    t.add_argument("--clip-low", type=float, default=d.clip_low)
-    t.add_argument("--clip-high", type=float, default=d.clip_high)
-    t.add_argument("--is-cap", type=_positive(float), default=d.is_cap, help="truncation of the per-token IS weight")
-    t.add_argument("--aggregation", default=d.aggregation, choices=["token", "sequence"])
-    t.add_argument("--micro-batch", type=_positive(int), default=d.micro_batch, help="sequences per forward/backward")
+    t.add_argument("--lora-alpha", type=_positive(float), default=d.lora_alpha,
+                   help=f"LoRA scaling numerator: the update is scaled by alpha/rank (default {d.lora_alpha})")
+    t.add_argument("--clip-low", type=float, default=d.clip_low,
+                   help=f"PPO ratio clip below 1 (ratio >= 1 - clip_low; default {d.clip_low})")
+    t.add_argument("--clip-high", type=float, default=d.clip_high,
+                   help=f"PPO ratio clip above 1, DAPO's clip-higher (ratio <= 1 + clip_high; default {d.clip_high})")
+    t.add_argument("--is-cap", type=_positive(float), default=d.is_cap,
+                   help=f"truncation of the per-token importance weight behaviour -> current policy (default {d.is_cap})")
+    t.add_argument("--aggregation", default=d.aggregation, choices=["token", "sequence"],
+                   help=f"loss mean over all tokens of the batch, or per sequence then over sequences "
+                        f"(default {d.aggregation})")
+    t.add_argument("--micro-batch", type=_positive(int), default=d.micro_batch,
+                   help=f"sequences per forward/backward, gradients accumulated (default {d.micro_batch})")
     t.add_argument("--concurrency", type=_positive(int), default=d.concurrency,
                    help=f"engine requests in flight (default {d.concurrency})")
     t.add_argument("--scheduling", default=d.scheduling, choices=["program", "fifo", "lockstep"],
                    help="how rollout programs are scheduled (default program: KV-aware, see agentenv rollout)")
-    t.add_argument("--max-turns", type=_positive(int), default=None)
-    t.add_argument("--max-new-tokens", type=_positive(int), default=d.max_new_tokens)
-    t.add_argument("--temperature", type=_positive(float), default=d.temperature)
-    t.add_argument("--tool-timeout", type=_positive(float), default=None)
-    t.add_argument("--seed", type=int, default=d.seed)
+    t.add_argument("--max-turns", type=_positive(int), default=None, help="model turns per program (default: env's)")
+    t.add_argument("--max-new-tokens", type=_positive(int), default=d.max_new_tokens,
+                   help=f"sampled tokens per program (default {d.max_new_tokens})")
+    t.add_argument("--temperature", type=_positive(float), default=d.temperature,
+                   help=f"sampling temperature (default {d.temperature})")
+    t.add_argument("--tool-timeout", type=_positive(float), default=None,
+                   help="seconds per tool call (default: the env's)")
+    t.add_argument("--seed", type=int, default=d.seed, help=f"task, sampling and init seed (default {d.seed})")
     t.add_argument("--out-dir", default=d.out_dir, help=f"run directory: metrics.jsonl, checkpoints/ (default {d.out_dir})")
-    t.add_argument("--checkpoint-every", type=_positive(int), default=d.checkpoint_every)
+    t.add_argument("--checkpoint-every", type=_positive(int), default=d.checkpoint_every,
+                   help=f"steps between checkpoints; one is also written at the end (default {d.checkpoint_every})")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
+    t.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out-dir")
     t.add_argument("--no-progress", action="store_true", help="no live status bar (step lines still print)")
 
 
@@ -140,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "envs":
-            return _envs()
+            return _envs(args)
         if args.command == "rollout":
             return _rollout(args)
         if args.command == "train":
@@ -168,6 +186,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _env_options(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--env", default=default,
+                        help=f"environment: a registered id, package.module:Class or path/to/file.py:Class "
+                             f"(default {default}; `agentenv envs` lists them)")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="environment constructor argument, repeatable (e.g. extra_digits=1); checked against "
+                             "the constructor and converted to its annotated type")
+    parser.add_argument("--env-module", action="append", default=[], metavar="MODULE", help=ENV_MODULE_HELP)
+
+
+def _load_env(args: argparse.Namespace) -> dict[str, Any]:
+    """Import --env-module modules; the --env-arg values as typed constructor arguments."""
+    from .registry import env_kwargs, load_env_modules
+
+    load_env_modules(args.env_module)
+    return env_kwargs(args.env, args.env_arg)
+
+
 def _engine_args(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
@@ -187,8 +223,22 @@ def _train(args: argparse.Namespace) -> int:
     from .train.trainer import TrainConfig, train
 
     hf_logging.disable_progress_bar()
+    env_kwargs = _load_env(args)
+    if args.resume and args.overwrite:
+        raise AgentEnvError("--resume and --overwrite exclude each other")
+    out_dir = Path(args.out_dir)
+    earlier = [p.name for p in (out_dir / "metrics.jsonl", out_dir / "checkpoints") if p.exists()]
+    if earlier and not (args.resume or args.overwrite):
+        raise AgentEnvError(f"{out_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, "
+                            "--overwrite to replace it, or another --out-dir")
+    if args.overwrite:
+        import shutil
+
+        for name in earlier:
+            target = out_dir / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
     cfg = TrainConfig(
-        env=args.env, env_kwargs=_engine_args(args.env_arg), model=args.model, engine=args.engine,
+        env=args.env, env_kwargs=env_kwargs, model=args.model, engine=args.engine,
         engine_kwargs=_engine_args(args.engine_arg), base_urls=args.base_url, sandbox=args.sandbox, mode=args.mode,
         steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
         max_staleness=args.max_staleness, partial=args.partial, lr=args.lr, lora_rank=args.lora_rank,
@@ -208,11 +258,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _envs() -> int:
-    from .registry import registered
+def _envs(args: argparse.Namespace) -> int:
+    from .registry import describe, load_env_modules, registered
 
+    load_env_modules(args.env_module)
     for name, where in registered().items():
-        print(f"{name}\t{where}")
+        try:
+            d = describe(name)
+        except AgentEnvError as exc:
+            print(f"{name}  ({where})\n    cannot load: {exc}\n")
+            continue
+        print(f"{name}  ({where})")
+        if d["description"]:
+            print(f"    {d['description']}")
+        print(f"    tool format: {d['tool_format']}; max_turns {d['max_turns']}; tool_timeout {d['tool_timeout']} s")
+        print(f"    --env-arg: {d['args']}\n")
     return 0
 
 
@@ -228,7 +288,8 @@ def _rollout(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bars between our own output
     args.t_start = time.perf_counter()
-    env = make(args.env, **_engine_args(args.env_arg))
+    env_args = _load_env(args)
+    env = make(args.env, **env_args)
     model = Path(args.model) if args.model else default_model()
     check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
     if args.engine == "openai" and not args.base_url:
@@ -253,7 +314,7 @@ def _rollout(args: argparse.Namespace) -> int:
     if has_output and not (args.resume or args.overwrite):
         raise AgentEnvError(f"{args.out} exists and is not empty: pass --resume to continue that run, or "
                             "--overwrite to replace it")
-    args.settings = {"env": env.id, "env_args": _engine_args(args.env_arg), "model": str(model.resolve()),
+    args.settings = {"env": env.id, "env_args": env_args, "model": str(model.resolve()),
                      "seed": args.seed, "tasks": args.tasks, "group_size": args.group_size,
                      "temperature": config.temperature, "top_p": config.top_p, "max_turns": config.max_turns,
                      "max_new_tokens": config.max_new_tokens, "tool_timeout": config.tool_timeout}

@@ -6,7 +6,7 @@ crash mid-write) is detected; reading stops at the first bad record and a resume
 the file there. Records (``"e"`` names the event):
 
   {"e": "header", "v": 1, "settings": {...}}        first line: what the run is
-  {"e": "start", "k": key, "task": id, "sample": i, "prompt": [ids]}   a program started
+  {"e": "start", "k": key, "task": id, "sample": i, "group": gid, "prompt": [ids]}   a program started
   {"e": "turn", "k": key, "turn": n, "segments": [...], "tools": [...], "stats": [...]}
         a turn completed: the segments (model ids with logprobs and weight versions, env ids),
         tool calls and engine stats it added, exactly as in the trajectory
@@ -77,6 +77,7 @@ class LogState:
     settings: dict[str, Any]
     partial: dict[tuple[str, int], Partial]  # (task id, sample index) -> its last state
     done: set[tuple[str, int]]
+    groups: dict[str, str] = field(default_factory=dict)  # task id -> its group's id (resumed groups keep it)
 
 
 def replay(records: list[dict[str, Any]]) -> LogState:
@@ -87,12 +88,15 @@ def replay(records: list[dict[str, Any]]) -> LogState:
     by_key: dict[str, Partial] = {}
     partial: dict[tuple[str, int], Partial] = {}
     done: set[tuple[str, int]] = set()
+    groups: dict[str, str] = {}
     for r in records[1:]:
         e = r.get("e")
         if e == "start":
             p = Partial(r["k"], r["task"], r["sample"], r["prompt"])
             by_key[p.key] = p
             partial[(p.task_id, p.sample_index)] = p  # a later start of the same sample wins
+            if r.get("group"):
+                groups[p.task_id] = r["group"]
         elif e == "turn" and r["k"] in by_key:
             p = by_key[r["k"]]
             p.segments += [Segment(**s) for s in r["segments"]]
@@ -101,7 +105,7 @@ def replay(records: list[dict[str, Any]]) -> LogState:
         elif e == "done":
             done.add((r["task"], r["sample"]))
             partial.pop((r["task"], r["sample"]), None)
-    return LogState(records[0]["settings"], partial, done)
+    return LogState(records[0]["settings"], partial, done, groups)
 
 
 def finished_lines(out: Path) -> tuple[set[tuple[str, int]], int]:
@@ -183,7 +187,7 @@ class Journal:
 
     def start(self, traj: Trajectory) -> None:
         self.write({"e": "start", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index,
-                    "prompt": traj.prompt_ids})
+                    "group": traj.group_id, "prompt": traj.prompt_ids})
 
     def turn(self, traj: Trajectory, mark: list[int]) -> None:
         """Log what ``traj`` gained since ``mark`` (segments, tool calls, turns), then move it."""
@@ -268,7 +272,8 @@ class InFlight:
         """JSON-ready: for each task, its programs' logged prefixes and its finished trajectories."""
         out: dict[str, Any] = {}
         for tid in task_ids:
-            partial = [{"k": t.id, "task": t.task_id, "sample": t.sample_index, "prompt": t.prompt_ids,
+            partial = [{"k": t.id, "task": t.task_id, "sample": t.sample_index, "group": t.group_id,
+                        "prompt": t.prompt_ids,
                         "segments": [asdict(x) for x in t.segments[:m[0]]],
                         "tools": [asdict(x) for x in t.tool_calls[:m[1]]],
                         "stats": [asdict(x) for x in t.turns[:m[2]]]}
@@ -288,4 +293,6 @@ def restore(snapshot: dict[str, Any]) -> tuple[LogState, list[Trajectory]]:
         p = Partial(r["k"], r["task"], r["sample"], r["prompt"], [Segment(**x) for x in r["segments"]],
                     [ToolCall(**x) for x in r["tools"]], [TurnStats(**x) for x in r["stats"]])
         partial[(p.task_id, p.sample_index)] = p
-    return LogState({}, partial, {(t.task_id, t.sample_index) for t in finished}), finished
+    groups = {r["task"]: r["group"] for r in snapshot["partial"] if r.get("group")}
+    groups.update({t.task_id: t.group_id for t in finished})
+    return LogState({}, partial, {(t.task_id, t.sample_index) for t in finished}, groups), finished

@@ -45,10 +45,16 @@ from .trajectory import Trajectory
 
 @dataclass(slots=True)
 class Group:
-    """The G trajectories of one task (a GRPO group), all scored."""
+    """The G trajectories of one task (a GRPO group), all scored. ``id`` (each trajectory's
+    ``group_id``) is unique per group: the same task rolled out twice makes two groups."""
 
     task: Task
     trajectories: list[Trajectory] = field(default_factory=list)
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = self.trajectories[0].group_id if self.trajectories else f"{self.task.id}#{uuid.uuid4().hex[:8]}"
 
     @property
     def rewards(self) -> list[float | None]:
@@ -159,7 +165,7 @@ class Reactor:
         journal: Any = None,
     ) -> None:
         self.engine, self.env, self.sandbox = engine, env, sandbox
-        self.config = config or RolloutConfig()
+        self.config = (config or RolloutConfig()).for_env(env)  # None limits: the env's
         self.buffer_size = buffer_size
         fmt = get_format(env.tool_format)
         tools = {t.name: t for t in env.tools()}
@@ -245,7 +251,7 @@ class Reactor:
         call's programs) and return the scored group. Trainers that stream tasks one group at
         a time (under their own admission control) use this. ``resume`` and ``finished``
         continue a group a checkpoint saved mid-way (see ``agentenv.journal.restore``)."""
-        group = Group(task, list(finished))
+        group = Group(task, list(finished), id=resume.groups.get(task.id, "") if resume is not None else "")
         async with anyio.create_task_group() as tg:
             await self._run(tg, [task], group_size, None, {task.id: group}, resume)
         if finished and len(group.trajectories) == len(finished):  # nothing left to run: score the group
@@ -278,7 +284,7 @@ class Reactor:
                     continue
                 # Not kept here: a finished group is referenced only until it is sent, so a long
                 # run's memory does not grow with the programs it has finished.
-                group = groups.get(task.id) or Group(task)
+                group = groups.get(task.id) or Group(task, id=resume.groups.get(task.id, "") if resume else "")
                 pending = [len(samples)]
                 for i in samples:
                     pid = self._next_pid
@@ -375,7 +381,7 @@ class Reactor:
         slot.started = True
         self.stats.program_started()
         try:
-            traj = await run_program(self._ctx, slot.task, f"{slot.task.id}#g", slot.index, _Hooks(self, slot),
+            traj = await run_program(self._ctx, slot.task, slot.group.id, slot.index, _Hooks(self, slot),
                                      program_id=slot.key, resume=slot.partial)
         finally:
             self._sched.finish(slot.pid)

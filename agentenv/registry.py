@@ -1,19 +1,33 @@
-"""Environment registry: ``make("retool-math")``, entry points, and ``module:Class`` paths.
+"""Environment registry: ``make("retool-math")``, entry points, ``module:Class`` paths and
+``path/to/file.py:Class``.
 
 Lookup order for ``make(spec)``:
-1. ids registered in this process with :func:`register`;
+1. ids registered in this process with :func:`register` (a user's module that registers its
+   environments is loaded with :func:`load_module`: ``--env-module`` on the CLI, or the
+   ``AGENTENV_ENV_MODULES`` variable, a list separated by ``os.pathsep``);
 2. ids published by installed packages under the ``agentenv.envs`` entry-point group
    (agentenv's own ``retool-math`` is published this way in pyproject.toml);
-3. ``"package.module:ClassName"`` import paths.
+3. ``"package.module:ClassName"`` import paths (a module in the current directory included,
+   as with ``python -m``) and ``"path/to/file.py:ClassName"``.
 
 Every class is checked once with :func:`agentenv.checker.check_env` before its first use.
+Constructor arguments given as text (``--env-arg KEY=VALUE``) are checked against the
+constructor's signature and converted by its annotations (:func:`env_kwargs`).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import typing
 from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from .env import Environment
@@ -22,6 +36,7 @@ from .errors import ConfigError, EnvNotFoundError
 EntryPoint = type[Environment] | Callable[..., Environment] | str
 _REGISTRY: dict[str, EntryPoint] = {}
 _CHECKED: set[type] = set()
+_LOADED: set[str] = set()
 GROUP = "agentenv.envs"
 
 
@@ -42,18 +57,71 @@ def registered() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _import(path: str) -> Any:
-    module, _, attr = path.partition(":")
+def load_module(spec: str) -> ModuleType:
+    """Import a user's module: a dotted name (importable, or found in the current directory)
+    or the path of a ``.py`` file (its directory joins ``sys.path``, as for a script)."""
+    if spec.endswith(".py") or os.sep in spec or "/" in spec:
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise EnvNotFoundError(f"no such file: {spec}")
+        for mod in list(sys.modules.values()):
+            if getattr(mod, "__file__", None) and Path(mod.__file__).resolve() == path:
+                return mod  # imported already (a module's classes must stay one and the same)
+        name = path.stem if path.stem.isidentifier() else "agentenv_user_" + str(abs(hash(path)))
+        if name in sys.modules:
+            name = f"{name}_{abs(hash(path))}"
+        importer = importlib.util.spec_from_file_location(name, path)
+        assert importer is not None and importer.loader is not None
+        module = importlib.util.module_from_spec(importer)
+        sys.modules[name] = module  # dataclasses, pickling and later imports find it
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        try:
+            importer.loader.exec_module(module)
+        except BaseException as exc:
+            del sys.modules[name]
+            raise EnvNotFoundError(f"cannot import {spec}: {type(exc).__name__}: {exc}") from exc
+        return module
     try:
-        obj = importlib.import_module(module)
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        if exc.name != spec.split(".")[0] or cwd in sys.path or "" in sys.path:
+            raise EnvNotFoundError(f"cannot import {spec!r}: {exc}") from exc
+        sys.path.append(cwd)  # a module beside the user, as `python -m` would find it
+        try:
+            return importlib.import_module(spec)
+        except ModuleNotFoundError as exc2:
+            sys.path.remove(cwd)
+            raise EnvNotFoundError(f"cannot import {spec!r}: {exc2} (looked in the installed packages "
+                                   f"and in {cwd})") from exc2
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
+        raise EnvNotFoundError(f"cannot import {spec!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_env_modules(specs: list[str] = ()) -> None:  # type: ignore[assignment]
+    """Import the modules in ``specs`` and in ``AGENTENV_ENV_MODULES`` (once each), so the
+    environments they ``register()`` can be made by id."""
+    extra = [m for m in os.environ.get("AGENTENV_ENV_MODULES", "").split(os.pathsep) if m.strip()]
+    for spec in [*extra, *specs]:
+        if spec not in _LOADED:
+            load_module(spec.strip())
+            _LOADED.add(spec)
+
+
+def _import(path: str) -> Any:
+    module, _, attr = path.rpartition(":")
+    obj: Any = load_module(module)
+    try:
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
+    except AttributeError as exc:
         raise EnvNotFoundError(f"cannot import environment {path!r}: {exc}") from exc
     return obj
 
 
 def _resolve(spec: str) -> EntryPoint:
+    load_env_modules()
     if spec in _REGISTRY:
         return _REGISTRY[spec]
     eps = _entry_points()
@@ -66,17 +134,149 @@ def _resolve(spec: str) -> EntryPoint:
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise EnvNotFoundError(
         f"no environment {spec!r}.{hint} Registered: {', '.join(known) or '(none)'}. "
-        "A 'package.module:ClassName' path also works."
+        "A 'package.module:ClassName' or 'path/to/file.py:ClassName' path also works; a module "
+        "that register()s environments loads with --env-module (or AGENTENV_ENV_MODULES)."
     )
 
 
+def _entry(spec: str) -> Any:
+    entry = _resolve(spec)
+    return _import(entry) if isinstance(entry, str) else entry
+
+
+def parameters(entry: Any) -> dict[str, inspect.Parameter] | None:
+    """The keyword arguments an environment class (or factory) takes; None if it takes any
+    name (its constructor has a ``**kwargs``). ``Environment``'s own ``**kwargs`` (kept as
+    ``self.options``) does not count: a class that does not override ``__init__`` takes none."""
+    chain = [c for c in entry.__mro__ if "__init__" in vars(c)][:1] if isinstance(entry, type) else [entry]
+    out: dict[str, inspect.Parameter] = {}
+    for owner in chain:
+        if owner is Environment or owner is object:
+            return out
+        fn = owner.__init__ if isinstance(owner, type) else owner
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # noqa: BLE001 - unresolvable annotations: no conversion
+            hints = {}
+        more = False
+        for name, prm in sig.parameters.items():
+            if name == "self" or prm.kind in (prm.POSITIONAL_ONLY, prm.VAR_POSITIONAL):
+                continue
+            if prm.kind == prm.VAR_KEYWORD:
+                more = True
+                continue
+            out[name] = prm.replace(annotation=hints.get(name, prm.annotation))
+        return None if more else out
+    return out
+
+
+def _type_name(ann: Any) -> str:
+    return getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+
+
+def _convert(text: str, ann: Any) -> Any:
+    """``text`` as a value of type ``ann`` (ValueError if it is not one)."""
+    if ann in (inspect.Parameter.empty, Any, object):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is typing.Union or type(ann).__name__ == "UnionType":
+        if type(None) in args and text.strip().lower() in ("none", "null"):
+            return None
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return _convert(text, a)
+            except ValueError:
+                continue
+        raise ValueError(text)
+    if origin is typing.Literal:
+        for a in args:
+            if str(a) == text:
+                return a
+        raise ValueError(text)
+    if ann is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(text)
+    if ann in (int, float, str):
+        return ann(text)
+    if origin in (list, dict, tuple) or ann in (list, dict, tuple):
+        value = json.loads(text)
+        if not isinstance(value, origin or ann):
+            raise ValueError(text)
+        return tuple(value) if (origin or ann) is tuple else value
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _accepted(params: dict[str, inspect.Parameter]) -> str:
+    return ", ".join(
+        f"{n}" + ("" if p.annotation is inspect.Parameter.empty else f": {_type_name(p.annotation)}")
+        + ("" if p.default is inspect.Parameter.empty else f" = {p.default!r}") for n, p in params.items()
+    ) or "(none)"
+
+
+def env_kwargs(spec: str, items: list[str], option: str = "--env-arg") -> dict[str, Any]:
+    """``KEY=VALUE`` strings (from the command line) as the environment's constructor
+    arguments: names checked against its signature, values converted by its annotations."""
+    params = parameters(_entry(spec))
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"{option} wants KEY=VALUE, got {item!r}")
+        if params is None:
+            out[key] = _convert(text, inspect.Parameter.empty)
+            continue
+        if key not in params:
+            raise ConfigError(f"{option} {key}: environment {spec!r} has no argument {key!r}; "
+                              f"it takes: {_accepted(params)}")
+        ann = params[key].annotation
+        try:
+            out[key] = _convert(text, ann)
+        except (ValueError, json.JSONDecodeError):
+            raise ConfigError(f"{option} {key}={text!r}: not a valid {_type_name(ann)}") from None
+    return out
+
+
+def describe(spec: str) -> dict[str, Any]:
+    """What ``agentenv envs`` shows: the description (the class docstring's first paragraph),
+    the tool format, the default limits and the constructor arguments with their defaults."""
+    entry = _entry(spec)
+    params = parameters(entry)
+    doc = inspect.getdoc(entry) or ""
+    fmt = getattr(entry, "tool_format", None)
+    return {
+        "id": spec,
+        "description": " ".join(doc.split("\n\n")[0].split()),
+        "tool_format": fmt if isinstance(fmt, str) or fmt is None else type(fmt).__name__,
+        "max_turns": getattr(entry, "max_turns", None),
+        "tool_timeout": getattr(entry, "tool_timeout", None),
+        "args": "(any)" if params is None else _accepted(params),
+    }
+
+
 def make(spec: str, **kwargs: Any) -> Environment:
-    """Create an environment by id or ``module:Class`` path, checked before first use."""
+    """Create an environment by id or ``module:Class`` path, checked before first use.
+    Arguments its constructor does not take are refused, with the ones it does."""
     from .checker import check_env
 
-    entry = _resolve(spec)
-    if isinstance(entry, str):
-        entry = _import(entry)
+    entry = _entry(spec)
+    params = parameters(entry)
+    unknown = sorted(set(kwargs) - set(params)) if params is not None else []
+    if unknown:
+        raise ConfigError(f"environment {spec!r} has no argument {unknown[0]!r}; it takes: {_accepted(params)}")
     try:
         env = entry(**kwargs)
     except (TypeError, ValueError) as exc:  # bad constructor arguments (--env-arg)

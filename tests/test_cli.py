@@ -10,11 +10,10 @@ import pytest
 from envs.retool_math import RetoolMathEnv
 
 
-def agentenv(*args, timeout=300):
-    env = {**os.environ, "COLUMNS": "120"}
-    return subprocess.run(
-        [sys.executable, "-m", "agentenv.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+def agentenv(*args, timeout=300, cwd=None, env=None):
+    env = {**os.environ, "COLUMNS": "120", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "agentenv.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
 
 
 def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
@@ -48,6 +47,11 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
         (["rollout", "--out", "pyproject.toml/x.jsonl"], "is not a directory"),
         (["rollout", "--engine", "openai"], "needs --base-url"),
         (["rollout", "--engine-arg", "oops"], "KEY=VALUE"),
+        (["rollout", "--env-arg", "nosuch=1"], "no argument 'nosuch'; it takes: extra_digits: int = 2"),
+        (["rollout", "--env-arg", "extra_digits"], "--env-arg wants KEY=VALUE"),
+        (["rollout", "--env-arg", "extra_digits=abc"], "--env-arg extra_digits='abc': not a valid int"),
+        (["rollout", "--env", "./no_such_file.py:Env"], "no such file"),
+        (["rollout", "--env-module", "no_such_module_xyz"], "cannot import 'no_such_module_xyz'"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):
@@ -60,6 +64,65 @@ def test_bad_input_is_one_clear_line(args, message):
 def test_envs_lists_retool_math():
     r = agentenv("envs", timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("retool-math")
+    assert "Arithmetic word problems" in r.stdout and "--env-arg: extra_digits: int = 2" in r.stdout
+
+
+USER_ENV = '''
+from agentenv import Environment, Task, register
+
+
+class DigitSum(Environment):
+    """Sum the digits of a number."""
+
+    max_turns = 2
+
+    def __init__(self, digits: int = 3, shout: bool = False):
+        super().__init__()
+        self.digits, self.shout = digits, shout
+
+    def tasks(self, n, seed=0):
+        return [Task(f"ds{self.digits}/{seed}/{i}", f"Sum the digits of {10 ** (self.digits - 1) + 7 * i + seed}.",
+                     sum(map(int, str(10 ** (self.digits - 1) + 7 * i + seed)))) for i in range(n)]
+
+    async def reward(self, task, trajectory):
+        return float(str(task.answer) in trajectory.text)
+
+
+register("digit-sum", DigitSum)
+'''
+
+
+def test_an_environment_from_the_users_own_file(tmp_path, model_dir):
+    """A module beside the user (as `python -m` finds it), a file path, and a module that
+    register()s its ids, loaded with --env-module or AGENTENV_ENV_MODULES."""
+    (tmp_path / "digitsum_env.py").write_text(USER_ENV)
+    r = agentenv("envs", "--env-module", "./digitsum_env.py", cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "digit-sum  (digitsum_env:DigitSum)" in r.stdout and "Sum the digits of a number." in r.stdout
+    assert "--env-arg: digits: int = 3, shout: bool = False" in r.stdout
+    r = agentenv("envs", cwd=tmp_path, env={"AGENTENV_ENV_MODULES": "digitsum_env"}, timeout=60)
+    assert r.returncode == 0 and "digit-sum" in r.stdout, r.stderr
+    small = ["--tasks", "2", "--group-size", "1", "--max-new-tokens", "32", "--model", model_dir, "--no-progress"]
+    for spec, extra in (("digitsum_env:DigitSum", []), (str(tmp_path / "digitsum_env.py") + ":DigitSum", []),
+                        ("digit-sum", ["--env-module", "digitsum_env"])):
+        out = tmp_path / "r.jsonl"
+        r = agentenv("rollout", "--env", spec, *extra, "--env-arg", "digits=4", "--env-arg", "shout=yes",
+                     *small, "--out", str(out), "--overwrite", cwd=tmp_path)
+        assert r.returncode == 0, (spec, r.stderr[-2000:])
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(rows) == 2 and all(x["task_id"].startswith("ds4/") for x in rows)  # digits=4 reached it
+    log = (tmp_path / "r.jsonl.log").read_text()
+    assert '"env_args":{"digits":4,"shout":true}' in log.replace(" ", "")
+
+
+def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    r = agentenv("train", "--out-dir", str(run), timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "holds an earlier run (metrics.jsonl): pass --resume" in r.stderr
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):

@@ -232,6 +232,7 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
         assert mid, "no program had completed a turn"
         group = await Reactor(engine, env, sb, config).group(task, 4, resume=resume, finished=finished)
     assert sorted(t.sample_index for t in group.trajectories) == [0, 1, 2, 3]
+    assert {t.group_id for t in group.trajectories} == {saved["partial"][0]["group"]}  # the group keeps its id
     by_id = {t.id: t for t in group.trajectories}
     for d in snap["finished"]:  # programs that had ended are kept, not run again
         assert {k: by_id[d["id"]].to_dict()[k] for k in ("prompt_ids", "segments", "tool_calls")} == \

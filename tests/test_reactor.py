@@ -182,3 +182,22 @@ async def test_trajectories_stream_before_groups_complete(engine):
                 order.append(type(item).__name__)
     assert order.count("Trajectory") == 6 and order.count("Group") == 3
     assert order[0] == "Trajectory"
+
+
+async def test_the_library_takes_the_envs_limits_as_the_cli_does(engine):
+    class Short(RetoolMathEnv):
+        max_turns, tool_timeout = 2, 1.5
+
+    assert RolloutConfig().max_new_tokens == 384  # the CLI's --max-new-tokens default
+    reactor = Reactor(engine, Short(), None, RolloutConfig())
+    assert (reactor.config.max_turns, reactor.config.tool_timeout) == (2, 1.5)
+    explicit = Reactor(engine, Short(), None, RolloutConfig(max_turns=3, tool_timeout=9.0))
+    assert (explicit.config.max_turns, explicit.config.tool_timeout) == (3, 9.0)
+    groups = await run(engine, Short(), n_tasks=3, group_size=2, max_turns=None)
+    trajs = flat(groups)
+    assert trajs and all(len(t.turns) <= 2 for t in trajs)
+    # A group id names one group: shared by its samples, new for the same task rolled out again.
+    again = await run(engine, Short(), n_tasks=3, group_size=2, max_turns=1)
+    for g, g2 in zip(groups, again):
+        assert g.task.id == g2.task.id and g.id != g2.id and g.id.startswith(g.task.id + "#")
+        assert {t.group_id for t in g.trajectories} == {g.id} and {t.group_id for t in g2.trajectories} == {g2.id}

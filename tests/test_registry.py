@@ -82,3 +82,92 @@ def test_check_env_with_tokenizer(tokenizer):
 
     # </tool_call> is a single token in the bundled tokenizer too.
     check_env(Hermes(), tokenizer=tokenizer)
+
+
+class ZeroTurns(GoodEnv):
+    max_turns = 0
+
+
+class NoId(GoodEnv):
+    id = None  # type: ignore[assignment]
+
+
+class NeedsArg(GoodEnv):
+    def __init__(self, level: int) -> None:
+        super().__init__()
+
+
+def test_check_env_takes_a_class_and_checks_the_limits_and_id():
+    check_env(GoodEnv)  # a class, as the README shows, is created with no arguments
+    with pytest.raises(EnvCheckError, match="max_turns must be an int >= 1, got 0"):
+        check_env(ZeroTurns)
+    with pytest.raises(EnvCheckError, match="id must be a string"):
+        check_env(NoId())
+    with pytest.raises(EnvCheckError, match=r"cannot be created with no arguments .*check_env\(MyEnv\(\.\.\.\)\)"):
+        check_env(NeedsArg)
+    with pytest.raises(EnvCheckError, match="must subclass agentenv.Environment"):
+        check_env(int)
+
+
+USER_FILE = '''
+from typing import Literal, Optional
+
+from agentenv import Environment, Task, register
+
+
+class FileEnv(Environment):
+    """An environment in a user's file."""
+
+    def __init__(self, size: int = 2, rate: float = 0.5, on: bool = False, name: Optional[str] = None,
+                 mode: Literal["a", "b"] = "a", tags: list = ()):
+        super().__init__()
+        self.size, self.rate, self.on, self.name, self.mode, self.tags = size, rate, on, name, mode, tags
+
+    def tasks(self, n, seed=0):
+        return [Task(f"f/{seed}/{i}", f"q{i}") for i in range(n)]
+
+    async def reward(self, task, trajectory):
+        return 0.0
+
+
+register("{id}", FileEnv)
+'''
+
+
+def test_an_environment_from_a_file_path_a_module_in_the_working_directory_or_env_var(tmp_path, monkeypatch):
+    from agentenv import registry
+
+    (tmp_path / "user_env_a.py").write_text(USER_FILE.replace("{id}", "file-env-a"))
+    (tmp_path / "user_env_b.py").write_text(USER_FILE.replace("{id}", "file-env-b"))
+    (tmp_path / "user_env_c.py").write_text(USER_FILE.replace("{id}", "file-env-c"))
+    env = make(f"{tmp_path / 'user_env_a.py'}:FileEnv", size=3)  # an absolute path
+    assert type(env).__name__ == "FileEnv" and env.size == 3
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    assert make("./user_env_a.py:FileEnv").size == 2  # relative; the same module, not a second copy
+    assert type(make("./user_env_a.py:FileEnv")) is type(env)
+    assert type(make("user_env_b:FileEnv")).__module__ == "user_env_b"  # beside the user, as `python -m`
+    with pytest.raises(EnvNotFoundError, match="no environment 'file-env-c'"):
+        make("file-env-c")
+    monkeypatch.setenv("AGENTENV_ENV_MODULES", "user_env_c")
+    assert make("file-env-c").id == "file-env-c"
+    with pytest.raises(EnvNotFoundError, match="no such file"):
+        make("./missing.py:FileEnv")
+    (tmp_path / "broken_env.py").write_text("def oops(:\n")
+    with pytest.raises(EnvNotFoundError, match="cannot import ./broken_env.py: SyntaxError"):
+        make("./broken_env.py:X")
+    # Arguments: the constructor's names, converted by its annotations.
+    kw = registry.env_kwargs("file-env-c", ["size=4", "rate=0.25", "on=yes", "name=none", "mode=b", "tags=[1, 2]"])
+    assert kw == {"size": 4, "rate": 0.25, "on": True, "name": None, "mode": "b", "tags": [1, 2]}
+    assert registry.env_kwargs("file-env-c", ["name=x"]) == {"name": "x"}
+    for bad, message in ((["sizes=1"], "no argument 'sizes'; it takes: size: int = 2, rate: float = 0.5"),
+                         (["size=1.5"], "size='1.5': not a valid int"), (["on=maybe"], "not a valid bool"),
+                         (["mode=c"], "mode='c': not a valid"), (["tags=1"], "not a valid list"),
+                         (["size"], "wants KEY=VALUE")):
+        with pytest.raises(agentenv.ConfigError, match=message):
+            registry.env_kwargs("file-env-c", bad)
+    with pytest.raises(agentenv.ConfigError, match="no argument 'sizes'"):
+        make("file-env-c", sizes=1)
+    d = registry.describe("file-env-c")
+    assert d["description"] == "An environment in a user's file." and d["tool_format"] == "retool"
+    assert d["args"].startswith("size: int = 2, rate: float = 0.5, on: bool = False")

@@ -35,6 +35,7 @@ import anyio
 import torch
 
 from ..errors import ConfigError, EngineError, ModelNotFoundError, PromptTooLongError
+from ..models import quiet_loading
 from .base import Engine, Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ class EmbeddedEngine(Engine):
             torch.manual_seed(seed)
         self.model_path = path
         self.tokenizer = load_tokenizer(path)
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
+        with quiet_loading():
+            self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
+                                                              attn_implementation=attn_implementation)
         self.model.eval()
         cfg = self.model.config
         self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 2048))

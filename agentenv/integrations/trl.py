@@ -51,7 +51,7 @@ class AgentEnvRollout:
     def __init__(self, env: Environment, engine: Any, *, sandbox: Any = None, config: RolloutConfig | None = None
                  ) -> None:
         self.env, self.engine = env, engine
-        self.config = config or RolloutConfig(max_turns=env.max_turns)
+        self.config = config or RolloutConfig()
         self._tasks: dict[str, Task] = {}
         self._portal_cm = anyio.from_thread.start_blocking_portal()
         self._portal = self._portal_cm.__enter__()

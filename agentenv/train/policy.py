@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
+from ..models import quiet_loading
 from .batch import Batch
 from .loss import LossConfig, grpo_loss
 
@@ -55,7 +56,8 @@ class Policy:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        with quiet_loading():
+            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.lora = lora
         if lora is not None:
             inject_lora(self.model, lora)

@@ -43,14 +43,19 @@ def answers_match(given: str | None, expected: object) -> bool:
 
 
 class RetoolMathEnv(Environment):
+    """Arithmetic word problems the model solves by writing Python (ReTool style); reward 1
+    for the right final answer in \\boxed{}. ``extra_digits`` makes the numbers longer.
+
+    The bundled demo environment: tasks are generated from the seed, so any count works."""
+
     id = "retool-math"
     tool_format = "retool"
     max_turns = 4
     tool_timeout = 5.0
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, extra_digits: int = 2, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, extra_digits: int = 2) -> None:
+        super().__init__()
         if not 0 <= extra_digits <= 12:
             raise ValueError("extra_digits must be between 0 and 12")
         self.extra_digits = extra_digits
