@@ -366,7 +366,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     from .engines import open_engine
     from .reactor import Reactor
     from .trajectory import Trajectory
-    from sandboxes import default_sandbox
+    from agentenv.sandboxes import default_sandbox
 
     console = Console(stderr=True)
     console.print(f"[bold]agentenv[/] rollout: env={env.id} model={model} engine={args.engine} "

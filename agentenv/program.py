@@ -47,7 +47,7 @@ class ProgramContext:
 
     engine: Engine
     env: Environment
-    sandbox: Any  # sandboxes.base.Sandbox
+    sandbox: Any  # agentenv.sandboxes.base.Sandbox
     config: RolloutConfig
     fmt: ToolFormat
     tools: dict[str, Tool]

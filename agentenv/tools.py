@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import anyio
 
 if TYPE_CHECKING:
-    from sandboxes.base import Session
+    from agentenv.sandboxes.base import Session
 
     from .trajectory import Trajectory
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv import Reactor, RolloutConfig, journal, make  # noqa: E402
 from agentenv.engines.embedded import EmbeddedEngine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
-from sandboxes.local import LocalSandbox  # noqa: E402
+from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 
 async def one(engine, sandbox, env, tasks, group: int, log: Path | None) -> tuple[float, int]:

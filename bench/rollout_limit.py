@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv import Reactor, RolloutConfig, make  # noqa: E402
 from agentenv.engines import open_engine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
-from sandboxes.local import LocalSandbox  # noqa: E402
+from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 from scheduling import pure_decode  # noqa: E402  (bench/scheduling.py)
 

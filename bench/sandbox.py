@@ -21,7 +21,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandboxes.local import LocalSandbox  # noqa: E402
+from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 CODE = "1 + 1"
 

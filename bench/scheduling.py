@@ -42,7 +42,7 @@ from agentenv.engines import SamplingParams, open_engine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
 from agentenv.simulator import fit_engine, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
-from sandboxes.local import LocalSandbox  # noqa: E402
+from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 POLICIES = ("lockstep", "fifo", "program")
 

@@ -21,7 +21,10 @@ and as the last line ``async_speedup: <sync_wall / async_wall>``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
+import random
 import sys
 import tempfile
 import time
@@ -30,12 +33,30 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reactor import SlowPython, latency  # noqa: E402  (bench/reactor.py)
-
+from agentenv.envs.retool_math import RetoolMathEnv  # noqa: E402
+from agentenv.tools import PythonTool, ToolContext, ToolOutput  # noqa: E402
 from agentenv.train import TrainConfig, Trainer  # noqa: E402
-from envs.retool_math import RetoolMathEnv  # noqa: E402
+
+
+def latency(key: str, median: float, sigma: float, cap: float) -> float:
+    """Deterministic heavy-tailed (log-normal, capped) latency for one key."""
+    rng = random.Random(hashlib.sha256(key.encode()).hexdigest())
+    return min(cap, median * math.exp(sigma * rng.gauss(0, 1)))
+
+
+class SlowPython(PythonTool):
+    """The real sandboxed python tool plus a heavy-tailed extra latency per (task, sample, turn)."""
+
+    def __init__(self, median: float, sigma: float, cap: float) -> None:
+        super().__init__()
+        self.median, self.sigma, self.cap = median, sigma, cap
+
+    async def __call__(self, ctx: ToolContext, **arguments) -> ToolOutput:
+        t = ctx.trajectory
+        key = f"{t.task_id}/{t.sample_index}/{ctx.turn}" if t is not None else arguments["code"]
+        await anyio.sleep(latency(key, self.median, self.sigma, self.cap))
+        return await super().__call__(ctx, **arguments)
 
 
 class AgenticMath(RetoolMathEnv):

@@ -10,7 +10,7 @@ import anyio
 from agentenv import Environment, FunctionTool, PythonTool, Reactor, RolloutConfig, Task, make, register
 from agentenv.engines.embedded import EmbeddedEngine
 from agentenv.models import default_model
-from sandboxes.local import LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 
 
 def is_prime(n: int) -> bool:

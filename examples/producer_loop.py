@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from agentenv import Reactor, RolloutConfig, RolloutProducer, make
 from agentenv.engines.embedded import EmbeddedEngine
 from agentenv.models import default_model
-from sandboxes.local import LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 
 
 def loss_fn(model: torch.nn.Module, batch, clip: tuple[float, float] = (0.2, 0.28)) -> torch.Tensor:

@@ -8,7 +8,7 @@ import anyio
 from agentenv import Group, Reactor, RolloutConfig, make
 from agentenv.engines.embedded import EmbeddedEngine
 from agentenv.models import default_model
-from sandboxes.local import LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 
 
 def grpo_advantages(rewards: list[float]) -> list[float]:

@@ -24,7 +24,7 @@ from agentenv import make  # noqa: E402
 from agentenv.engines.embedded import EmbeddedEngine  # noqa: E402
 from agentenv.integrations.trl import AgentEnvRollout, env_reward  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
-from sandboxes.local import LocalSandbox  # noqa: E402
+from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 
 class PrintSteps(TrainerCallback):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from envs.retool_math import RetoolMathEnv
+from agentenv.envs.retool_math import RetoolMathEnv
 
 
 def agentenv(*args, timeout=300, cwd=None, env=None):

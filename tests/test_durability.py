@@ -22,8 +22,8 @@ from transformers import AutoTokenizer
 from agentenv import Reactor, RolloutConfig, journal
 from agentenv.models import default_model
 from agentenv.trajectory import Trajectory
-from envs.retool_math import RetoolMathEnv
-from sandboxes.local import LocalSandbox
+from agentenv.envs.retool_math import RetoolMathEnv
+from agentenv.sandboxes.local import LocalSandbox
 
 TASKS, GROUP = 3, 2
 ARGS = ["rollout", "--tasks", str(TASKS), "--group-size", str(GROUP), "--no-progress", "--concurrency", "4"]

@@ -7,8 +7,8 @@ import pytest
 
 from agentenv import Group, Reactor, RolloutConfig, Trajectory, make
 from agentenv.formats import MalformedCall, ReToolFormat
-from envs.retool_math import RetoolMathEnv
-from sandboxes.local import LocalSandbox
+from agentenv.envs.retool_math import RetoolMathEnv
+from agentenv.sandboxes.local import LocalSandbox
 
 from .conftest import child_pids
 

@@ -10,7 +10,7 @@ import pytest
 
 from agentenv.tools import PythonTool, ToolContext
 from agentenv.trajectory import ToolCall, Trajectory
-from sandboxes.local import LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 
 from .sandboxes.test_local import gone
 

@@ -27,7 +27,7 @@ import anyio
 import torch
 
 from agentenv.formats import ReToolFormat
-from envs.retool_math import RetoolMathEnv
+from agentenv.envs.retool_math import RetoolMathEnv
 
 from .tokenizer import build_tokenizer
 
@@ -38,7 +38,7 @@ SECOND = ["Now the next step.", "Next, I compute the rest."]
 
 async def _transcripts(n: int, seed: int) -> list[dict]:
     """Task, prompt messages and the list of (kind, text) pieces of the assistant's part."""
-    from sandboxes.local import LocalSandbox
+    from agentenv.sandboxes.local import LocalSandbox
 
     # The SFT data uses the easiest setting (extra_digits=0); the env default is harder, which
     # leaves headroom for RL.

@@ -162,7 +162,7 @@ class Trainer:
         from ..engines.embedded import check_model_dir
         from ..models import default_model
         from ..registry import make
-        from sandboxes import default_sandbox
+        from agentenv.sandboxes import default_sandbox
 
         cfg = self.cfg
         model = Path(cfg.model) if cfg.model else default_model()

@@ -71,7 +71,7 @@ async def test_weight_update_changes_outputs_version_and_cache_salt(vengine, mod
 
 async def test_reactor_on_vllm(vengine):
     from agentenv import Reactor, RolloutConfig, make
-    from sandboxes.local import LocalSandbox
+    from agentenv.sandboxes.local import LocalSandbox
 
     env = make("retool-math", extra_digits=0)
     async with LocalSandbox() as sb:
@@ -90,7 +90,7 @@ async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(ve
     import psutil
 
     from agentenv import Reactor, RolloutConfig, Trajectory, make
-    from sandboxes.local import LocalSandbox
+    from agentenv.sandboxes.local import LocalSandbox
 
     env = make("retool-math", extra_digits=0)
     tasks, restarts, trajs, at_kill = env.tasks(6, seed=2), vengine.restarts, [], None

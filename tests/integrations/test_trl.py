@@ -14,7 +14,7 @@ trl = pytest.importorskip("trl")
 
 from agentenv.engines.embedded import EmbeddedEngine  # noqa: E402
 from agentenv.integrations.trl import AgentEnvRollout, env_reward  # noqa: E402
-from sandboxes.local import LocalSandbox  # noqa: E402
+from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 from ..train.test_trainer import AlternatingReward  # noqa: E402
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sandboxes.local import LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 
 from .hostile import LIMITS, SECRET, alive
 

@@ -11,7 +11,7 @@ import socket
 import psutil
 import pytest
 
-from sandboxes.local import Limits
+from agentenv.sandboxes.local import Limits
 
 LIMITS = Limits(memory_mb=512, cpu_s=20, fsize_mb=8, nofile=128, pids=32, tmp_mb=16, shm_mb=4)
 SECRET = "AGENTENV_TEST_SECRET"

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("e2b_code_interpreter")
 
-from sandboxes.e2b import E2BSandbox  # noqa: E402
-from sandboxes.e2b.fake_server import FakeE2BServer  # noqa: E402
+from agentenv.sandboxes.e2b import E2BSandbox  # noqa: E402
+from agentenv.sandboxes.e2b.fake_server import FakeE2BServer  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 

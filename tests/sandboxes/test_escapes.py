@@ -10,7 +10,7 @@ import anyio
 import psutil
 import pytest
 
-from sandboxes.local import LocalSandbox, _Cgroups
+from agentenv.sandboxes.local import LocalSandbox, _Cgroups
 
 from .hostile import LIMITS, hostile, x86_64
 

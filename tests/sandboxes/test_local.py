@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from agentenv.errors import SandboxError
-from sandboxes.local import LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 
 pytestmark = pytest.mark.anyio
 
@@ -139,9 +139,9 @@ async def test_max_workers_caps_live_sessions():
 
 
 async def test_refuses_to_run_weaker_than_asked(monkeypatch, tmp_path):
-    import sandboxes.local
+    import agentenv.sandboxes.local
 
-    monkeypatch.setattr(sandboxes.local, "CGROUP_V1", tmp_path)  # a host without cgroup v1
+    monkeypatch.setattr(agentenv.sandboxes.local, "CGROUP_V1", tmp_path)  # a host without cgroup v1
     with pytest.raises(SandboxError, match="allow_unisolated"):
         async with LocalSandbox():
             pass
@@ -159,7 +159,7 @@ def test_workers_die_with_their_parent(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import anyio, sys\n"
-        "from sandboxes.local import LocalSandbox\n"
+        "from agentenv.sandboxes.local import LocalSandbox\n"
         "async def main():\n"
         "    sb = LocalSandbox(prewarm=0)\n"
         "    s = await sb.session()\n"

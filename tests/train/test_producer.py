@@ -8,7 +8,7 @@ import torch
 
 from agentenv import Reactor, RolloutConfig, RolloutProducer
 from agentenv.engines.embedded import EmbeddedEngine
-from sandboxes.local import LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 
 from .test_trainer import AlternatingReward
 

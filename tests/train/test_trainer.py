@@ -16,8 +16,8 @@ from agentenv.config import RolloutConfig
 from agentenv.registry import make
 from agentenv.train import LoraSpec, Policy, TrainConfig, Trainer, collate
 from agentenv.train.policy import nbytes
-from envs.retool_math import RetoolMathEnv
-from sandboxes import default_sandbox
+from agentenv.envs.retool_math import RetoolMathEnv
+from agentenv.sandboxes import default_sandbox
 
 
 SMALL = dict(groups_per_step=2, group_size=2, max_new_tokens=96, concurrency=8, lr=1e-3)

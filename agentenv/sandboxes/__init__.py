@@ -1,4 +1,4 @@
-"""Execution backends for tool code: ``sandboxes.local`` (default) and ``sandboxes.e2b``."""
+"""Execution backends for tool code: ``agentenv.sandboxes.local`` (default) and ``agentenv.sandboxes.e2b``."""
 
 from .base import ExecResult, ExecStatus, Sandbox, Session
 

@@ -10,7 +10,7 @@ and any API key. It implements:
   streams newline-delimited JSON events (``stdout``, ``stderr``, ``result``, ``error``,
   ``number_of_executions``, ``end_of_execution``) as the real service does.
 
-Each context is a real persistent Python interpreter (``sandboxes/local/worker.py`` over
+Each context is a real persistent Python interpreter (``agentenv/sandboxes/local/worker.py`` over
 pipes), so state, errors and slow code behave for real. It records what happened (sandboxes
 created and killed, contexts, restarts) for assertions, and can answer the first N creates
 with HTTP 429 to exercise rate-limit retries.
