@@ -1,6 +1,7 @@
 """The ``agentenv`` command line.
 
     agentenv rollout --env retool-math --tasks 32 --group-size 4 --out rollouts.jsonl
+    agentenv eval --env retool-math --tasks 64 --k 8 --out eval.jsonl
     agentenv envs
     agentenv train --env retool-math --steps 40 --mode async --out-dir runs/demo
     agentenv plot runs/demo
@@ -51,11 +52,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("rollout", help="run rollouts and write trajectories as JSONL")
+    _rollout_options(r)
+    v = sub.add_parser("eval", help="k samples per task: pass@k, reward components, a table and a JSON report")
+    _rollout_options(v, evaluate=True)
+
+    e = sub.add_parser("envs", help="list the environments: description, tool format, limits, arguments")
+    e.add_argument("--env-module", action="append", default=[], metavar="MODULE", help=ENV_MODULE_HELP)
+    _train_parser(sub)
+    pl = sub.add_parser("plot", help="render a training run's reward and throughput curves to PNG")
+    pl.add_argument("run", type=Path, help="run directory (holding metrics.jsonl) or a metrics.jsonl file")
+    pl.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN/curves.png)")
+    return p
+
+
+def _rollout_options(r: argparse.ArgumentParser, evaluate: bool = False) -> None:
     _env_options(r, "retool-math")
     r.add_argument("--tasks", type=_positive(int), default=32, help="number of tasks (default 32)")
-    r.add_argument("--group-size", type=_positive(int), default=4, help="samples per task, a GRPO group (default 4)")
-    r.add_argument("--out", type=Path, default=Path("rollouts.jsonl"),
-                   help="output JSONL file; its event log is written beside it as OUT.log")
+    if evaluate:
+        r.add_argument("--k", dest="group_size", metavar="K", type=_positive(int), default=4,
+                       help="samples per task; pass@1, pass@2, ... up to pass@k are reported (default 4)")
+        r.add_argument("--pass-threshold", type=float, default=1.0,
+                       help="a sample passes when its reward is at least this (default 1.0)")
+        r.add_argument("--report", type=Path, default=None,
+                       help="JSON report: overall and per-task pass@k and components (default: OUT.report.json)")
+    else:
+        r.add_argument("--group-size", type=_positive(int), default=4,
+                       help="samples per task, a GRPO group (default 4)")
+    r.add_argument("--out", type=Path, default=Path("eval.jsonl" if evaluate else "rollouts.jsonl"),
+                   help="output JSONL file of trajectories; its event log is written beside it as OUT.log")
     r.add_argument("--resume", action="store_true",
                    help="continue an interrupted run with the same arguments: finished trajectories are kept, "
                         "programs in flight continue from their last logged turn")
@@ -86,14 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tool-timeout", type=_positive(float), default=None,
                    help="seconds per tool call (default: the env's)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-    e = sub.add_parser("envs", help="list the environments: description, tool format, limits, arguments")
-    e.add_argument("--env-module", action="append", default=[], metavar="MODULE", help=ENV_MODULE_HELP)
-    _train_parser(sub)
-    pl = sub.add_parser("plot", help="render a training run's reward and throughput curves to PNG")
-    pl.add_argument("run", type=Path, help="run directory (holding metrics.jsonl) or a metrics.jsonl file")
-    pl.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN/curves.png)")
-    return p
 
 
 def _train_parser(sub: Any) -> None:
@@ -161,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _envs(args)
         if args.command == "rollout":
             return _rollout(args)
+        if args.command == "eval":
+            return _eval(args)
         if args.command == "train":
             return _train(args)
         if args.command == "plot":
@@ -323,6 +341,32 @@ def _rollout(args: argparse.Namespace) -> int:
     return anyio.run(_run, env, model, config, tasks, args)
 
 
+def _eval(args: argparse.Namespace) -> int:
+    """A rollout of k samples per task, then the report from what it wrote (so ``--resume``
+    gives the report of the whole run)."""
+    from rich.console import Console
+
+    from .evaluation import read_jsonl, report, table
+
+    args.report = args.report or Path(f"{args.out}.report.json" if args.out.suffix != ".jsonl"
+                                      else args.out.with_suffix(".report.json"))
+    if args.report.is_dir() or not args.report.parent.is_dir():
+        raise AgentEnvError(f"--report {args.report}: not a file in an existing directory")
+    rc = _rollout(args)
+    rep = report(read_jsonl(args.out), threshold=args.pass_threshold)
+    rep = {"env": args.env, "env_args": args.settings["env_args"], "model": args.settings["model"],
+           "seed": args.seed, "temperature": args.temperature, "out": str(args.out), **rep}
+    try:
+        args.report.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise AgentEnvError(f"cannot write {args.report}: {exc.strerror or exc}") from None
+    console = Console(stderr=True)
+    console.print(table(rep, title=f"{args.env}"))
+    console.print(f"report -> {args.report}")
+    print(json.dumps({k: rep[k] for k in ("tasks", "samples", "pass@k", "mean_reward", "components")}), flush=True)
+    return rc
+
+
 def _check_out(out: Path) -> None:
     """Refuse an --out that cannot be written, before anything slow is loaded."""
     if out.is_dir():
@@ -369,7 +413,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     from agentenv.sandboxes import default_sandbox
 
     console = Console(stderr=True)
-    console.print(f"[bold]agentenv[/] rollout: env={env.id} model={model} engine={args.engine} "
+    console.print(f"[bold]agentenv[/] {args.command}: env={env.id} model={model} engine={args.engine} "
                   f"tasks={len(tasks)} x group {args.group_size}")
     try:
         engine = await open_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
@@ -451,6 +495,7 @@ def _summary(console: Any, s: dict, out: Path, written: int, total_s: float) -> 
         ("engine idle (no request in flight)", f"{s['engine_idle_pct']}%"),
         ("pauses / restores (KV pressure)", f"{s['pauses']} / {s['restores']}"),
         ("mean reward", s["mean_reward"]),
+        *((f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())),
         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),
         ("wall time", f"{s['wall_s']}s rollout, {total_s:.1f}s with start-up (model, sandbox)"),
     ]

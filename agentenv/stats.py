@@ -50,6 +50,8 @@ class RunStats:
     resume_eligible: int = 0
     reward_sum: float = 0.0
     rewarded: int = 0
+    component_sums: Counter = field(default_factory=Counter)
+    component_counts: Counter = field(default_factory=Counter)
     reprefilled: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
     # Engine occupancy, integrated over time from the reactor's submit/return events.
@@ -108,6 +110,9 @@ class RunStats:
         if t.reward is not None:
             self.reward_sum += t.reward
             self.rewarded += 1
+        for name, value in t.reward_components.items():
+            self.component_sums[name] += value
+            self.component_counts[name] += 1
         self.finish_reasons[t.finish_reason] += 1
 
     @property
@@ -155,6 +160,7 @@ class RunStats:
             "env_waits": self.env_waits,
             "env_wait_s": round(self.env_wait_s, 2),
             "mean_reward": None if self.mean_reward is None else round(self.mean_reward, 4),
+            "reward_components": {k: round(v / self.component_counts[k], 4) for k, v in self.component_sums.items()},
             "finish_reasons": dict(self.finish_reasons),
             "wall_s": round(self.elapsed, 2),
         }

@@ -61,10 +61,13 @@ def test_bad_input_is_one_clear_line(args, message):
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
-def test_envs_lists_retool_math():
+def test_envs_lists_the_bundled_environments():
     r = agentenv("envs", timeout=60)
-    assert r.returncode == 0 and r.stdout.startswith("retool-math")
+    assert r.returncode == 0
+    assert [ln.split()[0] for ln in r.stdout.splitlines() if ln and not ln.startswith(" ")] == \
+        ["dataset", "retool-math", "trace"]
     assert "Arithmetic word problems" in r.stdout and "--env-arg: extra_digits: int = 2" in r.stdout
+    assert "Tasks from a JSONL file or a Hugging Face dataset" in r.stdout and "--env-arg: source: str," in r.stdout
 
 
 USER_ENV = '''
@@ -113,6 +116,28 @@ def test_an_environment_from_the_users_own_file(tmp_path, model_dir):
         assert len(rows) == 2 and all(x["task_id"].startswith("ds4/") for x in rows)  # digits=4 reached it
     log = (tmp_path / "r.jsonl.log").read_text()
     assert '"env_args":{"digits":4,"shout":true}' in log.replace(" ", "")
+
+
+def test_eval_on_a_dataset_file_reports_pass_at_k_consistent_with_its_trajectories(tmp_path, model_dir):
+    data = tmp_path / "mini.jsonl"
+    rows = [{"q": f"Compute {a} * {b}.", "a": a * b, "src": "mini"} for a, b in ((12, 34), (56, 78), (91, 23))]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "ev.jsonl"
+    r = agentenv("eval", "--env", "dataset", "--env-arg", f"source={data}", "--env-arg", "question=q",
+                 "--env-arg", "answer=a", "--tasks", "3", "--k", "4", "--out", str(out), "--model", model_dir,
+                 "--no-progress", "--seed", "2")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted({x["task_id"] for x in lines}) == ["mini/0", "mini/1", "mini/2"] and len(lines) == 12
+    rep = json.loads((tmp_path / "ev.report.json").read_text())
+    assert rep["tasks"] == 3 and rep["samples_per_task"] == 4 and list(rep["pass@k"]) == ["1", "2", "4"]
+    passed = {t: sum(x["reward"] == 1.0 for x in lines if x["task_id"] == t) for t in ("mini/0", "mini/1", "mini/2")}
+    assert {t["task_id"]: t["passed"] for t in rep["per_task"]} == passed
+    assert rep["pass@k"]["1"] == round(sum(passed.values()) / 12, 4)
+    assert rep["pass@k"]["4"] == round(sum(c > 0 for c in passed.values()) / 3, 4)
+    assert set(rep["components"]) == {"correct", "has_answer", "tool_ran"}
+    assert "pass@4" in r.stderr and "mean correct" in r.stderr  # the table and the rollout summary
+    assert json.loads(r.stdout.splitlines()[-1])["pass@k"] == rep["pass@k"]
 
 
 def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path):

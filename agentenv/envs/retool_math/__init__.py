@@ -1,17 +1,18 @@
 """``retool-math``: arithmetic, word problems, small algebra and digit sums solved with Python.
 
 The model writes ``<code>...</code>``, the sandbox answers in ``<interpreter>...</interpreter>``,
-and the final answer goes in ``\\boxed{...}`` (or ``<answer>...</answer>``). Reward: 1.0 for an
-exact numeric match, else 0.0; the component ``tool_ran`` reports whether a tool call ran
-cleanly (informational, not added to the reward).
+and the final answer goes in ``\\boxed{...}`` (or ``<answer>...</answer>``). Reward: 1.0 for the
+right final answer (``correct``: the model's last words after any tool output, compared
+exactly as a number), else 0.0; the component ``tool_ran`` reports whether a tool call ran
+cleanly (weight 0: informational, not added to the reward).
 """
 
 from __future__ import annotations
 
 import random
-import re
 
 from agentenv.env import Environment, Task
+from agentenv.rewards import Rubric, correct_answer, tool_ran
 from agentenv.trajectory import Trajectory
 
 from .problems import generate
@@ -20,26 +21,6 @@ SYSTEM_PROMPT = (
     "Solve the problem with Python. Write code between <code> and </code>; its output "
     "comes back between <interpreter> and </interpreter>. Give the final answer as \\boxed{answer}."
 )
-
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-
-
-def extract_answer(text: str) -> str | None:
-    """The last ``\\boxed{...}`` or ``<answer>...</answer>`` in ``text``."""
-    found = [(m.start(), m.group(1)) for m in _BOXED.finditer(text)]
-    found += [(m.start(), m.group(1)) for m in _ANSWER.finditer(text)]
-    return max(found)[1].strip() if found else None
-
-
-def answers_match(given: str | None, expected: object) -> bool:
-    if given is None:
-        return False
-    g = given.replace(",", "").replace("$", "").strip()
-    try:
-        return abs(float(g) - float(expected)) < 1e-6  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return g == str(expected)
 
 
 class RetoolMathEnv(Environment):
@@ -68,10 +49,9 @@ class RetoolMathEnv(Environment):
             out.append(Task(f"retool-math/{seed}/{i}", question, answer, {"kind": kind, "solution": solution}))
         return out
 
+    #: ``correct`` (weight 1; the answers are integers, so a numeric comparison) + ``tool_ran``
+    #: (weight 0, reported only); see agentenv.rewards.
+    rubric = Rubric(correct_answer(symbolic=False), (tool_ran, 0.0))
+
     async def reward(self, task: Task, trajectory: Trajectory) -> dict[str, float]:
-        completion = trajectory.text or ""
-        # Only the model's final words count: an answer inside tool output is not the model's.
-        final = completion.rsplit("</interpreter>", 1)[-1]
-        correct = answers_match(extract_answer(final), task.answer)
-        ran = any(c.status == "ok" for c in trajectory.tool_calls)
-        return {"reward": float(correct), "tool_ran": float(ran)}
+        return await self.rubric(task, trajectory)
