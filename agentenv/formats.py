@@ -9,6 +9,9 @@ added with loss mask 0; the model's sampled ids are never re-encoded).
 * :class:`HermesFormat`: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
   (Qwen/Hermes); the result is a ``tool`` chat message rendered by the tokenizer's own chat
   template, so the glue between turns is exactly what the template would produce.
+* :class:`Llama3JsonFormat`: Llama 3.1's JSON call (the whole turn is ``{"name": ...,
+  "parameters": {...}}``, ended by ``<|eot_id|>``); the result is an ``ipython``/``tool``
+  message rendered by the chat template, as for Hermes.
 
 Anything malformed (an unclosed tag, bad JSON, an unknown tool, wrong arguments) becomes a
 :class:`MalformedCall`; the reactor turns it into an error observation for the model.
@@ -55,6 +58,10 @@ class ToolFormat:
     def error_text(self, call: MalformedCall) -> str:
         return f"Error: malformed tool call: {call.reason}"
 
+    def example_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """The text a model writes to call ``name`` (as this format parses it)."""
+        raise NotImplementedError
+
 
 class ReToolFormat(ToolFormat):
     name = "retool"
@@ -80,6 +87,9 @@ class ReToolFormat(ToolFormat):
     def observation(self, outputs: list[str], tokenizer: Any, ended_with_eos: bool) -> str:
         return "".join(f"\n<interpreter>\n{o}\n</interpreter>\n" for o in outputs)
 
+    def example_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"{self.OPEN}\n{arguments['code']}\n{self.CLOSE}"
+
 
 class HermesFormat(ToolFormat):
     name = "hermes"
@@ -99,23 +109,11 @@ class HermesFormat(ToolFormat):
             except json.JSONDecodeError as exc:
                 calls.append(MalformedCall(f"tool call is not valid JSON ({exc.msg})", body[:200]))
                 continue
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                calls.append(MalformedCall('tool call must be an object with a string "name"', body[:200]))
-                continue
-            args = obj.get("arguments", {})
-            if isinstance(args, str):  # some models double-encode arguments
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    pass
-            if not isinstance(args, dict):
-                calls.append(MalformedCall('"arguments" must be a JSON object', body[:200]))
-                continue
-            if obj["name"] not in tool_names:
-                calls.append(MalformedCall(f"unknown tool {obj['name']!r}; available: {', '.join(tool_names)}"))
-                continue
-            calls.append(ToolRequest(obj["name"], args))
+            calls.append(_request(obj, body, tool_names, "arguments"))
         return calls
+
+    def example_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
     def observation(self, outputs: list[str], tokenizer: Any, ended_with_eos: bool) -> str:
         base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": self._A}]
@@ -136,7 +134,52 @@ class HermesFormat(ToolFormat):
         return tail
 
 
-FORMATS: dict[str, type[ToolFormat]] = {"retool": ReToolFormat, "hermes": HermesFormat}
+def _request(obj: Any, body: str, tool_names: Sequence[str], key: str) -> Parsed:
+    """A decoded JSON call as a request, or what is wrong with it."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return MalformedCall('tool call must be an object with a string "name"', body[:200])
+    args = obj.get(key, obj.get("arguments", {}))
+    if isinstance(args, str):  # some models double-encode arguments
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(args, dict):
+        return MalformedCall(f'"{key}" must be a JSON object', body[:200])
+    if obj["name"] not in tool_names:
+        return MalformedCall(f"unknown tool {obj['name']!r}; available: {', '.join(tool_names)}")
+    return ToolRequest(obj["name"], args)
+
+
+class Llama3JsonFormat(HermesFormat):
+    """Llama 3.1 JSON tool calls: a turn that is one JSON object ``{"name": ..., "parameters":
+    {...}}`` (``<|python_tag|>`` before it allowed) is a call; the turn ends with the model's
+    end of turn (EOS), and the result is rendered by the chat template as a tool message."""
+
+    name = "llama3-json"
+    stop_strings = ()
+    _END = re.compile(r"(\s*<\|[A-Za-z0-9_]+\|>)+\s*$")  # the end-of-turn token(s): <|eot_id|>, <|eom_id|>, ...
+
+    def parse(self, text: str, tool_names: Sequence[str]) -> list[Parsed]:
+        body = self._END.sub("", text.strip())
+        body = body.split("</think>")[-1].strip()  # reasoning before the call is not part of it
+        body = body.removeprefix("<|python_tag|>").strip()
+        if not body.startswith("{"):
+            return []  # prose: the final answer
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as exc:
+            if body.startswith('{"name"'):
+                return [MalformedCall(f"tool call is not valid JSON ({exc.msg})", body[:200])]
+            return []
+        return [_request(obj, body, tool_names, "parameters")]
+
+    def example_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return json.dumps({"name": name, "parameters": arguments})
+
+
+FORMATS: dict[str, type[ToolFormat]] = {"retool": ReToolFormat, "hermes": HermesFormat,
+                                        "llama3-json": Llama3JsonFormat}
 
 
 def get_format(spec: str | ToolFormat) -> ToolFormat:

@@ -62,10 +62,7 @@ class ProgramContext:
     def prompt_ids(self, task: Task) -> list[int]:
         ids = self.prompt_cache.get(task.id)
         if ids is None:
-            text = self.tokenizer.apply_chat_template(
-                self.env.prompt(task), tokenize=False, add_generation_prompt=True
-            )
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            ids = render_prompt(self.tokenizer, self.env.prompt(task))
             self.prompt_cache[task.id] = ids
         return list(ids)
 
@@ -81,6 +78,19 @@ class ProgramHooks(Protocol):
 
     async def session(self) -> Any:
         """The program's sandbox session (prepared ahead; waited for only here)."""
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """A program's prompt ids: the chat template's text (with the generation prompt), encoded
+    once, without adding special tokens (the template writes its own)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def observation_ids(fmt: ToolFormat, tokenizer: Any, outputs: list[str], ended_with_eos: bool) -> list[int]:
+    """The environment tokens spliced after a model turn: the format's text for the tool
+    outputs, encoded on its own (the model's sampled ids before it are never re-encoded)."""
+    return tokenizer.encode(fmt.observation(outputs, tokenizer, ended_with_eos), add_special_tokens=False)
 
 
 def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:
@@ -196,8 +206,7 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, hooks: Progr
             return "max_turns"
         outputs = [await _run_call(ctx, call, turn, traj, hooks) for call in calls]
         ended_with_eos = gen.stop_token_id is not None and gen.stop_token_id == tok.eos_token_id
-        obs = ctx.fmt.observation(outputs, tok, ended_with_eos)
-        obs_ids = tok.encode(obs, add_special_tokens=False)
+        obs_ids = observation_ids(ctx.fmt, tok, outputs, ended_with_eos)
         if traj.num_tokens + len(obs_ids) >= engine.max_model_len:
             return "context_overflow"
         traj.add_env(obs_ids)
