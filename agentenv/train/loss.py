@@ -14,7 +14,11 @@ Per token t (mask 1 only: tool output and prompt tokens never contribute):
     w_t     = min(exp(logp_old - logp_mu), is_cap)            (truncated IS, no gradient)
     obj_t   = w_t * min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)
 
-and the loss is ``-sum(obj_t) / sum(mask)`` over the whole batch ("token" aggregation, as in
+With ``kl_coef > 0`` each token also pays ``kl_coef * k3_t``, where ``k3_t = exp(r_t) - r_t - 1``
+and ``r_t = logp_ref - logp_theta`` (Schulman's low-variance estimator of KL(theta || ref), with
+gradient; ``ref`` is the starting model), which keeps the policy near it.
+
+The loss is ``-sum(obj_t) / sum(mask)`` over the whole batch ("token" aggregation, as in
 DAPO: long sequences are not down-weighted) or the mean over sequences of each sequence's
 token mean ("sequence"). The IS weight is per token and truncated: a sequence-level product
 of ratios collapses on long episodes.
@@ -34,6 +38,7 @@ class LossConfig:
     clip_high: float = 0.28  # DAPO "clip-higher"
     is_cap: float = 2.0
     aggregation: Literal["token", "sequence"] = "token"
+    kl_coef: float = 0.0  # KL(theta || reference) penalty per token; 0: none (no reference model)
 
 
 def group_advantages(rewards: list[float], eps: float = 1e-6, scale: bool = True) -> list[float]:
@@ -51,6 +56,7 @@ def grpo_loss(
     advantages: torch.Tensor,  # [B]
     mask: torch.Tensor,  # [B, T] 1 for sampled tokens
     cfg: LossConfig = LossConfig(),
+    ref_logprobs: torch.Tensor | None = None,  # [B, T] the reference model, for kl_coef
 ) -> tuple[torch.Tensor, dict[str, float]]:
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype)[:, None]
@@ -59,6 +65,13 @@ def grpo_loss(
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * adv
     obj = w * torch.minimum(unclipped, clipped) * mask
+    kl = torch.zeros_like(obj)
+    if cfg.kl_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef > 0 needs ref_logprobs")
+        r = (ref_logprobs.detach() - logprobs) * mask
+        kl = (torch.exp(r) - r - 1) * mask
+        obj = obj - cfg.kl_coef * kl
     if cfg.aggregation == "token":
         loss = -obj.sum() / mask.sum().clamp(min=1)
     else:
@@ -72,5 +85,6 @@ def grpo_loss(
             "is_weight_mean": float((w * mask).sum() / n),
             "is_truncated_frac": float(((torch.exp(old_logprobs - behaviour_logprobs) > cfg.is_cap).to(mask.dtype) * mask).sum() / n),
             "ratio_mean": float((ratio * mask).sum() / n),
+            "kl_ref": float(kl.sum() / n),
         }
     return loss, stats

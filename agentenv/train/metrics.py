@@ -82,3 +82,11 @@ def step_line(row: dict[str, Any], steps: int) -> str:
             f"  is {row['is_weight_mean']:.3f}  stale[{stale}]  {row['gen_tokens_per_s']:.0f} tok/s"
             f"  idle gen {row['gen_idle_frac']:.2f} train {row['trainer_idle_frac']:.2f}"
             f"  sync {row['sync_s'] * 1000:.0f} ms")
+
+
+def eval_line(row: dict[str, Any]) -> str:
+    passes = "  ".join(f"{k} {v:.3f}" for k, v in row.items() if k.startswith("pass@"))
+    mean = row["mean_reward"]
+    return (f"eval after step {row['step']} (v{row['version']}): {row['tasks']} held-out tasks x "
+            f"{row['samples'] // max(row['tasks'], 1)}  {passes}  mean reward "
+            f"{'-' if mean is None else f'{mean:.3f}'}  ({row['eval_s']:.0f} s)")

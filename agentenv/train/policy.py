@@ -8,6 +8,8 @@ tensor names match one to one.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -61,6 +63,11 @@ class Policy:
         self.lora = lora
         if lora is not None:
             inject_lora(self.model, lora)
+        # The KL penalty's reference is the starting model: with LoRA the base (adapter off),
+        # else a frozen copy made before any step (a resumed run loads the checkpoint after).
+        self.ref_model = None
+        if loss.kl_coef > 0 and lora is None:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
         self.max_grad_norm = max_grad_norm
@@ -80,6 +87,34 @@ class Policy:
         picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
+    @contextlib.contextmanager
+    def _adapter_off(self):
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        try:
+            for m in layers:
+                m.enable_adapters(False)
+            yield
+        finally:
+            for m in layers:
+                m.enable_adapters(True)
+            for p in self.params:  # enable_adapters(False) froze the adapter's parameters
+                p.requires_grad_(True)
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] like :meth:`token_logprobs`, under the reference (starting) model."""
+        if self.lora is not None:
+            with self._adapter_off():
+                return self.token_logprobs(input_ids, attention_mask)
+        assert self.ref_model is not None, "no reference model (kl_coef is 0)"
+        live, self.model = self.model, self.ref_model
+        try:
+            return self.token_logprobs(input_ids, attention_mask)
+        finally:
+            self.model = live
+
     # -- one optimiser step ------------------------------------------------------------------
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One GRPO step over the whole batch (micro-batched; the gradient equals the full
@@ -89,14 +124,15 @@ class Policy:
         self.optimizer.zero_grad(set_to_none=True)
         total_tokens = float(batch.mask.sum().clamp(min=1))
         sums = {"loss": 0.0, "clip_frac": 0.0, "is_weight_mean": 0.0, "is_truncated_frac": 0.0,
-                "kl_behaviour": 0.0, "abs_logprob_diff": 0.0}
+                "kl_behaviour": 0.0, "abs_logprob_diff": 0.0, "kl_ref": 0.0}
         for start in range(0, batch.size, self.micro_batch):
             mb = batch.rows(slice(start, start + self.micro_batch))
             n = float(mb.mask.sum())
             if n == 0:
                 continue
+            ref = self.reference_logprobs(mb.input_ids, mb.attention_mask) if cfg.kl_coef > 0 else None
             logp = self.token_logprobs(mb.input_ids, mb.attention_mask)
-            loss, st = grpo_loss(logp, logp.detach(), mb.behaviour_logprobs, mb.advantages, mb.mask, cfg)
+            loss, st = grpo_loss(logp, logp.detach(), mb.behaviour_logprobs, mb.advantages, mb.mask, cfg, ref)
             share = n / total_tokens if cfg.aggregation == "token" else mb.size / batch.size
             (loss * share).backward()
             with torch.no_grad():
@@ -105,14 +141,16 @@ class Policy:
                 sums["kl_behaviour"] += float(k3.sum())
                 sums["abs_logprob_diff"] += float(d.abs().sum())
             sums["loss"] += st["loss"] * share
-            for k in ("clip_frac", "is_weight_mean", "is_truncated_frac"):
+            for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_ref"):
                 sums[k] += st[k] * n
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()
         self.model.eval()
         out = {"loss": sums["loss"], "grad_norm": float(grad_norm)}
         for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_behaviour", "abs_logprob_diff"):
-            out[k] = max(0.0, sums[k] / total_tokens)  # all non-negative; no "-0.0" from rounding
+            out[k] = max(0.0, sums[k] / total_tokens)
+        if cfg.kl_coef > 0:
+            out["kl_ref"] = max(0.0, sums["kl_ref"] / total_tokens)  # all non-negative; no "-0.0" from rounding
         return out
 
     # -- weight sync -------------------------------------------------------------------------
@@ -137,7 +175,8 @@ class Policy:
 
         path.mkdir(parents=True, exist_ok=True)
         if self.lora is None:
-            self.model.save_pretrained(str(path), safe_serialization=True)
+            with quiet_loading():  # no "Writing model shards" bar between the step lines
+                self.model.save_pretrained(str(path), safe_serialization=True)
             for f in Path(self.model_dir).iterdir():
                 if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "added_tokens"))
                                     or f.name in ("vocab.json", "merges.txt")):

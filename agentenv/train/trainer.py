@@ -24,7 +24,7 @@ import json
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -39,8 +39,9 @@ from ..reactor import Group, Reactor
 from .batch import collate
 from .buffer import RolloutBuffer, StalenessGate
 from .loss import LossConfig
-from .metrics import BusyClock, MetricsLog, staleness_summary, step_line
+from .metrics import BusyClock, MetricsLog, eval_line, staleness_summary, step_line
 from .policy import LoraSpec, Policy, nbytes
+from .tracking import Trackers, default_report_to
 
 
 @dataclass
@@ -67,6 +68,7 @@ class TrainConfig:
     clip_high: float = 0.28
     is_cap: float = 2.0
     aggregation: Literal["token", "sequence"] = "token"
+    kl_coef: float = 0.0  # KL-to-reference penalty (0: off, no reference model)
     concurrency: int = 32
     scheduling: str = "program"  # program | fifo | lockstep (agentenv.scheduler)
     max_turns: int | None = None
@@ -77,6 +79,11 @@ class TrainConfig:
     out_dir: str = "runs/train"
     checkpoint_every: int = 10
     resume: bool = False
+    report_to: list[str] | None = None  # tensorboard / wandb; None: tensorboard when installed
+    eval_every: int = 0  # held-out evaluation every this many steps (and before the first, and after the last)
+    eval_tasks: int = 32  # held-out tasks: env.tasks(eval_tasks, seed=EVAL_SEED - seed), never trained on
+    eval_k: int = 4  # samples per held-out task (pass@1 .. pass@k)
+    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"split": "test"} for a dataset env
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -92,6 +99,24 @@ class TrainConfig:
             raise ConfigError("GRPO needs group_size >= 2 (advantages are relative to the group)")
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.eval_every < 0 or self.eval_tasks < 1 or self.eval_k < 1:
+            raise ConfigError("eval_every must be >= 0, eval_tasks and eval_k >= 1")
+        if self.kl_coef < 0:
+            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
+
+    @classmethod
+    def for_env(cls, env: str = "retool-math", **settings: Any) -> "TrainConfig":
+        """A config for ``env`` with its ``train_defaults`` where ``settings`` give no value
+        (its ``env_kwargs`` merged under the ones given), as ``agentenv train`` does."""
+        from ..registry import describe
+
+        defaults = describe(env)["train_defaults"]
+        unknown = set(defaults) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"environment {env!r}: train_defaults has unknown settings {sorted(unknown)}")
+        merged = {**defaults, **settings, "env": env}
+        merged["env_kwargs"] = {**defaults.get("env_kwargs", {}), **settings.get("env_kwargs", {})}
+        return cls(**merged)
 
     @property
     def staleness(self) -> int:
@@ -99,6 +124,11 @@ class TrainConfig:
 
     # Settings a resumed run must share with the checkpoint (the rest may change).
     RESUME_KEYS = ("env", "env_kwargs", "model", "groups_per_step", "group_size", "lora_rank", "seed")
+
+
+#: Held-out tasks come from this seed (minus the run's seed), far from the training stream's
+#: seeds (seed * 1_000_003 + chunk), so a generated environment never trains on them.
+EVAL_SEED = -7_777_777
 
 
 def _task_stream(env: Any, cfg: TrainConfig) -> Callable[[int], Task]:
@@ -153,6 +183,8 @@ class Trainer:
         self.progress = progress  # a live status bar on stderr (the CLI's)
         self.out = Path(cfg.out_dir)
         self.rows: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []  # held-out evaluations (eval.jsonl)
+        self.trackers: dict[str, Path] = {}  # tracker -> its directory
         self.policy: Policy | None = None
 
     # -- setup -------------------------------------------------------------------------------
@@ -171,6 +203,10 @@ class Trainer:
         if self._env is None:
             self._env = make(cfg.env, **cfg.env_kwargs)
             stack.push_async_callback(self._env.aclose)
+        self._eval_env = self._env
+        if cfg.eval_every and cfg.eval_env_kwargs:
+            self._eval_env = make(cfg.env, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
+            stack.push_async_callback(self._eval_env.aclose)
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
             self._engine = await open_engine(cfg.engine, str(model), temperature=cfg.temperature, seed=sampling_seed,
@@ -184,7 +220,8 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         lora = LoraSpec(rank=cfg.lora_rank, alpha=cfg.lora_alpha) if cfg.lora_rank else None
-        loss = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, aggregation=cfg.aggregation)
+        loss = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, aggregation=cfg.aggregation,
+                          kl_coef=cfg.kl_coef)
         return Policy(self.model_dir, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature,
                       lora=lora, micro_batch=cfg.micro_batch, loss=loss)
 
@@ -263,7 +300,16 @@ class Trainer:
                 await engine.load_weights(policy.sync_tensors(), version=start_step)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(json.dumps(asdict(self.cfg), indent=1))
-        log = MetricsLog(self.out / "metrics.jsonl", resume_step=start_step if ckpt is not None else None)
+        kept = start_step if ckpt is not None else None
+        log = MetricsLog(self.out / "metrics.jsonl", resume_step=kept)
+        eval_log = MetricsLog(self.out / "eval.jsonl", resume_step=kept) if cfg.eval_every else None
+        try:
+            trackers = Trackers(default_report_to() if cfg.report_to is None else cfg.report_to, self.out,
+                                asdict(cfg), resume=ckpt is not None)
+        except BaseException:
+            log.close()
+            raise
+        self.trackers = trackers.dirs
 
         rollout = RolloutConfig(
             max_turns=cfg.max_turns or self._env.max_turns, max_new_tokens=cfg.max_new_tokens,
@@ -326,6 +372,30 @@ class Trainer:
             st["trainer_wait_s"] += time.perf_counter() - waited
             return groups
 
+        async def evaluate(step: int) -> None:
+            """Held-out tasks with the weights of the moment (a sync during it shows in ``versions``),
+            on a reactor of its own: its programs are not the checkpoint's in-flight work."""
+            from ..evaluation import report
+
+            env = self._eval_env
+            version, t_eval = engine.weight_version, time.perf_counter()
+            async with Reactor(engine, env, self._sandbox, rollout) as r:
+                groups = await r.collect(env.tasks(cfg.eval_tasks, seed=EVAL_SEED - cfg.seed), cfg.eval_k)
+            trajs = [t for g in groups for t in g.trajectories]
+            rep = report(trajs)
+            versions = [v for t in trajs for seg in t.segments if seg.kind == "model" for v in seg.weight_versions]
+            row = {"step": step, "version": version, "versions": [min(versions), max(versions)] if versions else None,
+                   "eval_s": round(time.perf_counter() - t_eval, 2), "tasks": rep["tasks"], "samples": rep["samples"],
+                   **{f"pass@{k}": v for k, v in rep["pass@k"].items()}, "mean_reward": rep["mean_reward"],
+                   **{f"mean_{k}": v for k, v in rep["components"].items()},
+                   "finish_reasons": rep["finish_reasons"]}
+            assert eval_log is not None
+            eval_log.write(row)
+            trackers.log(row, step, prefix="eval")
+            self.evals.append(row)
+            if self.print_steps:
+                print(eval_line(row), flush=True)
+
         last = {"t0": t0, "t": t0, "tokens": 0, "gen_busy": 0.0, "wait": 0.0}
         bar, bar_task = _status_bar(self.progress, cfg.steps, start_step)
 
@@ -342,6 +412,8 @@ class Trainer:
                     tg.start_soon(generator, tg)
                     if self.progress:
                         tg.start_soon(status)
+                    if cfg.eval_every and start_step == 0:
+                        tg.start_soon(evaluate, 0)  # the starting model, for comparison
                     for step in range(start_step + 1, cfg.steps + 1):
                         stale_before = Counter(buffer.staleness)
                         groups = await next_batch()
@@ -367,6 +439,7 @@ class Trainer:
                                         buffer.staleness - stale_before, buffer.dropped, reactor, gen_clock, st, last)
                         row["groups_in_flight_at_sync"] = in_flight
                         log.write(row)
+                        trackers.log(row, step)
                         self.rows.append(row)
                         bar.advance(bar_task)
                         if self.print_steps:
@@ -380,6 +453,10 @@ class Trainer:
                                      "programs": tracker.snapshot({task_at(i).id for i in gen.in_flight})}
                             buffered = [(gen.index[id(g)], g) for g in buffer.groups]
                             await anyio.to_thread.run_sync(self._checkpoint, policy, step, tasks, buffered)
+                        if cfg.eval_every and step < cfg.steps and step % cfg.eval_every == 0:
+                            tg.start_soon(evaluate, step)
+                    if cfg.eval_every:
+                        await evaluate(cfg.steps)  # the final weights; evaluations still running are dropped
                     tg.cancel_scope.cancel()  # groups started for later steps are not needed
             except BaseExceptionGroup as eg:  # one failure inside the task group: raise it as is
                 leaves = _leaves(eg)
@@ -396,10 +473,17 @@ class Trainer:
                 "last_reward": self.rows[-1]["reward_mean"] if self.rows else None,
                 "checkpoint": str(latest_checkpoint(self.out)),
             }
+            if self.evals:
+                first, final = self.evals[0], self.evals[-1]
+                summary["eval"] = {"first_step": first["step"], "first_pass@1": first["pass@1"],
+                                   "last_step": final["step"], "last_pass@1": final["pass@1"]}
             (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         finally:
             bar.stop()
             log.close()
+            if eval_log is not None:
+                eval_log.close()
+            trackers.close()
         return summary
 
     def _row(self, step: int, groups: list[Group], batch: Any, stats: dict, train_s: float, sync_s: float,

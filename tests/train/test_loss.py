@@ -8,7 +8,7 @@ import torch
 from agentenv.train import LossConfig, group_advantages, grpo_loss
 
 
-def reference(lp, old, mu, adv, mask, cfg):
+def reference(lp, old, mu, adv, mask, cfg, ref=None):
     """Loops over tokens in float64 Python: the definition, written out."""
     total, count, per_seq = 0.0, 0, []
     for b in range(len(lp)):
@@ -20,6 +20,9 @@ def reference(lp, old, mu, adv, mask, cfg):
             w = min(math.exp(old[b][t] - mu[b][t]), cfg.is_cap)
             clipped = min(max(ratio, 1 - cfg.clip_low), 1 + cfg.clip_high)
             obj = w * min(ratio * adv[b], clipped * adv[b])
+            if cfg.kl_coef:
+                r = ref[b][t] - lp[b][t]
+                obj -= cfg.kl_coef * (math.exp(r) - r - 1)
             s, c = s + obj, c + 1
         total, count = total + s, count + c
         per_seq.append(s / max(c, 1))
@@ -37,15 +40,17 @@ def recorded_batch(seed=0, B=6, T=17):
     return lp, old, mu, adv, mask
 
 
-@pytest.mark.parametrize("aggregation", ["token", "sequence"])
-def test_loss_and_gradient_match_the_reference(aggregation):
-    cfg = LossConfig(aggregation=aggregation)
+@pytest.mark.parametrize("aggregation, kl_coef", [("token", 0.0), ("sequence", 0.0), ("token", 0.3), ("sequence", 0.3)])
+def test_loss_and_gradient_match_the_reference(aggregation, kl_coef):
+    cfg = LossConfig(aggregation=aggregation, kl_coef=kl_coef)
     lp, old, mu, adv, mask = recorded_batch()
+    refp = (mu + torch.randn(mu.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64) * 0.4)
     lp = lp.clone().requires_grad_(True)
-    loss, _ = grpo_loss(lp, old, mu, adv, mask, cfg)
+    loss, stats = grpo_loss(lp, old, mu, adv, mask, cfg, refp if kl_coef else None)
     loss.backward()
-    ref = reference(lp.tolist(), old.tolist(), mu.tolist(), adv.tolist(), mask.tolist(), cfg)
+    ref = reference(lp.tolist(), old.tolist(), mu.tolist(), adv.tolist(), mask.tolist(), cfg, refp.tolist())
     assert abs(loss.item() - ref) < 1e-6
+    assert (stats["kl_ref"] > 0) == bool(kl_coef)
     # Gradient by central differences of the reference, token by token.
     h = 1e-6
     base = lp.detach().tolist()
@@ -54,8 +59,8 @@ def test_loss_and_gradient_match_the_reference(aggregation):
         dn = [row[:] for row in base]
         up[b][t] += h
         dn[b][t] -= h
-        num = (reference(up, old.tolist(), mu.tolist(), adv.tolist(), mask.tolist(), cfg)
-               - reference(dn, old.tolist(), mu.tolist(), adv.tolist(), mask.tolist(), cfg)) / (2 * h)
+        num = (reference(up, old.tolist(), mu.tolist(), adv.tolist(), mask.tolist(), cfg, refp.tolist())
+               - reference(dn, old.tolist(), mu.tolist(), adv.tolist(), mask.tolist(), cfg, refp.tolist())) / (2 * h)
         assert abs(lp.grad[b, t].item() - num) < 1e-6, (b, t)
 
 

@@ -234,3 +234,75 @@ async def test_resume_continues_the_saved_work_and_trains_no_task_twice(model_di
         p = partial[t.id]
         assert t.metadata["resumed"]["from_turn"] == len(p["stats"])
         assert [asdict(x) for x in t.segments[: len(p["segments"])]] == p["segments"]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_kl_penalty_is_measured_against_the_starting_model(groups, model_dir, lora):
+    from agentenv.train import LossConfig
+
+    batch = collate(groups, pad_id=0)
+    kw = dict(lr=5e-3, loss=LossConfig(kl_coef=0.5), lora=LoraSpec(rank=4) if lora else None)
+    policy = Policy(model_dir, **kw)
+    assert Policy(model_dir).ref_model is None  # no penalty: no reference copy
+    first = policy.train_step(batch)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # the policy is still the reference
+    second = policy.train_step(batch)
+    assert second["kl_ref"] > 1e-6
+    fresh = Policy(model_dir, lora=LoraSpec(rank=4) if lora else None)
+    ids, am = batch.input_ids, batch.attention_mask
+    with torch.no_grad():
+        assert torch.allclose(policy.reference_logprobs(ids, am), fresh.token_logprobs(ids, am), atol=1e-5)
+        assert not torch.allclose(policy.token_logprobs(ids, am), fresh.token_logprobs(ids, am), atol=1e-4)
+    assert all(p.requires_grad for p in policy.params)  # switching the adapter off and on kept it trainable
+
+
+@pytest.mark.anyio
+async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from agentenv.train.plot import plot
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TrainConfig(steps=2, out_dir=str(tmp_path), eval_every=1, eval_tasks=2, eval_k=2, kl_coef=0.1,
+                      report_to=["tensorboard", "wandb"], **SMALL)
+    trainer = Trainer(cfg, print_steps=False)
+    summary = await trainer.run()
+    evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert evals and evals == trainer.evals and evals[-1]["step"] == 2  # the final weights are always evaluated
+    final = evals[-1]
+    assert final["tasks"] == 2 and final["samples"] == 4 and {"pass@1", "pass@2", "mean_correct"} <= set(final)
+    assert final["version"] == 2 and 0 <= final["pass@1"] <= final["pass@2"] <= 1
+    assert summary["eval"]["last_step"] == 2 and summary["eval"]["last_pass@1"] == final["pass@1"]
+    held_out = {t.id for t in RetoolMathEnv().tasks(2, seed=-7_777_777)}
+    trained = {tid for r in trainer.rows for tid in r["task_ids"]}
+    assert not held_out & trained
+    assert all("kl_ref" in r for r in trainer.rows) and trainer.rows[0]["kl_ref"] == pytest.approx(0, abs=1e-6)
+
+    acc = EventAccumulator(str(trainer.trackers["tensorboard"]))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/reward_mean", "train/loss", "train/kl_ref", "eval/pass@1"} <= tags
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2]
+    assert acc.Scalars("eval/pass@1")[-1].value == pytest.approx(final["pass@1"])
+    wandb_dir = trainer.trackers["wandb"]
+    assert wandb_dir.is_dir() and list(wandb_dir.rglob("*.wandb"))  # the offline run's log
+    png = plot(tmp_path)
+    assert png.stat().st_size > 10_000
+    with pytest.raises(ConfigError, match="unknown tracker"):
+        await Trainer(TrainConfig(steps=1, out_dir=str(tmp_path / "x"), report_to=["mlflow"], **SMALL),
+                      print_steps=False).run()
+
+
+def test_an_environments_training_defaults_apply_where_no_value_is_given():
+    class Tuned(RetoolMathEnv):
+        train_defaults = {"lr": 3e-4, "temperature": 1.5, "env_kwargs": {"extra_digits": 1}}
+
+    from agentenv.registry import register
+
+    register("tuned-math", Tuned)
+    cfg = TrainConfig.for_env("tuned-math", temperature=1.2, env_kwargs={"other": 1})
+    assert cfg.lr == 3e-4 and cfg.temperature == 1.2 and cfg.env_kwargs == {"extra_digits": 1, "other": 1}
+    register("bad-math", type("Bad", (RetoolMathEnv,), {"train_defaults": {"learning_rate": 1}}))
+    with pytest.raises(ConfigError, match="unknown settings"):
+        TrainConfig.for_env("bad-math")
