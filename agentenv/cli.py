@@ -566,6 +566,10 @@ def _summary(console: Any, s: dict, out: Path, written: int, total_s: float) -> 
         ("engine occupancy (mean requests in flight)", s["mean_requests_in_flight"]),
         ("engine idle (no request in flight)", f"{s['engine_idle_pct']}%"),
         ("pauses / restores (KV pressure)", f"{s['pauses']} / {s['restores']}"),
+        *((("sandbox sessions (started, p50 / p90 start)",
+            f"{s['env_starts']}, {s['env_start_p50_ms']} / {s['env_start_p90_ms']} ms"),) if s["env_starts"] else ()),
+        *((("programs that waited for their session", f"{s['env_waits']} ({s['env_wait_s']}s in all)"),)
+          if s["env_waits"] else ()),
         ("mean reward", s["mean_reward"]),
         *((f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())),
         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),

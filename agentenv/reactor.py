@@ -350,7 +350,9 @@ class Reactor:
 
     async def _prepare(self, slot: _Slot) -> None:
         try:
+            t0 = time.perf_counter()
             slot.session = await self.sandbox.session(self._setup)
+            self.stats.env_starts.append(time.perf_counter() - t0)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # noqa: BLE001 - the program meets it at its first tool call

@@ -62,6 +62,7 @@ class RunStats:
     restores: int = 0
     env_waits: int = 0
     env_wait_s: float = 0.0
+    env_starts: list = field(default_factory=list)  # seconds each sandbox session took to start
     _t_last: float = 0.0
     t0: float = 0.0
     t1: float = 0.0
@@ -159,8 +160,19 @@ class RunStats:
             "restores": self.restores,
             "env_waits": self.env_waits,
             "env_wait_s": round(self.env_wait_s, 2),
+            "env_starts": len(self.env_starts),
+            "env_start_p50_ms": _ms(self.env_starts, 0.5),
+            "env_start_p90_ms": _ms(self.env_starts, 0.9),
             "mean_reward": None if self.mean_reward is None else round(self.mean_reward, 4),
             "reward_components": {k: round(v / self.component_counts[k], 4) for k, v in self.component_sums.items()},
             "finish_reasons": dict(self.finish_reasons),
             "wall_s": round(self.elapsed, 2),
         }
+
+
+def _ms(xs: list, q: float) -> float | None:
+    """The ``q`` quantile of ``xs`` (seconds) in milliseconds; None when empty."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 1)

@@ -48,12 +48,14 @@ async def main_async(args) -> None:
             if policy == "warm-up":
                 continue
             s = reactor.stats
+            d = s.summary()
             trajs = [t for g in groups for t in g.trajectories]
             turns = [x for t in trajs for x in t.turns]
             results.append((policy, s.sampled_tokens / wall, s, wall, turns))
             print(f"{policy:8s} {len(trajs)} programs in {wall:.1f}s: {s.sampled_tokens / wall:.0f} tok/s, "
                   f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, "
-                  f"session waits {s.env_waits} ({s.env_wait_s:.1f}s), resume reuse {100 * s.resume_reuse:.1f}%",
+                  f"session waits {s.env_waits} ({s.env_wait_s:.1f}s), session start p50/p90 "
+                  f"{d['env_start_p50_ms']}/{d['env_start_p90_ms']} ms, resume reuse {100 * s.resume_reuse:.1f}%",
                   flush=True)
         turns = results[0][4]
         prompt = round(statistics.mean(t.prompt_tokens for t in turns))

@@ -5,7 +5,8 @@
 For concurrency 1 and 32: trivial code (``1 + 1``) through the pool (each concurrent client
 holds its own isolated session) and through a fresh ``python3 -c`` process per call (what a
 naive sandbox does, with no isolation at all). Prints call latency p50/p99 and calls/s for
-both, then as the last line ``sandbox_speedup: <baseline time per call / pool time per call>``
+both, then how many isolated sessions start per second when 64 are asked for at once, then
+as the last line ``sandbox_speedup: <baseline time per call / pool time per call>``
 at concurrency 32.
 """
 
@@ -53,6 +54,27 @@ async def pool_run(sb: LocalSandbox, concurrency: int, calls: int) -> tuple[floa
     return wall, lat
 
 
+async def start_rate(sb: LocalSandbox, n: int, rounds: int = 3) -> float:
+    """Median sessions started per second when ``n`` are asked for at once (each checked)."""
+    rates = []
+    for _ in range(rounds):
+        sessions: list = []
+
+        async def one() -> None:
+            sessions.append(await sb.session())
+
+        t = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(one)
+        rates.append(n / (time.perf_counter() - t))
+        assert (await sessions[-1].run(CODE)).value == "2"
+        async with anyio.create_task_group() as tg:
+            for s in sessions:
+                tg.start_soon(s.aclose)
+    return statistics.median(rates)
+
+
 async def baseline_run(concurrency: int, calls: int) -> tuple[float, list[float]]:
     lat: list[float] = []
     per = max(1, calls // concurrency)
@@ -82,12 +104,13 @@ async def main() -> None:
     ap.add_argument("--baseline-calls", type=int, default=96)
     a = ap.parse_args()
     results = {}
-    async with LocalSandbox(prewarm=0) as sb:
+    async with LocalSandbox(prewarm=0, max_workers=80) as sb:
         t = time.perf_counter()
         s = await sb.session()
         spawn = time.perf_counter() - t
         await s.aclose()
         print(f"isolated session start (fork + namespaces + limits): {1000 * spawn:.1f} ms")
+        starts = await start_rate(sb, 64)
         for c in (1, 32):
             await pool_run(sb, c, 64)  # warm up
             results[("pool", c)] = await pool_run(sb, c, a.calls)
@@ -97,6 +120,7 @@ async def main() -> None:
         print(line(f"pool, concurrency {c}", *results[("pool", c)]))
         print(line(f"fresh python3, concurrency {c}", *results[("baseline", c)]))
     per_call = {k: wall / len(lat) for k, (wall, lat) in results.items()}
+    print(f"isolated session starts, 64 at once: {starts:.0f}/s")
     print(f"speedup at concurrency 1: {per_call[('baseline', 1)] / per_call[('pool', 1)]:.1f}")
     print(f"sandbox_speedup: {per_call[('baseline', 32)] / per_call[('pool', 32)]:.1f}")
 

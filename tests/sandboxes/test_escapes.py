@@ -413,3 +413,34 @@ async def test_hostile_exit_code_object(sandbox):
     r = await hostile(sandbox, "import sys\nclass C:\n    def __str__(self):\n        while True:\n            pass\n"
                                "    __repr__ = __str__\nsys.exit(C())", timeout=1)
     assert r.status == "error" and "SystemExit: <C>" in r.error
+
+
+# -- 9. sessions forked from one isolated template share nothing writable ---------------------
+NS_IDS = "import os\n{k: os.readlink(f'/proc/self/ns/{k}') for k in ('mnt', 'net', 'pid', 'ipc', 'uts')}"
+
+
+async def test_sessions_of_one_template_are_isolated_from_each_other(sandbox):
+    a, b = await sandbox.session(), await sandbox.session()
+    sandbox.spawned.update((a.pid, b.pid))
+    try:
+        ns_a, ns_b = [eval((await s.run(NS_IDS)).value) for s in (a, b)]
+        assert all(ns_a[k] != ns_b[k] for k in ns_a), (ns_a, ns_b)  # a namespace of each kind per session
+        leave = ("import os, socket\nopen('/tmp/left', 'w').write('a')\nopen('/dev/shm/left', 'w').write('a')\n"
+                 "srv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\nport = srv.getsockname()[1]\n"
+                 "u = socket.socket(socket.AF_UNIX)\nu.bind('\\0agentenv-left')\nu.listen()\n(os.getpid(), port)")
+        pid, port = eval((await a.run(leave)).value)
+        assert pid == 1
+        look = (f"import os, socket\nfound = [p for p in ('/tmp/left', '/dev/shm/left') if os.path.exists(p)]\n"
+                f"def reach(fam, addr):\n    s = socket.socket(fam)\n    try:\n        s.connect(addr)\n        return True\n"
+                f"    except OSError:\n        return False\n"
+                f"(found, reach(socket.AF_INET, ('127.0.0.1', {port})), reach(socket.AF_UNIX, '\\0agentenv-left'), "
+                f"os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+        found, tcp, unix, pid_b, procs = eval((await b.run(look)).value)
+        assert (found, tcp, unix, pid_b, procs) == ([], False, False, 1, [1])
+        # What lies under a session's own /tmp and /dev/shm (the template's view) is not writable.
+        r = await b.run("import os\nos.statvfs('/').f_flag & os.ST_RDONLY, os.statvfs('/tmp').f_flag & os.ST_RDONLY")
+        assert r.value == "(1, 0)"
+        assert (await a.run("open('/tmp/left').read()")).value == "'a'"  # a's own state is intact
+    finally:
+        await a.aclose()
+        await b.aclose()

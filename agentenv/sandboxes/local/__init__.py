@@ -270,7 +270,8 @@ class LocalSession(Session):
     async def _kill(self) -> None:
         stream, self._stream = self._stream, None
         # The worker leads its process group (and, isolated, is pid 1 of its pid namespace, so
-        # its death takes every process it started); the reaper exits once the worker is gone.
+        # its death takes every process it started); an unisolated session's reaper exits once
+        # the worker is gone.
         for kill, pid in ((os.killpg, self._pid), (os.kill, self._pid), (os.kill, self._reaper)):
             if pid is None:
                 continue
@@ -505,6 +506,10 @@ class LocalSandbox(Sandbox):
         warnings.warn(f"agentenv: sandbox isolation unavailable ({problem}); running UNISOLATED", stacklevel=2)
         log.warning("sandbox isolation unavailable (%s); running UNISOLATED", problem)
         self.isolate = False
+        for servers in self._templates.values():  # isolated templates serve isolated sessions only
+            for ctl in servers:
+                ctl.close()
+        self._templates = {}
         await (await self.session()).aclose()
 
     async def aclose(self) -> None:
@@ -625,7 +630,8 @@ class LocalSandbox(Sandbox):
         if len(servers) < self.spawn_servers:
             with anyio.fail_after(self.setup_timeout):
                 resp, fds = await anyio.to_thread.run_sync(
-                    self._control.request, {"op": "template", "setup": setup_code or ""}
+                    self._control.request, {"op": "template", "setup": setup_code or "", "isolate": self.isolate,
+                                            "cgroup_root": str(CGROUP_V1)}
                 )
             if "error" in resp or not fds:
                 raise SandboxError(f"environment setup code failed: {resp.get('error')}")

@@ -7,26 +7,35 @@ message, possibly carrying file descriptors (SCM_RIGHTS):
 
   {"op": "spawn", "limits": {...}, "isolate": bool, "cgroups": [...], "max_output": int}
       + [session socket]
-      -> {"pid": <worker host pid>, "reaper": <reaper host pid>}
-  {"op": "template", "setup": "<code>"}
+      -> {"pid": <worker host pid>, "reaper": <reaper host pid, or null>}
+  {"op": "template", "setup": "<code>", "isolate": bool, "cgroup_root": "<path>"}
       -> {"ok": true} + [control socket of a new fork server whose namespace ran <code>]
 
-A spawned session is two processes. The *reaper* (A) joins the session's cgroups, unshares
-mount/net/ipc/uts/pid namespaces and builds the session's filesystem view
-(``isolation.enter_namespaces``: host system dirs read-only, everything else hidden, a private
-``/dev``, private tmpfs ``/tmp`` and ``/dev/shm``), forks the *worker* (B), pid 1 of the new
-pid namespace (killing it kills everything the code started), drops its own capabilities
-and waits. The worker mounts a fresh read-only ``/proc``, applies rlimits, becomes an
-unprivileged uid with no capabilities, loads the seccomp filter and serves calls
-(``worker.serve``) on the session socket; after each call it kills every other process in
-its namespace (unless the limits allow background processes). If it cannot confine itself
-it never runs code: it answers the host's first call with a ``VIOLATION`` frame saying why.
-Without ``isolate`` only the rlimits, cgroups and a private working directory apply (the
-caller must have opted in, loudly).
+Isolated sessions start from an *isolated template*: a fork server that ran the environment's
+setup code and then moved into a mount namespace holding the session's filesystem view
+(``isolation.enter_template_view``: host system dirs read-only, everything else hidden, a
+private ``/dev``), built once. A session is one fork of it, straight into a new pid namespace
+(pid 1 there: killing it kills everything the code started). The worker joins its cgroups,
+takes its own mount/net/ipc/uts namespaces with a private ``/tmp`` and ``/dev/shm``
+(``isolation.enter_session``), mounts a fresh read-only ``/proc``, applies rlimits, becomes
+an unprivileged uid with no capabilities, loads the seccomp filter and serves calls
+(``worker.serve``) on the session socket; after each call it kills every other process in its
+namespace (unless the limits allow background processes). If it cannot confine itself it
+never runs code: it answers the host's first call with a ``VIOLATION`` frame saying why.
+The template reaps its sessions; the parent-death signal ends them if it dies.
+
+Without ``isolate`` a session is two processes: a *reaper* that joins the session's cgroups,
+makes a private working directory and removes it when the *worker* it forks is gone; only the
+rlimits, cgroups and that directory apply (the caller must have opted in, loudly).
+
+Templates compact their memory before serving (``gc.freeze`` and transparent huge pages where
+the kernel has ``MADV_COLLAPSE``): a fork copies far fewer page-table entries.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import select
@@ -50,6 +59,13 @@ try:  # compiled once here; each session only loads it
     SECCOMP_BPF = isolation.compile_seccomp()
 except Exception:  # noqa: BLE001 - reported to the host, which refuses unless opted out
     SECCOMP_BPF = None
+
+# Set in an isolated template (``_isolate_template``): this process's own pid namespace and the
+# host's cgroup v1 root, both opened before the template left the host's mount namespace.
+ISOLATED = False
+PIDNS_FD: int | None = None
+CGROUP_ROOT: tuple[str, int] | None = None
+MADV_COLLAPSE = 25
 
 for _mod in ("math", "json", "re", "itertools", "functools", "collections", "fractions", "decimal",
              "statistics", "random", "numpy", "sympy"):
@@ -82,9 +98,10 @@ def _end_background() -> None:
             continue
 
 
-def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: dict) -> None:
+def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: dict,
+            cgroups: list[str] | None = None) -> None:
     try:
-        after_call = _confine(sock, limits, isolate, workdir)
+        after_call = _confine(sock, limits, isolate, workdir, cgroups)
     except BaseException as exc:  # noqa: BLE001 - a session that cannot be confined never runs code
         why = json.dumps({"violation": f"the session could not be confined: {type(exc).__name__}: {exc}"[:1000]})
         try:
@@ -97,10 +114,30 @@ def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: 
     os._exit(0)
 
 
-def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str):
+def _join_cgroups(cgroups: list[str]) -> None:
+    """Move this process into its session's cgroups, through the host's cgroup mount (the
+    template's own view of it is read-only)."""
+    assert CGROUP_ROOT is not None or not cgroups
+    for cg in cgroups:
+        root, fd = CGROUP_ROOT
+        rel = os.path.relpath(cg, root)
+        if rel.startswith(".."):
+            raise OSError(f"cgroup {cg} is outside {root}")
+        procs = os.open(os.path.join(rel, "cgroup.procs"), os.O_WRONLY, dir_fd=fd)
+        try:
+            os.write(procs, b"0")  # "0": the writing process
+        finally:
+            os.close(procs)
+
+
+def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgroups: list[str] | None):
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     os.setsid()  # its own process group: kill(0, ...) from user code reaches nothing outside
     if isolate:
+        if not ISOLATED or os.getpid() != 1:
+            raise OSError("an isolated session must start from an isolated template, as pid 1")
+        _join_cgroups(cgroups or [])
+        isolation.enter_session(limits["tmp_mb"], limits["shm_mb"])
         isolation.mount_proc()
         libc.sethostname(b"sandbox", 7)
     os.chdir(workdir)
@@ -126,8 +163,34 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str):
     return None if limits.get("background") or os.getpid() != 1 else _end_background
 
 
-def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
-    limits, isolate, cgroups = req["limits"], bool(req["isolate"]), req.get("cgroups", [])
+def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int | None]:
+    if req["isolate"]:
+        return _spawn_isolated(sock, req, ns)
+    return _spawn_unisolated(sock, req, ns)
+
+
+def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None]:
+    """One fork, into a new pid namespace; the worker isolates itself (``_confine``)."""
+    if not ISOLATED or PIDNS_FD is None:
+        raise OSError("isolated sessions start from an isolated template")
+    isolation.enter_pid_namespace()
+    try:
+        pid = os.fork()
+    except BaseException:
+        isolation.leave_pid_namespace(PIDNS_FD)
+        raise
+    if pid == 0:
+        _worker(sock, req["limits"], True, "/tmp", ns, req.get("cgroups", []))
+    try:
+        isolation.leave_pid_namespace(PIDNS_FD)
+    except OSError:  # later children would land in this session's namespace: give up instead
+        os.kill(pid, signal.SIGKILL)
+        os._exit(1)
+    return pid, None
+
+
+def _spawn_unisolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
+    limits, cgroups = req["limits"], req.get("cgroups", [])
     r, w = os.pipe()
     reaper = os.fork()
     if reaper == 0:
@@ -138,24 +201,15 @@ def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
             for cg in cgroups:
                 with open(os.path.join(cg, "cgroup.procs"), "w") as f:
                     f.write(str(os.getpid()))
-            if isolate:
-                isolation.enter_namespaces(limits["tmp_mb"], limits["shm_mb"])
-                workdir = "/tmp"
-            else:
-                workdir = tempfile.mkdtemp(prefix="agentenv-sbx-")
+            workdir = tempfile.mkdtemp(prefix="agentenv-sbx-")
             pid = os.fork()
             if pid == 0:
                 os.close(w)
-                _worker(sock, limits, isolate, workdir, ns)
-            os.write(w, struct.pack(">i", pid))  # the fork server is free; the worker confines itself
+                _worker(sock, limits, False, workdir, ns)
+            os.write(w, struct.pack(">i", pid))  # the fork server is free
             os.close(w)
             sock.close()
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-            if isolate:  # the reaper only waits: it needs no privilege. It takes the worker's
-                # uid: its parent-death SIGKILL to the worker is a signal from it, and a process
-                # without CAP_KILL may signal only its own uid (as root it could not, and the
-                # worker outlived a dead fork server).
-                isolation.drop_privileges(limits["uid"], limits["gid"])
             while True:
                 try:
                     os.waitpid(pid, 0)
@@ -164,10 +218,9 @@ def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
                     continue
                 except ChildProcessError:
                     break
-            if not isolate:
-                import shutil
+            import shutil
 
-                shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(workdir, ignore_errors=True)
         except BaseException as exc:  # noqa: BLE001 - report and die
             try:
                 msg = f"{type(exc).__name__}: {exc}".encode()[:1000]
@@ -186,6 +239,40 @@ def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
     return n, reaper
 
 
+def _isolate_template(cgroup_root: str | None) -> None:
+    """Make this template an isolated one: remember what sessions need from the host, then
+    move into the sessions' filesystem view (built once here, copied by each session)."""
+    global ISOLATED, PIDNS_FD, CGROUP_ROOT
+    PIDNS_FD = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    if cgroup_root and os.path.isdir(cgroup_root):
+        CGROUP_ROOT = (cgroup_root, os.open(cgroup_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    isolation.enter_template_view()
+    ISOLATED = True
+
+
+def _compact() -> None:
+    """Cheaper forks: objects alive now are never scanned by a session's garbage collector
+    (no copy-on-write of their pages), and the heap is collapsed into transparent huge pages
+    where the kernel can (one page-table entry per 2 MiB to copy, not 512). Best effort."""
+    gc.freeze()
+    huge = 1 << 21
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read().splitlines()
+    except OSError:
+        return
+    for line in maps:
+        parts = line.split()
+        if len(parts) < 5 or parts[1][:2] != "rw" or parts[1][3] != "p":
+            continue
+        if len(parts) > 5 and parts[5] != "[heap]":
+            continue  # file-backed or special: shared with the host, nothing to gain
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        lo, hi = (lo + huge - 1) & ~(huge - 1), hi & ~(huge - 1)
+        if hi > lo:
+            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_COLLAPSE)  # errors ignored
+
+
 def _template(req: dict, ns: dict) -> socket.socket:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
@@ -198,6 +285,13 @@ def _template(req: dict, ns: dict) -> socket.socket:
         except BaseException as exc:  # noqa: BLE001
             theirs.send(json.dumps({"error": f"setup failed: {type(exc).__name__}: {exc}"}).encode())
             os._exit(1)
+        if req.get("isolate"):
+            try:
+                _isolate_template(req.get("cgroup_root"))
+            except BaseException as exc:  # noqa: BLE001 - no isolated template, no isolated session
+                theirs.send(json.dumps({"error": f"cannot isolate the template: {type(exc).__name__}: {exc}"}).encode())
+                os._exit(1)
+        _compact()
         theirs.send(json.dumps({"ok": True}).encode())
         serve_control(theirs, child_ns)
         os._exit(0)

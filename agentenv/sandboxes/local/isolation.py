@@ -131,12 +131,13 @@ def _keep_paths() -> list[str]:
     return [p for p in real if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in real)]
 
 
-def enter_namespaces(tmp_mb: int, shm_mb: int) -> None:
-    """New mount/net/ipc/uts/pid namespaces (the pid one for the next child); a read-only view
-    of the host's system dirs, everything else hidden, the Python installation kept; a private
-    minimal /dev; a private writable tmpfs at /tmp and /dev/shm. Run as root, before forking
-    the session's pid 1."""
-    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
+def enter_template_view() -> None:
+    """Run once in an isolated template fork server (as root, after the environment's setup
+    code): a new mount namespace with the session's filesystem view, read-only throughout: the
+    host's system dirs, everything else hidden behind empty tmpfs or empty files, the Python
+    installation kept, a private minimal /dev. Each session forked from the template copies
+    this view (``enter_session``) instead of building it again."""
+    _check(libc.unshare(CLONE_NEWNS), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     hidden, hidden_files = _hidden_entries()
     if "/tmp" not in hidden:
@@ -152,10 +153,8 @@ def enter_namespaces(tmp_mb: int, shm_mb: int) -> None:
     for name, target in DEV_LINKS.items():
         os.symlink(target, f"/dev/{name}")
     os.mkdir("/dev/shm")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={shm_mb}m,mode=1777")
-    for h in hidden:
-        size = f"{tmp_mb}m" if h == "/tmp" else "1m"
-        _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={'1777' if h == '/tmp' else '755'}")
+    for h in hidden:  # /tmp too: each session mounts its own over it
+        _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     for f in HIDE_FILES + tuple(hidden_files):
         if os.path.isfile(f):
             _mount("/dev/null", f, None, MS_BIND)
@@ -163,8 +162,27 @@ def enter_namespaces(tmp_mb: int, shm_mb: int) -> None:
         os.makedirs(k, exist_ok=True)
         _attach(fd, k)
     _setattr("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
-    for writable in ("/tmp", "/dev/shm"):  # only these (not what lies below them) are writable
-        _setattr(writable, 0, 0, MOUNT_ATTR_RDONLY)
+
+
+def enter_session(tmp_mb: int, shm_mb: int) -> None:
+    """In a session's pid 1, forked from an isolated template (``enter_template_view``) into
+    its own pid namespace, still root: its own mount, network, IPC and UTS namespaces (a copy
+    of the template's read-only view: mounts made here are seen by no other session), and the
+    only writable places, a fresh private tmpfs at /tmp and at /dev/shm."""
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={shm_mb}m,mode=1777")
+
+
+def enter_pid_namespace() -> None:
+    """The calling process's next child is pid 1 of a new pid namespace."""
+    _check(libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+
+
+def leave_pid_namespace(own_ns_fd: int) -> None:
+    """Undo ``enter_pid_namespace`` for later children (an fd of this process's own
+    ``/proc/self/ns/pid``), so the next session gets a fresh pid namespace of its own."""
+    _check(libc.setns(own_ns_fd, CLONE_NEWPID), "setns(CLONE_NEWPID)")
 
 
 def mount_proc() -> None:
