@@ -25,6 +25,7 @@ Finish reasons:
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import anyio
 from .config import RolloutConfig
 from .engines.base import Engine, SamplingParams
 from .env import Environment, Task
-from .errors import EngineError, PromptTooLongError, SandboxError
+from .errors import EngineError, PromptTooLongError, SandboxError, TrajectoryError
 from .formats import MalformedCall, ToolFormat
 from .tools import PythonTool, Tool, ToolContext, replay, replayable
 from .trajectory import ToolCall, Trajectory, TurnStats
@@ -239,3 +240,40 @@ async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory,
         ToolCall(turn, call.name, call.arguments, out.text, out.status, time.perf_counter() - start, out.error)  # type: ignore[arg-type]
     )
     return out.text
+
+
+def apply_reward(traj: Trajectory, value: float | dict[str, float]) -> None:
+    """Record what ``Environment.reward`` (or ``group_reward``) returned: a number, or named
+    components (their sum is the reward unless one is named ``reward``)."""
+    if isinstance(value, dict):
+        comps = {k: float(v) for k, v in value.items()}
+        traj.reward = comps.pop("reward") if "reward" in comps else float(sum(comps.values()))
+        traj.reward_components = comps
+    else:
+        traj.reward = float(value)
+    if traj.reward is not None and not math.isfinite(traj.reward):
+        raise ValueError(f"reward is not a finite number: {traj.reward}")
+
+
+def reward_failed(traj: Trajectory, exc: BaseException) -> None:
+    """The reward raised: the trajectory is kept, with ``error:reward`` and no reward."""
+    traj.metadata["program_finish_reason"] = traj.finish_reason
+    traj.finish_reason = "error:reward"
+    traj.reward = None
+    traj.error = f"reward: {type(exc).__name__}: {exc}"
+
+
+async def score_program(env: Environment, task: Task, traj: Trajectory, timeout: float) -> None:
+    """Score a finished program with the environment's reward (a failure or a timeout is
+    recorded on the trajectory, not raised), then check its arrays are consistent."""
+    try:
+        with anyio.fail_after(timeout):
+            apply_reward(traj, await env.reward(task, traj))
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded on the trajectory
+        reward_failed(traj, exc)
+    try:
+        traj.validate()
+    except TrajectoryError as exc:  # an engine returned inconsistent data: keep it, flagged
+        traj.finish_reason, traj.error = "error:trajectory", str(exc)

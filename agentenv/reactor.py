@@ -20,7 +20,6 @@ every engine request aborted on the way out.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -34,9 +33,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .config import RolloutConfig
 from .engines.base import Engine
 from .env import Environment, Task
-from .errors import SandboxError, TrajectoryError
+from .errors import SandboxError
 from .formats import get_format
-from .program import ProgramContext, run_program, stop_token_ids
+from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
 from .scheduler import Policy, Scheduler, SchedulerConfig, State
 from .stats import RunStats
 from .tools import PythonTool
@@ -59,24 +58,6 @@ class Group:
     @property
     def rewards(self) -> list[float | None]:
         return [t.reward for t in self.trajectories]
-
-
-def _apply_reward(traj: Trajectory, value: float | dict[str, float]) -> None:
-    if isinstance(value, dict):
-        comps = {k: float(v) for k, v in value.items()}
-        traj.reward = comps.pop("reward") if "reward" in comps else float(sum(comps.values()))
-        traj.reward_components = comps
-    else:
-        traj.reward = float(value)
-    if traj.reward is not None and not math.isfinite(traj.reward):
-        raise ValueError(f"reward is not a finite number: {traj.reward}")
-
-
-def _reward_failed(traj: Trajectory, exc: BaseException) -> None:
-    traj.metadata["program_finish_reason"] = traj.finish_reason
-    traj.finish_reason = "error:reward"
-    traj.reward = None
-    traj.error = f"reward: {type(exc).__name__}: {exc}"
 
 
 class _Batch:
@@ -394,17 +375,7 @@ class Reactor:
             self._sched.forget(slot.pid)
             self._slots.pop(slot.pid, None)
         # The program no longer occupies the engine; the (possibly slow) reward runs now.
-        try:
-            with anyio.fail_after(self.config.reward_timeout):
-                _apply_reward(traj, await self.env.reward(slot.task, traj))
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:  # noqa: BLE001 - recorded on the trajectory
-            _reward_failed(traj, exc)
-        try:
-            traj.validate()
-        except TrajectoryError as exc:  # an engine returned inconsistent data: keep it, flagged
-            traj.finish_reason, traj.error = "error:trajectory", str(exc)
+        await score_program(self.env, slot.task, traj, self.config.reward_timeout)
         self.stats.add(traj)
         if self._ctx.journal is not None:
             self._ctx.journal.finished(traj)
@@ -432,9 +403,9 @@ class Reactor:
                 if len(values) != len(scored):
                     raise ValueError(f"group_reward returned {len(values)} values for {len(scored)} samples")
                 for t, v in zip(scored, values):
-                    _apply_reward(t, v)
+                    apply_reward(t, v)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # noqa: BLE001
             for t in scored:
-                _reward_failed(t, exc)
+                reward_failed(t, exc)
