@@ -117,6 +117,12 @@ def _rollout_options(r: argparse.ArgumentParser, evaluate: bool = False) -> None
     r.add_argument("--tool-timeout", type=_positive(float), default=None,
                    help="seconds per tool call (default: the env's)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--cluster", default="none", choices=["none", "ray"],
+                   help="none: this process (default); ray: rollout workers as Ray actors (RAY_ADDRESS, or a local "
+                        "cluster started for the run; pip install 'agentenv[ray]')")
+    r.add_argument("--workers", type=_positive(int), default=2,
+                   help="rollout workers with --cluster ray, each with its own engine, reactor and sandbox pool "
+                        "(default 2)")
 
 
 def _train_parser(sub: Any) -> None:
@@ -409,8 +415,60 @@ def _rollout(args: argparse.Namespace) -> int:
                      "temperature": config.temperature, "top_p": config.top_p, "max_turns": config.max_turns,
                      "max_new_tokens": config.max_new_tokens, "tool_timeout": config.tool_timeout}
     tasks = env.tasks(args.tasks, seed=args.seed)
+    if getattr(args, "cluster", "none") == "ray":
+        if args.resume:
+            raise AgentEnvError("--resume is not supported with --cluster ray yet; rerun, or run without --cluster")
+        return anyio.run(_run_cluster, env, env_args, model, config, tasks, args)
     args.log, args.resume_state = _open_log(args)  # refuses a resume with other settings at once
     return anyio.run(_run, env, model, config, tasks, args)
+
+
+async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks: list, args: argparse.Namespace) -> int:
+    """``--cluster ray``: the same JSONL, from rollout workers on a Ray cluster."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .cluster import RayRollouts
+    from .stats import RunStats
+
+    console = Console(stderr=True)
+    console.print(f"[bold]agentenv[/] {args.command}: env={env.id} model={model} engine={args.engine} "
+                  f"tasks={len(tasks)} x group {args.group_size} on Ray, {args.workers} workers")
+    stats, written = RunStats(), 0
+    progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress)
+    try:
+        async with RayRollouts(env.id, workers=args.workers, env_args=env_args, engine=args.engine, model=str(model),
+                               engine_kwargs=args.engine_kwargs, base_urls=args.base_url, sandbox=args.sandbox,
+                               config=config, seed=args.seed) as cluster:
+            stats.start(len(tasks) * args.group_size)
+            with progress, args.out.open("w", encoding="utf-8") as f:
+                bar = progress.add_task("rollouts", total=len(tasks) * args.group_size, info="")
+                async for traj in cluster.rollouts(tasks, args.group_size):
+                    try:
+                        f.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+                        f.flush()
+                    except OSError as exc:
+                        raise AgentEnvError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+                    stats.add(traj)
+                    written += 1
+                    progress.update(bar, advance=1, info=f"{stats.tokens_per_s:.0f} tok/s")
+            stats.stop()
+            s = stats.summary()
+            t = Table(title=f"{written} trajectories -> {args.out}", show_header=False)
+            for k, v in (("workers (pids)", ", ".join(map(str, cluster.pids))),
+                         ("workers replaced / groups run again", f"{cluster.replaced} / {cluster.rerun}"),
+                         ("tool calls", s["tool_calls"]), ("tokens generated", s["tokens_generated"]),
+                         ("tokens/s", s["tokens_per_s"]), ("mean reward", s["mean_reward"]),
+                         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),
+                         ("wall time", f"{s['wall_s']}s rollout, {time.perf_counter() - args.t_start:.1f}s with "
+                                       "start-up (cluster, workers)")):
+                t.add_row(k, str(v))
+            console.print(t)
+    finally:
+        await env.aclose()
+    return 0
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -1,0 +1,246 @@
+"""Rollouts on a Ray cluster: rollout workers are Ray actors, each with its own reactor, engine
+and local sandbox pool on its node; the driver keeps the global queue of groups.
+
+    async with RayRollouts("retool-math", workers=2, config=RolloutConfig()) as cluster:
+        async for traj in cluster.rollouts(env.tasks(64), group_size=4):
+            ...   # the same Trajectory objects a one-machine run yields
+
+Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` or
+``RAY_ADDRESS``; with neither, a local one is started for the run and shut down after.
+
+* **Placement.** A group goes to the live worker with the fewest groups in flight, up to
+  ``groups_per_worker`` each (by default enough to fill its reactor's decode slots), so a
+  worker whose programs are slow (long tool calls, a busy node) is given less.
+* **Streaming.** Trajectories come back a group at a time, as each group completes (rewards
+  and ``group_reward`` applied on the worker), in the same format as a local run.
+* **Faults.** A worker that dies (node lost, process killed) is replaced by a new actor; the
+  groups it had in flight run again from the start on the live workers. Only complete groups
+  are ever yielded, so nothing is lost and nothing appears twice.
+
+Each worker's engine: ``embedded`` (a copy of the model per worker, CPU), ``vllm`` (one
+in-process engine per worker: give each worker a GPU with ``worker_options={"num_gpus": 1}``)
+or ``openai`` (every worker a client of the same vLLM/SGLang servers, ``base_urls``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from dataclasses import asdict
+from typing import Any, AsyncIterator, Sequence
+
+from .config import RolloutConfig
+from .env import Task
+from .errors import ConfigError, EngineError
+from .trajectory import Trajectory
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("--cluster ray needs Ray: pip install 'agentenv[ray]'") from exc
+    return ray
+
+
+class RolloutWorker:
+    """The Ray actor (wrapped by ``ray.remote`` at start): one reactor, engine and sandbox pool,
+    open for the actor's life in a task that owns them, serving ``group`` calls concurrently."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.reactor: Any = None
+        self._ready: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._error: str | None = None
+
+    async def start(self) -> int:
+        self._ready, self._stop = asyncio.Event(), asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._hold())
+        await self._ready.wait()
+        if self._error is not None:
+            raise RuntimeError(self._error)
+        return os.getpid()
+
+    async def _hold(self) -> None:
+        from .engines import open_engine
+        from .reactor import Reactor
+        from .registry import make
+        from .sandboxes import default_sandbox
+
+        s = self.spec
+        try:
+            env = make(s["env"], **s["env_args"])
+            config = RolloutConfig(**s["config"])
+            engine = await open_engine(s["engine"], s["model"], temperature=config.temperature, top_p=config.top_p,
+                                       seed=s["seed"], base_urls=s["base_urls"], **s["engine_kwargs"])
+            async with engine, default_sandbox(s["sandbox"]) as sandbox, \
+                    Reactor(engine, env, sandbox, config) as reactor:
+                self.reactor = reactor
+                self._ready.set()
+                await self._stop.wait()
+        except Exception as exc:  # noqa: BLE001 - reported to the driver by start()
+            self._error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.reactor = None
+            self._ready.set()
+
+    async def group(self, task: dict[str, Any], group_size: int) -> list[dict[str, Any]]:
+        if self.reactor is None:
+            raise RuntimeError(self._error or "the rollout worker is not running")
+        group = await self.reactor.group(Task(**task), group_size)
+        return [t.to_dict() for t in group.trajectories]
+
+    async def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._task is not None:
+            await self._task
+
+
+class RayRollouts:
+    """Rollout workers on a Ray cluster behind one async iterator (see the module doc)."""
+
+    def __init__(self, env: str, *, workers: int = 2, env_args: dict[str, Any] | None = None,
+                 engine: str = "embedded", model: str | None = None, engine_kwargs: dict[str, Any] | None = None,
+                 base_urls: Sequence[str] | None = None, sandbox: str = "local", config: RolloutConfig | None = None,
+                 seed: int = 0, groups_per_worker: int | None = None, address: str | None = None,
+                 worker_options: dict[str, Any] | None = None) -> None:
+        if workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
+        if model is None:
+            from .models import default_model
+
+            model = str(default_model())
+        self.config = config or RolloutConfig()
+        self.spec = {"env": env, "env_args": dict(env_args or {}), "engine": engine, "model": str(model),
+                     "engine_kwargs": dict(engine_kwargs or {}), "base_urls": list(base_urls or []) or None,
+                     "sandbox": sandbox, "config": asdict(self.config), "seed": seed}
+        self.workers_wanted = workers
+        self.groups_per_worker = groups_per_worker
+        self.address = address or os.environ.get("RAY_ADDRESS")
+        self.worker_options = {"num_cpus": 1, **(worker_options or {})}
+        self.workers: list[Any] = []
+        self.pids: list[int] = []
+        self.replaced = 0  # workers that died and were replaced
+        self.rerun = 0  # groups run again because their worker died
+        self._started_ray = False
+        self._actor_cls: Any = None
+
+    async def __aenter__(self) -> "RayRollouts":
+        ray = _ray()
+        if not ray.is_initialized():
+            if self.address:
+                ray.init(address=self.address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+                self._started_ray = True
+        self._actor_cls = ray.remote(RolloutWorker).options(**self.worker_options)
+        try:
+            await asyncio.gather(*(self._add_worker() for _ in range(self.workers_wanted)))
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _add_worker(self, index: int | None = None) -> None:
+        actor = self._actor_cls.remote(self.spec)
+        try:
+            pid = await actor.start.remote()
+        except Exception as exc:  # noqa: BLE001 - the worker could not open its engine/sandbox
+            _ray().kill(actor)
+            raise EngineError(f"a rollout worker failed to start: {exc}") from exc
+        if index is None:
+            self.workers.append(actor)
+            self.pids.append(pid)
+        else:
+            self.workers[index], self.pids[index] = actor, pid
+
+    async def aclose(self) -> None:
+        ray = _ray()
+        workers, self.workers = self.workers, []
+        for w in workers:
+            try:
+                await asyncio.wait_for(w.stop.remote(), 10)
+            except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below anyway
+                pass
+            ray.kill(w)
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False
+
+    def _per_worker(self, group_size: int) -> int:
+        if self.groups_per_worker:
+            return self.groups_per_worker
+        return max(1, -(-self.config.concurrency // max(1, group_size)))
+
+    async def rollouts(self, tasks: Sequence[Task], group_size: int) -> AsyncIterator[Trajectory]:
+        """Run ``group_size`` programs of every task on the workers; yield each trajectory when
+        its group is complete. Cancelling the iteration leaves the workers running nothing of it."""
+        ray = _ray()
+        queue = deque(tasks)
+        per_worker = self._per_worker(group_size)
+        inflight: dict[asyncio.Future, tuple[int, Any, Task]] = {}  # future -> (worker index, actor, task)
+        load = [0] * len(self.workers)
+
+        refs: dict[asyncio.Future, Any] = {}
+        died = tuple(e for e in (getattr(ray.exceptions, "RayActorError", None),
+                                 getattr(ray.exceptions, "ActorUnavailableError", None)) if e is not None)
+
+        def call(actor: Any, task: Task) -> asyncio.Future:
+            ref = actor.group.remote({"id": task.id, "question": task.question, "answer": task.answer,
+                                      "data": task.data}, group_size)
+
+            async def wait() -> list[dict[str, Any]]:
+                return await ref
+
+            fut = asyncio.ensure_future(wait())
+            refs[fut] = ref
+            return fut
+
+        try:
+            while queue or inflight:
+                while queue:
+                    free = [i for i in range(len(self.workers)) if load[i] < per_worker]
+                    if not free:
+                        break
+                    i = min(free, key=lambda j: load[j])
+                    task = queue.popleft()
+                    fut = call(self.workers[i], task)
+                    inflight[fut] = (i, self.workers[i], task)
+                    load[i] += 1
+                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    i, actor, task = inflight.pop(fut)
+                    refs.pop(fut, None)
+                    if actor is self.workers[i]:
+                        load[i] -= 1
+                    try:
+                        dicts = fut.result()
+                    except died:
+                        self.rerun += 1
+                        queue.appendleft(task)  # whole group again, elsewhere
+                        if actor is self.workers[i]:  # the first of its failures: replace it
+                            self.replaced += 1
+                            load[i] = 0
+                            await self._add_worker(i)
+                        continue
+                    for d in dicts:
+                        yield Trajectory.from_dict(d)
+        finally:  # stop what is still running on the workers (their reactors cancel its programs)
+            for fut in inflight:
+                try:
+                    ray.cancel(refs[fut])
+                except Exception:  # noqa: BLE001 - its worker may be gone
+                    pass
+                fut.cancel()
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+
+
+__all__ = ["RayRollouts", "RolloutWorker"]
