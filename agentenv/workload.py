@@ -53,6 +53,9 @@ class WorkloadSpec:
     #: Tool latency median in seconds, and the cap of the heavy tail.
     tool_median: float = 0.5
     tool_cap: float = 10.0
+    #: Share of each call's latency spent computing in the program's sandbox (a busy loop),
+    #: the rest waiting: 0 is an I/O-bound tool (an API, a search), 1 a CPU-bound one.
+    tool_cpu: float = 0.0
     #: Prompt tokens per program (each prompt is distinct, so prompts do not share a cache).
     prompt_tokens: int = 64
     #: A program's whole sequence stays below this (turns past it are dropped): the context.
@@ -61,6 +64,8 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if not 0.0 <= self.tool_cpu <= 1.0:
+            raise ValueError(f"tool_cpu must be between 0 and 1, got {self.tool_cpu}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +142,14 @@ class TraceTool(PythonTool):
         assert t is not None
         trace = self.env.trace_of(t.task_id, t.sample_index)
         i = min(ctx.turn, len(trace.tool_latency) - 1)
+        busy = trace.tool_latency[i] * self.env.spec.tool_cpu if ctx.session is not None else 0.0
         if ctx.session is not None:
-            res = await ctx.session.run("None", timeout=ctx.timeout)
+            code = ("import time\nt = time.process_time()\nwhile time.process_time() - t < %r:\n    pass" % busy
+                    if busy > 0 else "None")
+            res = await ctx.session.run(code, timeout=ctx.timeout)
             if res.status != "ok":
                 return ToolOutput(res.render(), "error", res.status)
-        await anyio.sleep(trace.tool_latency[i])
+        await anyio.sleep(trace.tool_latency[i] - busy)
         return ToolOutput(self.env.filler * trace.tool_tokens[i])
 
 

@@ -125,3 +125,33 @@ async def test_cancelling_with_programs_queued_and_sessions_prepared_leaves_noth
         assert reactor.scheduler.queued == 0 and reactor.scheduler.admitted == 0
         await reactor.__aexit__(None, None, None)
     assert child_pids() - before == set()
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of this process's descendants (the sandbox pool), reaped ones included."""
+    import psutil
+
+    total = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+async def test_cpu_bound_trace_tools_compute_in_the_sandbox(engine):
+    with pytest.raises(ValueError, match="tool_cpu"):
+        make("trace", tool_cpu=1.5)
+    env = make("trace", **{**SPEC, "tool_median": 0.3, "tool_cap": 0.6, "tool_cpu": 1.0})
+    tasks = env.tasks(3, seed=0)  # 2.75 s of tool latency in all
+    busy = sum(sum(env.trace_of(t.id, i).tool_latency) for t in tasks for i in range(2))
+    async with LocalSandbox() as sb:
+        async with Reactor(engine, env, sb, cfg("program")) as reactor:
+            before = _tree_cpu()
+            groups = await reactor.collect(tasks, 2)
+            await anyio.sleep(0.6)  # the fork servers reap their closed sessions
+            spent = _tree_cpu() - before
+    check_against_trace(env, [t for g in groups for t in g.trajectories], engine.tokenizer)
+    assert busy > 1.5 and spent >= 0.8 * busy, (spent, busy)  # the tool latency was the sandbox's CPU

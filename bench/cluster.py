@@ -1,0 +1,106 @@
+"""Rollouts on Ray vs in one process, on a sandbox-CPU-bound trace workload, side by side.
+
+    python bench/cluster.py [--programs 48 --group-size 2 --tool-median 0.2 --tool-cpu 1.0]
+
+The same trace workload (``trace`` env, ``tool_cpu`` share of every tool call's latency spent
+computing in the program's sandbox) three ways: one process (a reactor, the embedded engine,
+a sandbox pool), then a local Ray cluster with 1 and with 2 rollout workers (each its own
+engine, reactor and pool). Prints wall time, programs/s and CPU seconds per program for each,
+the 2-vs-1 worker scaling, and Ray's overhead per program (1 worker vs in-process), last
+``cluster_scaling: <1-worker wall / 2-worker wall>``. On one machine the workers share its
+cores, so the scaling says what the layout costs or gains there, not what more nodes add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentenv import Reactor, RolloutConfig, make  # noqa: E402
+from agentenv.cluster import RayRollouts  # noqa: E402
+from agentenv.engines import open_engine  # noqa: E402
+from agentenv.models import default_model  # noqa: E402
+from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, of Ray's processes (its workers are not our children) and of
+    everything under either (sandboxes), with their reaped children's."""
+    procs = list(psutil.process_iter(["cmdline"]))
+    roots = {os.getpid()} | {p.pid for p in procs if any("ray" in c for c in (p.info["cmdline"] or [])[:2])}
+    total = 0.0
+    for p in procs:
+        try:
+            if p.pid in roots or any(a.pid in roots for a in p.parents()):
+                t = p.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+async def main_async(a: argparse.Namespace) -> None:
+    import ray
+
+    spec = {"profile": "lognormal", "mean_turns": a.mean_turns, "turn_tokens": a.turn_tokens, "tool_tokens": 8,
+            "tool_median": a.tool_median, "tool_cap": 4 * a.tool_median, "tool_cpu": a.tool_cpu,
+            "prompt_tokens": 32}
+    env = make("trace", **spec)
+    tasks = env.tasks(a.programs // a.group_size, seed=a.seed)
+    config = RolloutConfig(concurrency=a.concurrency, max_new_tokens=4096, max_turns=env.max_turns,
+                           tool_timeout=env.tool_timeout)
+    results = {}
+    # In one process.
+    engine = await open_engine("embedded", str(default_model()), seed=a.seed)
+    async with engine, LocalSandbox() as sb, Reactor(engine, env, sb, config) as reactor:
+        await reactor.collect(env.tasks(2, seed=a.seed + 1), a.group_size)  # warm-up
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        groups = await reactor.collect(tasks, a.group_size)
+        results["in-process"] = (time.perf_counter() - t0, cpu_seconds() - c0, sum(len(g.trajectories) for g in groups))
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    try:
+        for workers in (1, 2):
+            async with RayRollouts("trace", workers=workers, env_args=spec, config=config, seed=a.seed,
+                                   worker_options={"num_cpus": os.cpu_count() / workers}) as cluster:
+                async for _ in cluster.rollouts(env.tasks(2, seed=a.seed + 1), a.group_size):
+                    pass  # warm-up
+                c0, t0, n = cpu_seconds(), time.perf_counter(), 0
+                async for _ in cluster.rollouts(tasks, a.group_size):
+                    n += 1
+                results[f"ray, {workers} worker{'s' if workers > 1 else ''}"] = (
+                    time.perf_counter() - t0, cpu_seconds() - c0, n)
+    finally:
+        ray.shutdown()
+    for name, (wall, cpu, n) in results.items():
+        print(f"{name:16s} {n} programs in {wall:6.1f}s: {n / wall:6.2f} programs/s, "
+              f"{1000 * cpu / n:6.0f} ms CPU per program")
+    w_local, w1, w2 = (results[k][0] for k in ("in-process", "ray, 1 worker", "ray, 2 workers"))
+    n = results["in-process"][2]
+    print(f"Ray overhead per program (1 worker vs in-process): {1000 * (w1 - w_local) / n:+.1f} ms wall")
+    print(f"cluster_scaling: {w1 / w2:.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--programs", type=int, default=48)
+    p.add_argument("--group-size", type=int, default=2)
+    p.add_argument("--mean-turns", type=float, default=4.0)
+    p.add_argument("--turn-tokens", type=int, default=16)
+    p.add_argument("--tool-median", type=float, default=0.2)
+    p.add_argument("--tool-cpu", type=float, default=1.0)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    anyio.run(main_async, p.parse_args())
+
+
+if __name__ == "__main__":
+    main()
