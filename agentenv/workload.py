@@ -84,6 +84,16 @@ class ProgramTrace:
         return self.prompt_tokens + sum(self.turn_tokens) + sum(self.tool_tokens)
 
 
+def _parse_id(task_id: str) -> tuple[int, int]:
+    try:
+        kind, seed, i = task_id.split("/")
+        if kind != "trace":
+            raise ValueError
+        return int(seed), int(i)
+    except ValueError:
+        raise ValueError(f"not a trace task id: {task_id!r} (expected trace/<seed>/<index>)") from None
+
+
 def program_trace(spec: WorkloadSpec, key: str) -> ProgramTrace:
     """The trace of one program, a pure function of the spec and the program's key."""
     rng = random.Random(hashlib.sha256(f"{spec}|{key}".encode()).digest())
@@ -180,7 +190,9 @@ class TraceEnv(Environment):
         return out
 
     def trace_of(self, task_id: str, sample: int) -> ProgramTrace:
-        seed, i = self._tasks[task_id]
+        # The id says which program it is ("trace/<seed>/<i>"), so an instance that did not
+        # make the task (a rollout worker on another machine) plays the same trace.
+        seed, i = self._tasks.get(task_id) or _parse_id(task_id)
         return program_trace(self.spec, f"{seed}/{i}/{sample}")
 
     def tools(self) -> list[Any]:

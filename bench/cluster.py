@@ -47,6 +47,14 @@ def cpu_seconds() -> float:
     return total
 
 
+def check(trajs: list, env) -> None:
+    """Every program ran its whole trace (a broken run must not look fast)."""
+    bad = [t for t in trajs if t.finish_reason != "stop" or len(t.tool_calls) != env.trace_of(t.task_id, t.sample_index).turns - 1]
+    if bad:
+        raise SystemExit(f"{len(bad)} of {len(trajs)} programs did not follow their trace; first: "
+                         f"{bad[0].finish_reason} {bad[0].error}")
+
+
 async def main_async(a: argparse.Namespace) -> None:
     import ray
 
@@ -65,6 +73,7 @@ async def main_async(a: argparse.Namespace) -> None:
         c0, t0 = cpu_seconds(), time.perf_counter()
         groups = await reactor.collect(tasks, a.group_size)
         results["in-process"] = (time.perf_counter() - t0, cpu_seconds() - c0, sum(len(g.trajectories) for g in groups))
+        check([t for g in groups for t in g.trajectories], env)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
@@ -73,11 +82,12 @@ async def main_async(a: argparse.Namespace) -> None:
                                    worker_options={"num_cpus": os.cpu_count() / workers}) as cluster:
                 async for _ in cluster.rollouts(env.tasks(2, seed=a.seed + 1), a.group_size):
                     pass  # warm-up
-                c0, t0, n = cpu_seconds(), time.perf_counter(), 0
-                async for _ in cluster.rollouts(tasks, a.group_size):
-                    n += 1
+                c0, t0, trajs = cpu_seconds(), time.perf_counter(), []
+                async for t in cluster.rollouts(tasks, a.group_size):
+                    trajs.append(t)
                 results[f"ray, {workers} worker{'s' if workers > 1 else ''}"] = (
-                    time.perf_counter() - t0, cpu_seconds() - c0, n)
+                    time.perf_counter() - t0, cpu_seconds() - c0, len(trajs))
+                check(trajs, env)
     finally:
         ray.shutdown()
     for name, (wall, cpu, n) in results.items():

@@ -155,3 +155,11 @@ async def test_cpu_bound_trace_tools_compute_in_the_sandbox(engine):
             spent = _tree_cpu() - before
     check_against_trace(env, [t for g in groups for t in g.trajectories], engine.tokenizer)
     assert busy > 1.5 and spent >= 0.8 * busy, (spent, busy)  # the tool latency was the sandbox's CPU
+
+
+def test_a_trace_task_plays_the_same_on_an_env_that_did_not_make_it():
+    maker, worker = make("trace", **SPEC), make("trace", **SPEC)  # e.g. the driver and a Ray worker
+    task = maker.tasks(3, seed=4)[2]
+    assert worker.trace_of(task.id, 1) == maker.trace_of(task.id, 1)
+    with pytest.raises(ValueError, match="not a trace task id"):
+        worker.trace_of("retool-math/0/1", 0)
