@@ -110,8 +110,10 @@ def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: 
         except OSError:
             pass
         os._exit(1)
-    worker.serve(sock.makefile("rb", buffering=0), sock.makefile("wb", buffering=0), ns, after_call)
-    os._exit(0)
+    try:
+        worker.serve(sock.makefile("rb", buffering=0), sock.makefile("wb", buffering=0), ns, after_call)
+    finally:
+        os._exit(0)  # never back into the fork server's loop
 
 
 def _join_cgroups(cgroups: list[str]) -> None:
@@ -273,27 +275,34 @@ def _compact() -> None:
             libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_COLLAPSE)  # errors ignored
 
 
-def _template(req: dict, ns: dict) -> socket.socket:
+def _template(req: dict, ns: dict, ctrl: socket.socket) -> socket.socket:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
-        mine.close()
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        child_ns = dict(ns)
+        # The child never returns into its parent's loop, and never speaks on its parent's
+        # control channel (an error there would read as the parent's answer to the host).
         try:
-            exec(compile(req["setup"], "<setup>", "exec"), child_ns)
-        except BaseException as exc:  # noqa: BLE001
-            theirs.send(json.dumps({"error": f"setup failed: {type(exc).__name__}: {exc}"}).encode())
-            os._exit(1)
-        if req.get("isolate"):
+            mine.close()
+            ctrl.close()
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            child_ns = dict(ns)
             try:
-                _isolate_template(req.get("cgroup_root"))
-            except BaseException as exc:  # noqa: BLE001 - no isolated template, no isolated session
-                theirs.send(json.dumps({"error": f"cannot isolate the template: {type(exc).__name__}: {exc}"}).encode())
+                exec(compile(req["setup"], "<setup>", "exec"), child_ns)
+            except BaseException as exc:  # noqa: BLE001
+                theirs.send(json.dumps({"error": f"setup failed: {type(exc).__name__}: {exc}"}).encode())
                 os._exit(1)
-        _compact()
-        theirs.send(json.dumps({"ok": True}).encode())
-        serve_control(theirs, child_ns)
+            if req.get("isolate"):
+                try:
+                    _isolate_template(req.get("cgroup_root"))
+                except BaseException as exc:  # noqa: BLE001 - no isolated template, no isolated session
+                    theirs.send(json.dumps({"error": f"cannot isolate the template: {type(exc).__name__}: {exc}"}
+                                           ).encode())
+                    os._exit(1)
+            _compact()
+            theirs.send(json.dumps({"ok": True}).encode())
+            serve_control(theirs, child_ns)
+        except BaseException:  # noqa: BLE001 - e.g. the parent died mid-way (EPIPE): just end
+            pass
         os._exit(0)
     theirs.close()
     return mine
@@ -329,7 +338,7 @@ def serve_control(ctrl: socket.socket, ns: dict) -> None:
                 sock.close()
                 ctrl.send(json.dumps({"pid": pid, "reaper": reaper}).encode())
             elif req["op"] == "template":
-                tctrl = _template(req, ns)
+                tctrl = _template(req, ns, ctrl)
                 first = tctrl.recv(1 << 16)
                 socket.send_fds(ctrl, [first], [tctrl.fileno()])
                 tctrl.close()
