@@ -423,7 +423,17 @@ def _rollout(args: argparse.Namespace) -> int:
     return anyio.run(_run, env, model, config, tasks, args)
 
 
-async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks: list, args: argparse.Namespace) -> int:
+def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
+    """One trajectory as one JSONL line, flushed; a write error is one clear line."""
+    try:
+        f.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+        f.flush()
+    except OSError as exc:
+        raise AgentEnvError(f"cannot write {out}: {exc.strerror or exc}{hint}") from None
+
+
+async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks: list,
+                       args: argparse.Namespace) -> int:
     """``--cluster ray``: the same JSONL, from rollout workers on a Ray cluster."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -446,11 +456,7 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
             with progress, args.out.open("w", encoding="utf-8") as f:
                 bar = progress.add_task("rollouts", total=len(tasks) * args.group_size, info="")
                 async for traj in cluster.rollouts(tasks, args.group_size):
-                    try:
-                        f.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
-                        f.flush()
-                    except OSError as exc:
-                        raise AgentEnvError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+                    _write_line(f, traj, args.out)
                     stats.add(traj)
                     written += 1
                     progress.update(bar, advance=1, info=f"{stats.tokens_per_s:.0f} tok/s")
@@ -574,12 +580,8 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                         elif isinstance(item, Trajectory):
                             if item.finish_reason == "error:reward":
                                 reward_errors.append(item.error)
-                            try:
-                                f.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
-                                f.flush()
-                            except OSError as exc:
-                                raise AgentEnvError(f"cannot write {args.out}: {exc.strerror or exc}; the lines "
-                                                    "before this one are intact (--resume continues)") from None
+                            _write_line(f, item, args.out,
+                                        "; the lines before this one are intact (--resume continues)")
                             log.done(item)
                             written += 1
                             s = reactor.stats

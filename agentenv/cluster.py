@@ -199,8 +199,7 @@ class RayRollouts:
                                  getattr(ray.exceptions, "ActorUnavailableError", None)) if e is not None)
 
         def call(actor: Any, task: Task) -> asyncio.Future:
-            ref = actor.group.remote({"id": task.id, "question": task.question, "answer": task.answer,
-                                      "data": task.data}, group_size)
+            ref = actor.group.remote(asdict(task), group_size)
 
             async def wait() -> list[dict[str, Any]]:
                 return await ref

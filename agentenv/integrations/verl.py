@@ -44,6 +44,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,7 @@ def dataset_rows(env: Environment, n: int, seed: int = 0, env_args: dict[str, An
     bookkeeping) and ``agentenv`` (the environment and the task, JSON)."""
     rows = []
     for i, task in enumerate(env.tasks(n, seed=seed)):
-        spec = {"env": env.id, "env_args": env_args or {},
-                "task": {"id": task.id, "question": task.question, "answer": task.answer, "data": task.data}}
+        spec = {"env": env.id, "env_args": env_args or {}, "task": asdict(task)}
         rows.append({
             "data_source": f"agentenv/{env.id}",
             "prompt": env.prompt(task),
@@ -246,8 +246,7 @@ class AgentEnvAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = _spec(kwargs)
         env = _Worker.env(spec["env"], dict(spec.get("env_args") or {}))
-        t = spec["task"]
-        task = Task(id=str(t["id"]), question=t.get("question", ""), answer=t.get("answer"), data=t.get("data") or {})
+        task = Task(**spec["task"])
         rollout = self.rollout_config
         prompt_length, response_length = int(rollout.prompt_length), int(rollout.response_length)
         fmt = get_format(env.tool_format)

@@ -119,9 +119,12 @@ def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: 
 def _join_cgroups(cgroups: list[str]) -> None:
     """Move this process into its session's cgroups, through the host's cgroup mount (the
     template's own view of it is read-only)."""
-    assert CGROUP_ROOT is not None or not cgroups
+    if not cgroups:
+        return
+    if CGROUP_ROOT is None:
+        raise OSError("the template has no handle on the host's cgroup hierarchy")
+    root, fd = CGROUP_ROOT
     for cg in cgroups:
-        root, fd = CGROUP_ROOT
         rel = os.path.relpath(cg, root)
         if rel.startswith(".."):
             raise OSError(f"cgroup {cg} is outside {root}")
