@@ -195,6 +195,12 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--report-to", action="append", default=None, choices=["tensorboard", "wandb", "none"],
                    help="experiment tracker, repeatable: tensorboard (OUT_DIR/tensorboard), wandb (WANDB_PROJECT, "
                         "WANDB_MODE=offline works without an account) or none (default: tensorboard when installed)")
+    t.add_argument("--cluster", default=d.cluster, choices=["none", "ray"],
+                   help="none: train in this process (default); ray: the policy as --trainer-ranks data-parallel "
+                        "Ray actors (torch.distributed, gloo), generation here (RAY_ADDRESS, or a local cluster "
+                        "started for the run; pip install 'agentenv[ray]')")
+    t.add_argument("--trainer-ranks", type=_positive(int), default=d.trainer_ranks,
+                   help=f"trainer ranks with --cluster ray, each a whole copy of the policy (default {d.trainer_ranks})")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
     t.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out-dir")
     t.add_argument("--no-progress", action="store_true", help="no live status bar (step lines still print)")
@@ -302,7 +308,8 @@ def _train(args: argparse.Namespace) -> int:
         temperature=args.temperature, tool_timeout=args.tool_timeout, seed=args.seed, out_dir=args.out_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report_to=args.report_to,
         eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_k=args.eval_k,
-        eval_env_kwargs=env_kwargs_for(args.env, args.eval_env_arg, "--eval-env-arg"))
+        eval_env_kwargs=env_kwargs_for(args.env, args.eval_env_arg, "--eval-env-arg"), cluster=args.cluster,
+        trainer_ranks=args.trainer_ranks)
     # Options on the command line (abbreviations are off, so each appears whole) win over the
     # environment's training defaults, which win over ours.
     given = {tok[2:].split("=", 1)[0].replace("-", "_") for tok in args.argv if tok.startswith("--")}
@@ -317,7 +324,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.sandbox == "e2b" and not (os.environ.get("E2B_API_KEY") or os.environ.get("E2B_DEBUG")):
         raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
     print(f"agentenv train: env={cfg.env} mode={cfg.mode} steps={cfg.steps} batch={cfg.groups_per_step}x"
-          f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank} -> {cfg.out_dir}"
+          f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank}"
+          f"{f' cluster=ray ranks={cfg.trainer_ranks}' if cfg.cluster == 'ray' else ''} -> {cfg.out_dir}"
           f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
           flush=True)
     summary = train(cfg, progress=not args.no_progress and sys.stderr.isatty())
@@ -415,11 +423,9 @@ def _rollout(args: argparse.Namespace) -> int:
                      "temperature": config.temperature, "top_p": config.top_p, "max_turns": config.max_turns,
                      "max_new_tokens": config.max_new_tokens, "tool_timeout": config.tool_timeout}
     tasks = env.tasks(args.tasks, seed=args.seed)
-    if getattr(args, "cluster", "none") == "ray":
-        if args.resume:
-            raise AgentEnvError("--resume is not supported with --cluster ray yet; rerun, or run without --cluster")
-        return anyio.run(_run_cluster, env, env_args, model, config, tasks, args)
     args.log, args.resume_state = _open_log(args)  # refuses a resume with other settings at once
+    if getattr(args, "cluster", "none") == "ray":
+        return anyio.run(_run_cluster, env, env_args, model, config, tasks, args)
     return anyio.run(_run, env, model, config, tasks, args)
 
 
@@ -434,7 +440,10 @@ def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
 
 async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks: list,
                        args: argparse.Namespace) -> int:
-    """``--cluster ray``: the same JSONL, from rollout workers on a Ray cluster."""
+    """``--cluster ray``: the same JSONL, from rollout workers on a Ray cluster. Its event log
+    records each line written (``done``); workers run whole groups, so ``--resume`` runs again
+    each task with a sample missing and writes only the missing samples (a program in flight
+    starts over, where a one-process run continues it from its last turn)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -445,6 +454,12 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
     console = Console(stderr=True)
     console.print(f"[bold]agentenv[/] {args.command}: env={env.id} model={model} engine={args.engine} "
                   f"tasks={len(tasks)} x group {args.group_size} on Ray, {args.workers} workers")
+    log, resume = args.log, args.resume_state
+    done = resume.done if resume is not None else set()
+    todo = [t for t in tasks if any((t.id, i) not in done for i in range(args.group_size))]
+    total = len(tasks) * args.group_size - len(done)
+    if resume is not None:
+        console.print(f"resuming: {len(done)} trajectories done; {len(todo)} tasks with samples missing run again")
     stats, written = RunStats(), 0
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress)
@@ -452,11 +467,14 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
         async with RayRollouts(env.id, workers=args.workers, env_args=env_args, engine=args.engine, model=str(model),
                                engine_kwargs=args.engine_kwargs, base_urls=args.base_url, sandbox=args.sandbox,
                                config=config, seed=args.seed) as cluster:
-            stats.start(len(tasks) * args.group_size)
-            with progress, args.out.open("w", encoding="utf-8") as f:
-                bar = progress.add_task("rollouts", total=len(tasks) * args.group_size, info="")
-                async for traj in cluster.rollouts(tasks, args.group_size):
-                    _write_line(f, traj, args.out)
+            stats.start(total)
+            with progress, args.out.open("a" if args.resume else "w", encoding="utf-8") as f:
+                bar = progress.add_task("rollouts", total=total, info="")
+                async for traj in cluster.rollouts(todo, args.group_size):
+                    if (traj.task_id, traj.sample_index) in done:
+                        continue  # its line is in the output already
+                    _write_line(f, traj, args.out, "; the lines before this one are intact (--resume continues)")
+                    log.done(traj)
                     stats.add(traj)
                     written += 1
                     progress.update(bar, advance=1, info=f"{stats.tokens_per_s:.0f} tok/s")
@@ -473,7 +491,10 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
                 t.add_row(k, str(v))
             console.print(t)
     finally:
-        await env.aclose()
+        try:
+            log.close()
+        finally:
+            await env.aclose()
     return 0
 
 

@@ -44,6 +44,24 @@ def _ray() -> Any:
     return ray
 
 
+def connect(address: str | None = None) -> tuple[Any, bool]:
+    """Ray, connected: to the cluster at ``address`` or ``RAY_ADDRESS``, or (with neither) to a
+    local one started now, which the caller shuts down when it is done (the second value).
+
+    Start a local cluster from the main thread: Ray ties its processes' lives to the thread
+    that started them (PR_SET_PDEATHSIG), so one started from a worker thread dies when that
+    thread ends (anyio's idle worker threads end after 10 s)."""
+    ray = _ray()
+    if ray.is_initialized():
+        return ray, False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return ray, False
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    return ray, True
+
+
 class RolloutWorker:
     """The Ray actor (wrapped by ``ray.remote`` at start): one reactor, engine and sandbox pool,
     open for the actor's life in a task that owns them, serving ``group`` calls concurrently."""
@@ -136,13 +154,7 @@ class RayRollouts:
         self._actor_cls: Any = None
 
     async def __aenter__(self) -> "RayRollouts":
-        ray = _ray()
-        if not ray.is_initialized():
-            if self.address:
-                ray.init(address=self.address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-                self._started_ray = True
+        ray, self._started_ray = connect(self.address)
         self._actor_cls = ray.remote(RolloutWorker).options(**self.worker_options)
         try:
             await asyncio.gather(*(self._add_worker() for _ in range(self.workers_wanted)))
@@ -248,4 +260,4 @@ class RayRollouts:
                 await asyncio.gather(*inflight, return_exceptions=True)
 
 
-__all__ = ["RayRollouts", "RolloutWorker"]
+__all__ = ["RayRollouts", "RolloutWorker", "connect"]

@@ -364,7 +364,8 @@ class Simulation:
 
 def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | Policy = "program", *,
              concurrency: int = 64, max_programs: int | None = None, group_size: int = 1,
-             needs_env: bool = True, env_start_s: float = 0.012, env_lookahead: int = 16) -> SimResult:
+             needs_env: bool = True, env_start_s: float = 0.012, env_lookahead: int = 16,
+             env_workers: int = 2) -> SimResult:
     """Run ``traces`` under ``policy`` with the reactor's own mapping of settings."""
     policy = Policy(policy)
     cfg = SchedulerConfig(
@@ -376,7 +377,7 @@ def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | 
         env_lookahead=env_lookahead,
         turn_reserve=256,
     )
-    return Simulation(traces, engine, cfg, needs_env=needs_env, env_start_s=env_start_s,
+    return Simulation(traces, engine, cfg, needs_env=needs_env, env_start_s=env_start_s, env_workers=env_workers,
                       group_size=group_size).run()
 
 

@@ -9,6 +9,15 @@ engine, reactor and pool). Prints wall time, programs/s and CPU seconds per prog
 the 2-vs-1 worker scaling, and Ray's overhead per program (1 worker vs in-process), last
 ``cluster_scaling: <1-worker wall / 2-worker wall>``. On one machine the workers share its
 cores, so the scaling says what the layout costs or gains there, not what more nodes add.
+
+Then (or alone, with ``--projection-only``) the simulator's projection for a GPU cluster: the
+real program scheduler (``agentenv.simulator``) against ``--engines`` model engines (a 7B
+model on one H100 each, ``H100_7B``: assumptions, not a measurement), each fed by
+``--workers-per-engine`` rollout workers whose ``--worker-cpus`` start sandboxes. Groups are
+placed as the driver places them when all start at once (round robin over equal loads); the
+simulator does not model refilling a worker that finishes early, so the slowest engine's wall
+time is an upper bound. Prints 1 engine x 1 worker, E x 1 and E x W side by side, with the
+aggregate tok/s, the scaling over one engine and the engines' imbalance (slowest / mean wall).
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from agentenv.cluster import RayRollouts  # noqa: E402
 from agentenv.engines import open_engine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
+from agentenv.simulator import H100_7B, simulate  # noqa: E402
+from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 
 
 def cpu_seconds() -> float:
@@ -99,6 +110,31 @@ async def main_async(a: argparse.Namespace) -> None:
     print(f"cluster_scaling: {w1 / w2:.2f}")
 
 
+def projection(a: argparse.Namespace) -> None:
+    spec = WorkloadSpec(profile="lognormal", tool_median=2.0, mean_turns=8.0, turn_tokens=256, max_turn_tokens=1024,
+                        tool_tokens=128, prompt_tokens=512, max_total_tokens=16_384, tool_cap=40.0)
+    groups = workload(spec, a.sim_programs // a.sim_group_size, a.sim_group_size, a.seed)
+    print(f"projection: {len(groups) * a.sim_group_size} programs in groups of {a.sim_group_size} (lognormal tools, "
+          f"median 2 s, ~8 turns of 256 tokens), {a.sim_concurrency} requests per engine, sandbox start "
+          f"{1000 * a.env_start_s:.0f} ms of CPU")
+    base = None
+    for engines, workers in ((1, 1), (a.engines, 1), (a.engines, a.workers_per_engine)):
+        walls, tokens, t0 = [], 0, time.perf_counter()
+        for e in range(engines):
+            traces = [t for g in groups[e::engines] for t in g]
+            r = simulate(traces, H100_7B, "program", concurrency=a.sim_concurrency, group_size=a.sim_group_size,
+                         env_start_s=a.env_start_s, env_workers=workers * a.worker_cpus)
+            walls.append(r.wall_s)
+            tokens += r.tokens
+        wall = max(walls)
+        rate = tokens / wall
+        base = base or rate
+        print(f"{engines} engine{'s' if engines > 1 else ' '} x {workers} worker{'s' if workers > 1 else ' '} per "
+              f"engine ({workers * a.worker_cpus:3d} sandbox CPUs each): wall {wall:7.1f}s  {rate:8.0f} tok/s  "
+              f"scaling {rate / base:5.2f}x  imbalance {wall / (sum(walls) / len(walls)):.2f}  "
+              f"(simulated in {time.perf_counter() - t0:.1f}s)", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--programs", type=int, default=48)
@@ -109,7 +145,18 @@ def main() -> None:
     p.add_argument("--tool-cpu", type=float, default=1.0)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    anyio.run(main_async, p.parse_args())
+    p.add_argument("--projection-only", action="store_true", help="only the simulator's projection")
+    p.add_argument("--engines", type=int, default=8)
+    p.add_argument("--workers-per-engine", type=int, default=4)
+    p.add_argument("--worker-cpus", type=int, default=4, help="sandbox CPUs per rollout worker")
+    p.add_argument("--env-start-s", type=float, default=0.010, help="CPU seconds per sandbox start")
+    p.add_argument("--sim-programs", type=int, default=16_384)
+    p.add_argument("--sim-group-size", type=int, default=8)
+    p.add_argument("--sim-concurrency", type=int, default=256)
+    a = p.parse_args()
+    if not a.projection_only:
+        anyio.run(main_async, a)
+    projection(a)
 
 
 if __name__ == "__main__":

@@ -38,5 +38,21 @@ def tokenizer(model_dir):
     return load_tokenizer(model_dir)
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One real local Ray cluster for the whole session, 2 CPUs (never `ray stop`: it kills
+    every Ray process on the host)."""
+    import tempfile
+
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, _temp_dir=tmp,
+             _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 def child_pids() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}

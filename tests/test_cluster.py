@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -22,16 +21,9 @@ pytestmark = pytest.mark.anyio
 CONFIG = RolloutConfig(concurrency=8, max_new_tokens=192)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """One local cluster for the module (never `ray stop`: it kills every Ray process on the host)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, _temp_dir=tmp,
-             _node_ip_address="127.0.0.1", log_to_driver=False)
-    yield
-    ray.shutdown()
+@pytest.fixture
+def cluster(ray_cluster):
+    return ray_cluster
 
 
 def keys(trajs) -> list[tuple[str, int]]:
@@ -73,14 +65,27 @@ async def test_a_worker_killed_mid_run_loses_nothing(cluster):
     assert all(t.reward is not None for t in got)
 
 
-def test_cli_rollout_on_a_ray_cluster(tmp_path):
+def test_cli_rollout_on_a_ray_cluster_and_its_resume(tmp_path):
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)  # the CLI starts a local cluster for the run, and stops it
-    r = subprocess.run([sys.executable, "-m", "agentenv.cli", "rollout", "--env", "retool-math", "--tasks", "4",
-                        "--group-size", "2", "--cluster", "ray", "--workers", "2", "--concurrency", "8",
-                        "--out", str(out), "--no-progress"], capture_output=True, text=True, env=env, timeout=600)
+    cmd = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", "retool-math", "--tasks", "4", "--group-size",
+           "2", "--cluster", "ray", "--workers", "2", "--concurrency", "8", "--out", str(out), "--no-progress"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [Trajectory.from_dict(json.loads(x)) for x in out.read_text().splitlines()]
-    assert keys(lines) == sorted((t.id, i) for t in make("retool-math").tasks(4, seed=0) for i in range(2))
+    want = sorted((t.id, i) for t in make("retool-math").tasks(4, seed=0) for i in range(2))
+    assert keys(lines) == want
     assert "workers replaced" in r.stderr
+    # A crash after three lines (the second group half written) and mid-way through a fourth:
+    # the output's first three lines and a torn one, the log's header and three `done` records.
+    kept = out.read_text().splitlines(keepends=True)[:3]
+    out.write_text("".join(kept) + '{"task_id": "torn')
+    log = tmp_path / "r.jsonl.log"
+    log.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[:4]))
+    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming: 3 trajectories done; 3 tasks with samples missing run again" in r.stderr
+    again = [Trajectory.from_dict(json.loads(x)) for x in out.read_text().splitlines()]
+    assert keys(again) == want  # every sample exactly once
+    assert [t.to_dict() for t in again[:3]] == [json.loads(x) for x in kept]  # the finished lines kept as they were

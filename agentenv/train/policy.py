@@ -51,6 +51,27 @@ def nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float]) -> dict[str, float]:
+    """Sum every rank's gradients and statistics, in one flat all-reduce (a rank whose rows
+    trained no token contributes zeros)."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor(list(sums.values()), dtype=grads[0].dtype)])
+    dist.all_reduce(flat)
+    offset = 0
+    for p, g in zip(params, grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
+        offset += g.numel()
+    return dict(zip(sums, flat[offset:].tolist()))
+
+
 class Policy:
     def __init__(self, model_dir: str | Path, *, lr: float = 1e-4, weight_decay: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
@@ -116,13 +137,20 @@ class Policy:
             self.model = live
 
     # -- one optimiser step ------------------------------------------------------------------
-    def train_step(self, batch: Batch) -> dict[str, float]:
+    def train_step(self, batch: Batch, totals: tuple[float, int] | None = None) -> dict[str, float]:
         """One GRPO step over the whole batch (micro-batched; the gradient equals the full
-        batch's). The proximal policy is the weights at the start of the step."""
+        batch's). The proximal policy is the weights at the start of the step.
+
+        As a data-parallel rank (``torch.distributed`` initialised, see
+        :mod:`agentenv.train.distributed`) ``batch`` is this rank's share of the rows and
+        ``totals`` the whole batch's (trained tokens, rows): each rank weighs its loss by the
+        whole batch, the gradients and statistics are summed over the ranks, and every rank
+        then takes the one step a single process takes on the whole batch."""
         cfg = self.loss_cfg
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(batch.mask.sum().clamp(min=1))
+        total_tokens, total_rows = totals if totals is not None else (float(batch.mask.sum()), batch.size)
+        total_tokens = max(float(total_tokens), 1.0)
         sums = {"loss": 0.0, "clip_frac": 0.0, "is_weight_mean": 0.0, "is_truncated_frac": 0.0,
                 "kl_behaviour": 0.0, "abs_logprob_diff": 0.0, "kl_ref": 0.0}
         for start in range(0, batch.size, self.micro_batch):
@@ -133,7 +161,7 @@ class Policy:
             ref = self.reference_logprobs(mb.input_ids, mb.attention_mask) if cfg.kl_coef > 0 else None
             logp = self.token_logprobs(mb.input_ids, mb.attention_mask)
             loss, st = grpo_loss(logp, logp.detach(), mb.behaviour_logprobs, mb.advantages, mb.mask, cfg, ref)
-            share = n / total_tokens if cfg.aggregation == "token" else mb.size / batch.size
+            share = n / total_tokens if cfg.aggregation == "token" else mb.size / total_rows
             (loss * share).backward()
             with torch.no_grad():
                 d = (logp.detach() - mb.behaviour_logprobs) * mb.mask  # log(pi_old / mu)
@@ -143,6 +171,8 @@ class Policy:
             sums["loss"] += st["loss"] * share
             for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_ref"):
                 sums[k] += st[k] * n
+        if _world() > 1:
+            sums = _sum_over_ranks(self.params, sums)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.optimizer.step()
         self.model.eval()
@@ -165,6 +195,9 @@ class Policy:
         needs before the adapter, when it serves other weights)."""
         return {n.replace(".base_layer.", "."): p.detach() for n, p in self.model.named_parameters()
                 if "lora_" not in n}
+
+    def close(self) -> None:
+        """Nothing to release in-process (:class:`~agentenv.train.distributed.RayPolicy` stops its ranks)."""
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: Path) -> None:

@@ -84,6 +84,8 @@ class TrainConfig:
     eval_tasks: int = 32  # held-out tasks: env.tasks(eval_tasks, seed=EVAL_SEED - seed), never trained on
     eval_k: int = 4  # samples per held-out task (pass@1 .. pass@k)
     eval_env_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"split": "test"} for a dataset env
+    cluster: Literal["none", "ray"] = "none"  # ray: the policy as trainer_ranks data-parallel Ray actors
+    trainer_ranks: int = 2  # with cluster="ray" (agentenv.train.distributed)
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -101,6 +103,11 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if self.eval_every < 0 or self.eval_tasks < 1 or self.eval_k < 1:
             raise ConfigError("eval_every must be >= 0, eval_tasks and eval_k >= 1")
+        if self.cluster not in ("none", "ray"):
+            raise ConfigError(f"cluster must be none or ray, got {self.cluster!r}")
+        if self.cluster == "ray" and not 1 <= self.trainer_ranks <= self.groups_per_step * self.group_size:
+            raise ConfigError(f"trainer_ranks must be between 1 and the batch's {self.groups_per_step * self.group_size} "
+                              f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
 
@@ -189,12 +196,13 @@ class Trainer:
 
     # -- setup -------------------------------------------------------------------------------
     async def _open(self, stack: AsyncExitStack, sampling_seed: int) -> None:
+        from agentenv.sandboxes import default_sandbox
+
         from ..checker import check_env
         from ..engines import open_engine
         from ..engines.embedded import check_model_dir
         from ..models import default_model
         from ..registry import make
-        from agentenv.sandboxes import default_sandbox
 
         cfg = self.cfg
         model = Path(cfg.model) if cfg.model else default_model()
@@ -217,13 +225,19 @@ class Trainer:
         check_env(self._env, tokenizer=self._engine.tokenizer)
 
     def _policy(self) -> Policy:
+        """The policy in this process, or (``cluster="ray"``) data-parallel over Ray actors."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         lora = LoraSpec(rank=cfg.lora_rank, alpha=cfg.lora_alpha) if cfg.lora_rank else None
         loss = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, aggregation=cfg.aggregation,
                           kl_coef=cfg.kl_coef)
-        return Policy(self.model_dir, lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature,
-                      lora=lora, micro_batch=cfg.micro_batch, loss=loss)
+        kwargs = dict(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, lora=lora,
+                      micro_batch=cfg.micro_batch, loss=loss)
+        if cfg.cluster == "ray":
+            from .distributed import RayPolicy
+
+            return RayPolicy(self.model_dir, ranks=cfg.trainer_ranks, seed=cfg.seed, **kwargs)  # type: ignore[return-value]
+        return Policy(self.model_dir, **kwargs)
 
     def _resume_state(self) -> tuple[int, Path | None]:
         if not self.cfg.resume:
@@ -281,11 +295,21 @@ class Trainer:
             raise ConfigError(f"the checkpoint is at step {start_step}; ask for --steps > {start_step}")
         async with AsyncExitStack() as stack:
             await self._open(stack, sampling_seed=self.cfg.seed + start_step)
+            if self.cfg.cluster == "ray":
+                from ..cluster import connect
+
+                # Here, not in a worker thread: a local cluster's processes die with the thread that started them.
+                ray, started = connect()
+                if started:
+                    stack.callback(ray.shutdown)
+            self.policy = await anyio.to_thread.run_sync(self._policy)
+            stack.callback(self.policy.close)
             return await self._train(start_step, ckpt)
 
     async def _train(self, start_step: int, ckpt: Path | None) -> dict[str, Any]:
         cfg, engine = self.cfg, self._engine
-        policy = self.policy = await anyio.to_thread.run_sync(self._policy)
+        policy = self.policy
+        assert policy is not None
         if cfg.lora_rank:
             await engine.enable_lora(policy.lora)
         if ckpt is not None:
@@ -538,7 +562,13 @@ def _status_bar(enabled: bool, total: int, done: int) -> tuple[Any, Any]:
     """A rich progress bar on stderr (steps, plus what the generator is doing); a no-op when
     disabled. Step lines go to stdout either way."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[info]}"), console=Console(stderr=True), disable=not enabled)

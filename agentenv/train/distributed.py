@@ -1,0 +1,184 @@
+"""The trainer's policy as a group of Ray actors (data parallel), behind the :class:`Policy`
+interface the trainer already uses:
+
+    policy = RayPolicy(model_dir, ranks=2, lr=2e-5)
+    stats = policy.train_step(batch)   # each rank takes its share of the rows; one step on all
+    tensors = policy.sync_tensors()    # rank 0's weights, through the object store
+    policy.close()
+
+Each rank is a Ray actor holding a whole copy of the policy and its optimiser; the ranks form
+one ``torch.distributed`` process group (gloo, on CPU). A step splits the batch's rows into
+contiguous shares. Each rank weighs its loss by the whole batch's trained tokens (or rows), the
+gradients and statistics are summed in one all-reduce, and every rank clips and steps the same
+gradient, so the ranks' weights stay identical and equal one process's step on the whole batch
+(:meth:`Policy.train_step`). Rank 0 broadcasts its starting weights, so the ranks start equal
+whatever their seeds.
+
+Weights reach the engine from rank 0 through the object store and the driver, which loads
+them into its engine (LoRA: the adapter only). Checkpoints are written by rank 0 into
+``out_dir``, so that must be storage rank 0's node can write (on a local cluster, the driver's
+own disk; across machines, a shared filesystem, as verl also requires).
+
+Not here yet: sharded parameters (FSDP2) and NCCL on GPUs, engines as Ray actors, and
+replacing a rank that dies (the step fails with a clear error; ``--resume`` continues from the
+last checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, EngineError
+from .batch import Batch
+
+
+class TrainerRank:
+    """The Ray actor (wrapped by ``ray.remote`` at start): one rank of the process group."""
+
+    def __init__(self, rank: int, world: int, policy_kwargs: dict[str, Any], seed: int) -> None:
+        self.rank, self.world = rank, world
+        self.policy_kwargs, self.seed = policy_kwargs, seed
+        self.policy: Any = None
+
+    def address(self) -> str:
+        """A free TCP port on this node, for the group's rendezvous (asked of rank 0)."""
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return f"{ip}:{s.getsockname()[1]}"
+
+    def setup(self, address: str, timeout_s: float) -> int:
+        import torch.distributed as dist
+
+        from .policy import Policy
+
+        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=self.rank, world_size=self.world,
+                                timeout=timedelta(seconds=timeout_s))
+        torch.manual_seed(self.seed)
+        self.policy = Policy(**self.policy_kwargs)
+        with torch.no_grad():
+            for p in self.policy.model.parameters():
+                dist.broadcast(p.data, src=0)
+        return os.getpid()
+
+    def train_step(self, batch: Batch, totals: tuple[float, int]) -> dict[str, float]:
+        return self.policy.train_step(batch, totals)
+
+    def sync_tensors(self) -> dict[str, torch.Tensor]:
+        return {n: t.clone() for n, t in self.policy.sync_tensors().items()}
+
+    def base_tensors(self) -> dict[str, torch.Tensor]:
+        return {n: t.clone() for n, t in self.policy.base_tensors().items()}
+
+    def full_bytes(self) -> int:
+        return self.policy.full_bytes
+
+    def save(self, path: str) -> None:
+        self.policy.save(Path(path))
+
+    def load(self, path: str) -> None:
+        self.policy.load(Path(path))
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def shares(rows: int, ranks: int) -> list[slice]:
+    """Contiguous, near-equal shares of ``rows`` (the first ``rows % ranks`` one longer)."""
+    if rows < ranks:
+        raise ConfigError(f"a batch of {rows} trajectories cannot be split over {ranks} trainer ranks; "
+                          "use more groups per step or fewer ranks")
+    base, extra = divmod(rows, ranks)
+    out, start = [], 0
+    for r in range(ranks):
+        end = start + base + (r < extra)
+        out.append(slice(start, end))
+        start = end
+    return out
+
+
+class RayPolicy:
+    """:class:`~agentenv.train.policy.Policy`'s interface over ``ranks`` Ray actors (see the
+    module doc). Methods block (the trainer calls them from a worker thread)."""
+
+    def __init__(self, model_dir: str | Path, *, ranks: int = 2, seed: int = 0, address: str | None = None,
+                 rank_options: dict[str, Any] | None = None, setup_timeout_s: float = 300.0,
+                 **policy_kwargs: Any) -> None:
+        from ..cluster import connect
+
+        if ranks < 1:
+            raise ConfigError(f"trainer ranks must be >= 1, got {ranks}")
+        self.ranks = ranks
+        self.lora = policy_kwargs.get("lora")
+        self._ray, self._started_ray = connect(address)
+        ray = self._ray
+        options = {"num_cpus": 1, **(rank_options or {})}
+        runtime_env = dict(options.get("runtime_env") or {})
+        runtime_env["env_vars"] = {"OMP_WAIT_POLICY": "PASSIVE", **(runtime_env.get("env_vars") or {})}
+        options["runtime_env"] = runtime_env
+        cls = ray.remote(TrainerRank).options(**options)
+        kwargs = {"model_dir": str(model_dir), **policy_kwargs}
+        self.actors = [cls.remote(r, ranks, kwargs, seed) for r in range(ranks)]
+        try:
+            address = self._get(self.actors[0].address.remote())
+            self.pids = self._get([a.setup.remote(address, setup_timeout_s) for a in self.actors])
+            self.full_bytes = self._get(self.actors[0].full_bytes.remote())
+        except BaseException:
+            self.close()
+            raise
+
+    def _get(self, refs: Any) -> Any:
+        ray = self._ray
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            raise EngineError(f"a trainer rank died: {exc}; the process group is gone "
+                              "(agentenv train --resume continues from the last checkpoint)") from exc
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.as_instanceof_cause() from None
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        totals = (float(batch.mask.sum()), batch.size)
+        stats = self._get([a.train_step.remote(batch.rows(s), totals)
+                           for a, s in zip(self.actors, shares(batch.size, self.ranks))])
+        return stats[0]  # the same on every rank: the statistics were summed over them
+
+    def sync_tensors(self) -> dict[str, torch.Tensor]:
+        return self._get(self.actors[0].sync_tensors.remote())
+
+    def base_tensors(self) -> dict[str, torch.Tensor]:
+        return self._get(self.actors[0].base_tensors.remote())
+
+    def save(self, path: Path) -> None:
+        self._get(self.actors[0].save.remote(str(path)))
+
+    def load(self, path: Path) -> None:
+        self._get([a.load.remote(str(path)) for a in self.actors])
+
+    def close(self) -> None:
+        ray = self._ray
+        actors, self.actors = self.actors, []
+        for a in actors:
+            try:
+                ray.get(a.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead or stuck rank is killed below anyway
+                pass
+            ray.kill(a)
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False
+
+
+__all__ = ["RayPolicy", "TrainerRank", "shares"]

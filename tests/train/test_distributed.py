@@ -1,0 +1,119 @@
+"""The policy as data-parallel Ray actors (gloo on CPU) on a real local Ray cluster: two ranks
+take the step one process takes on the same batch, and the trainer runs on them."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+import torch
+
+from agentenv.config import RolloutConfig
+from agentenv.engines.embedded import EmbeddedEngine
+from agentenv.envs.retool_math import RetoolMathEnv
+from agentenv.errors import ConfigError
+from agentenv.reactor import Reactor
+from agentenv.registry import make
+from agentenv.sandboxes import default_sandbox
+from agentenv.train import LoraSpec, Policy, TrainConfig, Trainer, collate
+from agentenv.train.distributed import RayPolicy, shares
+from agentenv.train.loss import LossConfig
+
+pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def batch(model_dir):
+    """Five trajectories of a real rollout (two groups, one of 3 and one of 2: the two ranks'
+    shares differ in rows and width), rewarded so every group has variance."""
+    async def collect():
+        env = make("retool-math")
+        eng = EmbeddedEngine(model_dir, seed=1)
+        try:
+            async with default_sandbox("local") as sb, Reactor(eng, env, sb, RolloutConfig(max_new_tokens=96)) as r:
+                return await r.collect(env.tasks(2, seed=5), group_size=3)
+        finally:
+            await eng.aclose()
+
+    groups = anyio.run(collect)
+    groups[1].trajectories = groups[1].trajectories[:2]
+    for g in groups:
+        for t in g.trajectories:
+            t.reward = float(t.sample_index % 2)
+    return collate(groups)
+
+
+class Alternating(RetoolMathEnv):
+    """Every group has reward variance (odd samples score 1), so every step has a gradient."""
+
+    async def reward(self, task, trajectory):
+        return float(trajectory.sample_index % 2)
+
+
+def test_shares_are_contiguous_and_cover_every_row():
+    assert shares(5, 2) == [slice(0, 3), slice(3, 5)]
+    assert shares(4, 4) == [slice(i, i + 1) for i in range(4)]
+    with pytest.raises(ConfigError, match="3 trajectories cannot be split over 4"):
+        shares(3, 4)
+
+
+@pytest.mark.parametrize("lora, aggregation", [(False, "token"), (True, "sequence")],
+                         ids=["full-token", "lora-sequence"])
+def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir, lora, aggregation):
+    # Adam divides by the gradient's own scale, so the ranks' different summation order (about
+    # 1e-7 in the gradients) can move a weight by up to ~1 % of lr: at lr 1e-4 that stays
+    # under 1e-5, while the steps move weights by ~1e-4 each.
+    kw = dict(lr=1e-4, micro_batch=2, loss=LossConfig(aggregation=aggregation),
+              lora=LoraSpec(rank=4) if lora else None)
+    torch.manual_seed(0)
+    local = Policy(model_dir, **kw)
+    before = {n: t.clone() for n, t in local.sync_tensors().items()}
+    remote = RayPolicy(model_dir, ranks=2, seed=0, **kw)
+    try:
+        assert len(set(remote.pids)) == 2
+        for _ in range(2):  # the second step also checks that both optimisers' states agree
+            mine, theirs = local.train_step(batch), remote.train_step(batch)
+            assert mine.keys() == theirs.keys()
+            for k in mine:
+                assert theirs[k] == pytest.approx(mine[k], abs=1e-5, rel=1e-5), k
+        got = remote.sync_tensors()
+        assert got.keys() == before.keys()
+        moved = 0.0
+        for n, t in local.sync_tensors().items():
+            torch.testing.assert_close(got[n], t, atol=1e-5, rtol=1e-5, msg=n)
+            moved = max(moved, float((t - before[n]).abs().max()))
+        assert moved > 5e-5  # the steps changed the weights (a zero gradient would prove nothing)
+    finally:
+        remote.close()
+
+
+@pytest.mark.anyio
+async def test_the_trainer_runs_on_ray_ranks_and_the_engine_serves_their_weights(ray_cluster, model_dir, tmp_path):
+    eng = EmbeddedEngine(model_dir, seed=0)
+    try:
+        cfg = TrainConfig(steps=2, groups_per_step=2, group_size=2, max_new_tokens=64, concurrency=8, lr=1e-3,
+                          out_dir=str(tmp_path), checkpoint_every=2, cluster="ray", trainer_ranks=2)
+        trainer = Trainer(cfg, engine=eng, env=Alternating(), print_steps=False)
+        summary = await trainer.run()
+        assert eng.weight_version == 2 and summary["steps"] == 2
+        assert trainer.policy.actors == []  # the ranks were stopped with the run
+        served = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+    finally:
+        await eng.aclose()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["trained_tokens"] > 0 for r in rows)
+    # Rank 0 wrote the checkpoint; it loads into a one-process policy that then serves what the engine served.
+    ckpt = tmp_path / "checkpoints" / "step-000002"
+    assert (ckpt / "state.json").exists()
+    restored = Policy(model_dir)
+    restored.load(ckpt)
+    for n, p in restored.model.named_parameters():
+        assert torch.equal(served[n], p), n
+
+
+def test_trainer_ranks_are_checked_against_the_batch():
+    with pytest.raises(ConfigError, match="trainer_ranks"):
+        TrainConfig(groups_per_step=1, group_size=2, cluster="ray", trainer_ranks=3)
+    with pytest.raises(ConfigError, match="cluster"):
+        TrainConfig(cluster="slurm")
