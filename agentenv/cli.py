@@ -482,7 +482,8 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
             s = stats.summary()
             t = Table(title=f"{written} trajectories -> {args.out}", show_header=False)
             for k, v in (("workers (pids)", ", ".join(map(str, cluster.pids))),
-                         ("workers replaced / groups run again", f"{cluster.replaced} / {cluster.rerun}"),
+                         ("workers replaced / groups run again (from a snapshot)",
+                          f"{cluster.replaced} / {cluster.rerun} ({cluster.continued})"),
                          ("tool calls", s["tool_calls"]), ("tokens generated", s["tokens_generated"]),
                          ("tokens/s", s["tokens_per_s"]), ("mean reward", s["mean_reward"]),
                          ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),

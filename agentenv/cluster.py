@@ -14,8 +14,12 @@ Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` 
 * **Streaming.** Trajectories come back a group at a time, as each group completes (rewards
   and ``group_reward`` applied on the worker), in the same format as a local run.
 * **Faults.** A worker that dies (node lost, process killed) is replaced by a new actor; the
-  groups it had in flight run again from the start on the live workers. Only complete groups
-  are ever yielded, so nothing is lost and nothing appears twice.
+  groups it had in flight continue on the live workers from their latest snapshot: every
+  ``snapshot_interval`` seconds the driver asks each worker for its in-flight programs as of
+  their last completed turn (the same in-memory log a trainer checkpoint saves), so the
+  programs resume there (the notebook rebuilt by replaying their logged tool calls) and the
+  group's finished programs are kept; a group with no snapshot yet runs again from the start.
+  Only complete groups are ever yielded, so nothing is lost and nothing appears twice.
 
 Each worker's engine: ``embedded`` (a copy of the model per worker, CPU), ``vllm`` (one
 in-process engine per worker: give each worker a GPU with ``worker_options={"num_gpus": 1}``)
@@ -67,8 +71,11 @@ class RolloutWorker:
     open for the actor's life in a task that owns them, serving ``group`` calls concurrently."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        from .journal import InFlight
+
         self.spec = spec
         self.reactor: Any = None
+        self.log = InFlight()  # every program's state at its last completed turn
         self._ready: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -95,7 +102,7 @@ class RolloutWorker:
             engine = await open_engine(s["engine"], s["model"], temperature=config.temperature, top_p=config.top_p,
                                        seed=s["seed"], base_urls=s["base_urls"], **s["engine_kwargs"])
             async with engine, default_sandbox(s["sandbox"]) as sandbox, \
-                    Reactor(engine, env, sandbox, config) as reactor:
+                    Reactor(engine, env, sandbox, config, journal=self.log) as reactor:
                 self.reactor = reactor
                 self._ready.set()
                 await self._stop.wait()
@@ -105,11 +112,26 @@ class RolloutWorker:
             self.reactor = None
             self._ready.set()
 
-    async def group(self, task: dict[str, Any], group_size: int) -> list[dict[str, Any]]:
+    async def group(self, task: dict[str, Any], group_size: int, saved: dict[str, Any] | None = None
+                    ) -> list[dict[str, Any]]:
+        """Run one group; ``saved`` (a :meth:`snapshot` entry from a worker that died) continues
+        its programs from their last completed turn and keeps its finished ones."""
+        from .journal import restore
+
         if self.reactor is None:
             raise RuntimeError(self._error or "the rollout worker is not running")
-        group = await self.reactor.group(Task(**task), group_size)
+        resume, finished = restore(saved) if saved else (None, ())
+        for t in finished:  # in this worker's snapshots too, should it die in turn
+            self.log.finished(t)
+        try:
+            group = await self.reactor.group(Task(**task), group_size, resume=resume, finished=finished)
+        finally:
+            self.log.forget(task["id"])
         return [t.to_dict() for t in group.trajectories]
+
+    async def snapshot(self, task_ids: list[str]) -> dict[str, Any]:
+        """The tasks' programs as of their last completed turn (see ``journal.InFlight``)."""
+        return self.log.snapshot(set(task_ids))
 
     async def stop(self) -> None:
         if self._stop is not None:
@@ -125,7 +147,7 @@ class RayRollouts:
                  engine: str = "embedded", model: str | None = None, engine_kwargs: dict[str, Any] | None = None,
                  base_urls: Sequence[str] | None = None, sandbox: str = "local", config: RolloutConfig | None = None,
                  seed: int = 0, groups_per_worker: int | None = None, address: str | None = None,
-                 worker_options: dict[str, Any] | None = None) -> None:
+                 worker_options: dict[str, Any] | None = None, snapshot_interval: float | None = 1.0) -> None:
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         if model is None:
@@ -150,6 +172,10 @@ class RayRollouts:
         self.pids: list[int] = []
         self.replaced = 0  # workers that died and were replaced
         self.rerun = 0  # groups run again because their worker died
+        self.continued = 0  # ... of which continued from a snapshot, not from the start
+        self.snapshot_interval = snapshot_interval
+        self.snapshots: dict[str, dict[str, Any]] = {}  # task id -> its group's latest snapshot
+        self.placed: dict[str, Any] = {}  # task id -> the worker actor running its group now
         self._started_ray = False
         self._actor_cls: Any = None
 
@@ -210,8 +236,8 @@ class RayRollouts:
         died = tuple(e for e in (getattr(ray.exceptions, "RayActorError", None),
                                  getattr(ray.exceptions, "ActorUnavailableError", None)) if e is not None)
 
-        def call(actor: Any, task: Task) -> asyncio.Future:
-            ref = actor.group.remote(asdict(task), group_size)
+        def call(actor: Any, task: Task, saved: dict[str, Any] | None) -> asyncio.Future:
+            ref = actor.group.remote(asdict(task), group_size, saved)
 
             async def wait() -> list[dict[str, Any]]:
                 return await ref
@@ -220,6 +246,22 @@ class RayRollouts:
             refs[fut] = ref
             return fut
 
+        async def poll() -> None:
+            """Keep each in-flight group's latest snapshot (its programs at their last completed
+            turn), so a group whose worker dies continues from there."""
+            while True:
+                await asyncio.sleep(self.snapshot_interval)
+                by_actor: dict[Any, list[str]] = {}
+                for _, actor, task in list(inflight.values()):
+                    by_actor.setdefault(actor, []).append(task.id)
+                replies = await asyncio.gather(*(a.snapshot.remote(ids) for a, ids in by_actor.items()),
+                                               return_exceptions=True)
+                running = {task.id for _, _, task in inflight.values()}
+                for reply in replies:
+                    if isinstance(reply, dict):
+                        self.snapshots.update({tid: snap for tid, snap in reply.items() if tid in running})
+
+        poller = asyncio.ensure_future(poll()) if self.snapshot_interval else None
         try:
             while queue or inflight:
                 while queue:
@@ -228,8 +270,9 @@ class RayRollouts:
                         break
                     i = min(free, key=lambda j: load[j])
                     task = queue.popleft()
-                    fut = call(self.workers[i], task)
+                    fut = call(self.workers[i], task, self.snapshots.get(task.id))
                     inflight[fut] = (i, self.workers[i], task)
+                    self.placed[task.id] = self.workers[i]
                     load[i] += 1
                 done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 for fut in done:
@@ -241,15 +284,21 @@ class RayRollouts:
                         dicts = fut.result()
                     except died:
                         self.rerun += 1
-                        queue.appendleft(task)  # whole group again, elsewhere
+                        self.continued += task.id in self.snapshots
+                        queue.appendleft(task)  # again, elsewhere: from its snapshot, or whole
                         if actor is self.workers[i]:  # the first of its failures: replace it
                             self.replaced += 1
                             load[i] = 0
                             await self._add_worker(i)
                         continue
+                    self.snapshots.pop(task.id, None)
+                    self.placed.pop(task.id, None)
                     for d in dicts:
                         yield Trajectory.from_dict(d)
         finally:  # stop what is still running on the workers (their reactors cancel its programs)
+            if poller is not None:
+                poller.cancel()
+                await asyncio.gather(poller, return_exceptions=True)
             for fut in inflight:
                 try:
                     ray.cancel(refs[fut])

@@ -3,6 +3,7 @@ actor with its own embedded engine, reactor and sandbox pool."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -50,19 +51,54 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
     assert all(order[i] == order[i + 1] for i in range(0, len(order), 2))
 
 
-async def test_a_worker_killed_mid_run_loses_nothing(cluster):
-    env = make("retool-math")
+def progressed(snapshot) -> bool:
+    """A snapshot with work in it: a finished program, or one past its first turn."""
+    return bool(snapshot["finished"]) or any(p["segments"] for p in snapshot["partial"])
+
+
+async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(cluster):
+    # Trace programs (several turns, tools of ~0.3 s), so a worker dies with programs mid-way.
+    spec = {"profile": "lognormal", "mean_turns": 4.0, "turn_tokens": 16, "tool_tokens": 8, "tool_median": 0.3,
+            "tool_cap": 1.2, "prompt_tokens": 32}
+    env = make("trace", **spec)
+    config = RolloutConfig(concurrency=8, max_new_tokens=4096, max_turns=env.max_turns, tool_timeout=env.tool_timeout)
     tasks = env.tasks(8, seed=5)
     got = []
-    async with RayRollouts("retool-math", workers=2, config=CONFIG, seed=5, groups_per_worker=2) as c:
+    async with RayRollouts("trace", workers=2, env_args=spec, config=config, seed=5, groups_per_worker=2,
+                           snapshot_interval=0.2) as c:
         victim = c.workers[0]
+
+        async def kill_once_progressed() -> dict:
+            """Kill the victim as soon as the driver holds a snapshot of progress made on it."""
+            for _ in range(1200):
+                saved = {tid: s for tid, s in c.snapshots.items() if c.placed.get(tid) is victim and progressed(s)}
+                if saved:
+                    ray.kill(victim)  # no await since `saved` was taken: the driver holds these (or later)
+                    return saved
+                await asyncio.sleep(0.025)
+            return {}
+
+        killer = asyncio.ensure_future(kill_once_progressed())
         async for t in c.rollouts(tasks, group_size=2):
             got.append(t)
-            if len(got) == 2:  # one group done, others in flight on both workers
-                ray.kill(victim)
-        assert c.replaced == 1 and c.rerun >= 1 and victim not in c.workers
+        saved = await killer
+        assert saved, "no group of the victim had progressed in 30 s"
+        assert c.replaced == 1 and c.continued >= 1 and victim not in c.workers
     assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
-    assert all(t.reward is not None for t in got)
+    for t in got:  # every program, continued or not, ran its whole trace
+        assert t.finish_reason == "stop" and len(t.tool_calls) == env.trace_of(t.task_id, t.sample_index).turns - 1
+    # The victim's groups continued where the snapshot left them: finished programs as they
+    # were, running ones from their last completed turn, their logged segments kept verbatim.
+    by_key = {(t.task_id, t.sample_index): t.to_dict() for t in got}
+    kept = 0
+    for snap in saved.values():
+        for d in snap["finished"]:
+            assert by_key[(d["task_id"], d["sample_index"])]["segments"] == d["segments"]
+            kept += 1
+        for p in snap["partial"]:
+            assert by_key[(p["task"], p["sample"])]["segments"][: len(p["segments"])] == p["segments"]
+            kept += bool(p["segments"])
+    assert kept >= 1
 
 
 def test_cli_rollout_on_a_ray_cluster_and_its_resume(tmp_path):
