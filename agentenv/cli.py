@@ -441,13 +441,14 @@ def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
 async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks: list,
                        args: argparse.Namespace) -> int:
     """``--cluster ray``: the same JSONL, from rollout workers on a Ray cluster. Its event log
-    records each line written (``done``); workers run whole groups, so ``--resume`` runs again
-    each task with a sample missing and writes only the missing samples (a program in flight
-    starts over, where a one-process run continues it from its last turn)."""
+    records the workers' snapshots (each program's completed turns) and each line written, so
+    ``--resume`` continues every unfinished group: its finished lines are kept and its
+    programs go on from their last logged turn."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from . import journal
     from .cluster import RayRollouts
     from .stats import RunStats
 
@@ -458,8 +459,21 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
     done = resume.done if resume is not None else set()
     todo = [t for t in tasks if any((t.id, i) not in done for i in range(args.group_size))]
     total = len(tasks) * args.group_size - len(done)
-    if resume is not None:
-        console.print(f"resuming: {len(done)} trajectories done; {len(todo)} tasks with samples missing run again")
+    saved: dict[str, Any] = {}
+    if resume is not None:  # unfinished groups continue: their finished lines and their programs' logged turns
+        ids = {t.id for t in todo}
+        finished: dict[str, list] = {}
+        if args.out.exists():
+            with args.out.open(encoding="utf-8") as f:
+                for line in f:
+                    d = json.loads(line)
+                    if d["task_id"] in ids:
+                        finished.setdefault(d["task_id"], []).append(d)
+        with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
+        saved = {tid: journal.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
+        console.print(f"resuming: {len(done)} trajectories done; {len(todo)} tasks unfinished, {len(resume.partial)} "
+                      "programs continue from their last logged turn")
+    logged: dict[str, tuple[int, int, int]] = {}  # program -> how far its records in the log go
     stats, written = RunStats(), 0
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress)
@@ -470,7 +484,9 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
             stats.start(total)
             with progress, args.out.open("a" if args.resume else "w", encoding="utf-8") as f:
                 bar = progress.add_task("rollouts", total=total, info="")
-                async for traj in cluster.rollouts(todo, args.group_size):
+                async for traj in cluster.rollouts(
+                        todo, args.group_size, saved=saved,
+                        on_snapshot=lambda tid, snap: journal.log_snapshot(log, snap, logged)):
                     if (traj.task_id, traj.sample_index) in done:
                         continue  # its line is in the output already
                     _write_line(f, traj, args.out, "; the lines before this one are intact (--resume continues)")

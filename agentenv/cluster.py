@@ -32,7 +32,7 @@ import asyncio
 import os
 from collections import deque
 from dataclasses import asdict
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from .config import RolloutConfig
 from .env import Task
@@ -223,10 +223,17 @@ class RayRollouts:
             return self.groups_per_worker
         return max(1, -(-self.config.concurrency // max(1, group_size)))
 
-    async def rollouts(self, tasks: Sequence[Task], group_size: int) -> AsyncIterator[Trajectory]:
+    async def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, dict[str, Any]] | None = None,
+                       on_snapshot: Callable[[str, dict[str, Any]], None] | None = None) -> AsyncIterator[Trajectory]:
         """Run ``group_size`` programs of every task on the workers; yield each trajectory when
-        its group is complete. Cancelling the iteration leaves the workers running nothing of it."""
+        its group is complete. Cancelling the iteration leaves the workers running nothing of it.
+
+        ``saved`` (task id -> snapshot, see ``journal.snapshot_of``) continues groups a run
+        left unfinished; ``on_snapshot(task_id, snapshot)`` sees every snapshot taken (the CLI
+        logs them, so ``--resume`` continues the programs). A group given its finished
+        trajectories yields them again with the rest."""
         ray = _ray()
+        self.snapshots.update(saved or {})
         queue = deque(tasks)
         per_worker = self._per_worker(group_size)
         inflight: dict[asyncio.Future, tuple[int, Any, Task]] = {}  # future -> (worker index, actor, task)
@@ -259,7 +266,11 @@ class RayRollouts:
                 running = {task.id for _, _, task in inflight.values()}
                 for reply in replies:
                     if isinstance(reply, dict):
-                        self.snapshots.update({tid: snap for tid, snap in reply.items() if tid in running})
+                        for tid, snap in reply.items():
+                            if tid in running:
+                                self.snapshots[tid] = snap
+                                if on_snapshot is not None:
+                                    on_snapshot(tid, snap)
 
         poller = asyncio.ensure_future(poll()) if self.snapshot_interval else None
         try:
@@ -274,8 +285,11 @@ class RayRollouts:
                     inflight[fut] = (i, self.workers[i], task)
                     self.placed[task.id] = self.workers[i]
                     load[i] += 1
-                done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
+                done, _ = await asyncio.wait([*inflight, *([poller] if poller else [])],
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if poller in done:
+                    poller.result()  # it ends only by failing (on_snapshot raised): raise that here
+                for fut in done - {poller}:
                     i, actor, task = inflight.pop(fut)
                     refs.pop(fut, None)
                     if actor is self.workers[i]:

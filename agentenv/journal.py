@@ -284,6 +284,34 @@ class InFlight:
         return out
 
 
+def log_snapshot(log: Journal, snapshot: dict[str, Any], written: dict[str, tuple[int, int, int]]) -> None:
+    """Append to ``log`` what one task's :meth:`InFlight.snapshot` entry adds to it: a ``start``
+    record for a program it has not seen, a ``turn`` record with the segments, tool calls and
+    stats logged since (``written`` remembers how far each program's records go). A Ray
+    rollout driver logs its workers' snapshots so, so a ``--resume`` continues their programs."""
+    for p in snapshot["partial"]:
+        n = (len(p["segments"]), len(p["tools"]), len(p["stats"]))
+        seen = written.get(p["k"])
+        if seen is None:
+            log.write({"e": "start", "k": p["k"], "task": p["task"], "sample": p["sample"], "group": p["group"],
+                       "prompt": p["prompt"]})
+            seen = written[p["k"]] = (0, 0, 0)
+        if n[0] > seen[0]:
+            log.write({"e": "turn", "k": p["k"], "turn": n[2], "segments": p["segments"][seen[0]:],
+                       "tools": p["tools"][seen[1]:], "stats": p["stats"][seen[2]:]})
+            written[p["k"]] = n
+
+
+def snapshot_of(state: LogState, task_id: str, finished: list[dict[str, Any]]) -> dict[str, Any]:
+    """The :meth:`InFlight.snapshot` entry of one task from a replayed log (its partial
+    programs) and its trajectories already in the output (``finished``, as dicts)."""
+    partial = [{"k": p.key, "task": p.task_id, "sample": p.sample_index, "group": state.groups.get(task_id, ""),
+                "prompt": p.prompt_ids, "segments": [asdict(x) for x in p.segments],
+                "tools": [asdict(x) for x in p.tool_calls], "stats": [asdict(x) for x in p.turns]}
+               for (tid, _), p in sorted(state.partial.items()) if tid == task_id]
+    return {"partial": partial, "finished": finished}
+
+
 def restore(snapshot: dict[str, Any]) -> tuple[LogState, list[Trajectory]]:
     """One task's entry of :meth:`InFlight.snapshot`: what to resume (partial programs, and the
     samples already finished) and the finished trajectories themselves."""

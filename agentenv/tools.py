@@ -63,8 +63,11 @@ class Tool:
 def replayable(calls: list[Any], name: str) -> list[Any]:
     """The earlier calls of tool ``name`` whose effects make up a session's state: those that
     ran to the end (``ok``) or raised in the code (``error``); timed-out, crashed and malformed
-    calls left nothing reliable behind, and running them again would only fail again."""
-    return [c for c in calls if c.name == name and (c.status == "ok" or (c.status == "error" and c.error == "error"))]
+    calls left nothing reliable behind, and running them again would only fail again. A call
+    with no ``code`` argument (a tool built on :class:`PythonTool` that runs code of its own,
+    like the trace workload's) has nothing to run again."""
+    return [c for c in calls if c.name == name and isinstance(c.arguments.get("code"), str)
+            and (c.status == "ok" or (c.status == "error" and c.error == "error"))]
 
 
 async def replay(session: "Session", calls: list[Any], timeout: float) -> dict[str, Any]:

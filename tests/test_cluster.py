@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -101,27 +102,50 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
     assert kept >= 1
 
 
-def test_cli_rollout_on_a_ray_cluster_and_its_resume(tmp_path):
-    out = tmp_path / "r.jsonl"
+def test_cli_rollout_on_a_ray_cluster_killed_and_resumed(tmp_path):
+    """The CLI on a local cluster, SIGKILLed mid-run (a torn line added to its output, as a
+    crash mid-write leaves one), then ``--resume``: every sample exactly once, the finished
+    lines kept as they were, and programs that had logged turns continue from them."""
+    from agentenv import journal
+
+    out, log = tmp_path / "r.jsonl", tmp_path / "r.jsonl.log"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)  # the CLI starts a local cluster for the run, and stops it
-    cmd = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", "retool-math", "--tasks", "4", "--group-size",
-           "2", "--cluster", "ray", "--workers", "2", "--concurrency", "8", "--out", str(out), "--no-progress"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = [Trajectory.from_dict(json.loads(x)) for x in out.read_text().splitlines()]
-    want = sorted((t.id, i) for t in make("retool-math").tasks(4, seed=0) for i in range(2))
-    assert keys(lines) == want
-    assert "workers replaced" in r.stderr
-    # A crash after three lines (the second group half written) and mid-way through a fourth:
-    # the output's first three lines and a torn one, the log's header and three `done` records.
-    kept = out.read_text().splitlines(keepends=True)[:3]
-    out.write_text("".join(kept) + '{"task_id": "torn')
-    log = tmp_path / "r.jsonl.log"
-    log.write_bytes(b"".join(log.read_bytes().splitlines(keepends=True)[:4]))
+    spec = {"mean_turns": 4.0, "turn_tokens": 16, "tool_tokens": 8, "tool_median": 0.3, "tool_cap": 1.2,
+            "prompt_tokens": 32}
+    cmd = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", "trace", "--tasks", "8", "--group-size", "2",
+           "--cluster", "ray", "--workers", "2", "--concurrency", "8", "--max-new-tokens", "4096", "--out", str(out),
+           "--no-progress", *[a for k, v in spec.items() for a in ("--env-arg", f"{k}={v}")]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # kill once a line and a logged turn exist
+        logged = log.read_bytes() if log.exists() else b""
+        if b'"e":"turn"' in logged and b'"e":"done"' in logged:
+            proc.kill()
+            break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, f"the run ended before it could be killed: {err.decode()[-2000:]}"
+    before = out.read_text().splitlines(keepends=True)
+    with out.open("a") as f:
+        f.write('{"task_id": "torn')
+    records, _ = journal.read(log)
+    logged = journal.replay(records).partial  # what the log says is in flight, before the resume
     r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "resuming: 3 trajectories done; 3 tasks with samples missing run again" in r.stderr
-    again = [Trajectory.from_dict(json.loads(x)) for x in out.read_text().splitlines()]
-    assert keys(again) == want  # every sample exactly once
-    assert [t.to_dict() for t in again[:3]] == [json.loads(x) for x in kept]  # the finished lines kept as they were
+    assert "resuming:" in r.stderr and "workers replaced" in r.stderr
+    lines = out.read_text().splitlines()
+    trace = make("trace", **spec)
+    got = [Trajectory.from_dict(json.loads(x)) for x in lines]
+    assert keys(got) == sorted((t.id, i) for t in trace.tasks(8, seed=0) for i in range(2))  # each exactly once
+    assert [x + "\n" for x in lines[: len(before)]] == before  # the finished lines, as they were
+    for t in got:  # every program ran its whole trace, continued or not
+        assert t.finish_reason == "stop" and len(t.tool_calls) == trace.trace_of(t.task_id, t.sample_index).turns - 1
+    by_key = {(t.task_id, t.sample_index): t for t in got}
+    written = {(d["task_id"], d["sample_index"]) for d in map(json.loads, before)}
+    continued = [p for p in logged.values() if p.segments and (p.task_id, p.sample_index) not in written]
+    assert continued, "no program had a logged turn when the run was killed"
+    for p in continued:
+        t = by_key[(p.task_id, p.sample_index)]
+        assert t.segments[: len(p.segments)] == p.segments  # its logged turns, verbatim
+        assert t.metadata["resumed"]["from_turn"] >= 1

@@ -8,7 +8,7 @@ import signal
 import anyio
 import pytest
 
-from agentenv.tools import PythonTool, ToolContext
+from agentenv.tools import PythonTool, ToolContext, replayable
 from agentenv.trajectory import ToolCall, Trajectory
 from agentenv.sandboxes.local import LocalSandbox
 
@@ -77,3 +77,14 @@ async def test_fork_server_killed_the_pool_starts_a_new_one_and_sessions_are_reb
         assert sb.restarts == 1 and sb.server_pid not in (None, old)
         fresh = await sb.session()  # new sessions start from the new server
         assert (await fresh.run("1 + 1")).value == "2"
+
+
+def test_only_calls_that_ran_code_are_replayed():
+    """A resumed program reruns the calls that built its session's state: those that ran code
+    to the end or raised in it; a call with no code (the trace tool's) has nothing to rerun."""
+    calls = [ToolCall(0, "python", {"code": "x = 1"}, "", "ok", 0.1),
+             ToolCall(1, "python", {"code": "1/0"}, "ZeroDivisionError", "error", 0.1, "error"),
+             ToolCall(2, "python", {"code": "while True: pass"}, "", "timeout", 1.0, "timeout"),
+             ToolCall(3, "python", {}, "", "ok", 0.1),
+             ToolCall(4, "other", {"code": "y = 2"}, "", "ok", 0.1)]
+    assert [c.turn for c in replayable(calls, "python")] == [0, 1]

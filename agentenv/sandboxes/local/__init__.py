@@ -200,7 +200,10 @@ class _Cgroups:
                     continue
                 if pid == os.getpid() or _alive(pid):
                     continue
-                subs = [str(s) for s in d.iterdir() if s.is_dir()] if d.is_dir() else []
+                try:  # another pool on this host may be reaping the same directory right now
+                    subs = [str(s) for s in d.iterdir() if s.is_dir()] if d.is_dir() else []
+                except FileNotFoundError:
+                    continue
                 if self.remove(subs + [str(d)]):
                     removed += 1
         return removed
