@@ -90,7 +90,8 @@ async def main_async(a: argparse.Namespace) -> None:
     try:
         for workers in (1, 2):
             async with RayRollouts("trace", workers=workers, env_args=spec, config=config, seed=a.seed,
-                                   worker_options={"num_cpus": os.cpu_count() / workers}) as cluster:
+                                   worker_options={"num_cpus": os.cpu_count() / workers},
+                                   snapshot_interval=a.snapshot_interval or None) as cluster:
                 async for _ in cluster.rollouts(env.tasks(2, seed=a.seed + 1), a.group_size):
                     pass  # warm-up
                 c0, t0, trajs = cpu_seconds(), time.perf_counter(), []
@@ -145,7 +146,10 @@ def main() -> None:
     p.add_argument("--tool-cpu", type=float, default=1.0)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--snapshot-interval", type=float, default=1.0,
+                   help="seconds between the driver's snapshots of in-flight work (0: none)")
     p.add_argument("--projection-only", action="store_true", help="only the simulator's projection")
+    p.add_argument("--no-projection", action="store_true", help="only the measured runs")
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--workers-per-engine", type=int, default=4)
     p.add_argument("--worker-cpus", type=int, default=4, help="sandbox CPUs per rollout worker")
@@ -156,7 +160,8 @@ def main() -> None:
     a = p.parse_args()
     if not a.projection_only:
         anyio.run(main_async, a)
-    projection(a)
+    if not a.no_projection:
+        projection(a)
 
 
 if __name__ == "__main__":
