@@ -3,52 +3,33 @@ take the step one process takes on the same batch, and the trainer runs on them.
 
 from __future__ import annotations
 
+import copy
 import json
 
-import anyio
 import pytest
 import torch
 
-from agentenv.config import RolloutConfig
 from agentenv.engines.embedded import EmbeddedEngine
-from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.errors import ConfigError
-from agentenv.reactor import Reactor
-from agentenv.registry import make
-from agentenv.sandboxes import default_sandbox
 from agentenv.train import LoraSpec, Policy, TrainConfig, Trainer, collate
 from agentenv.train.distributed import RayPolicy, shares
 from agentenv.train.loss import LossConfig
+
+from .conftest import AlternatingReward
 
 pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def batch(model_dir):
-    """Five trajectories of a real rollout (two groups, one of 3 and one of 2: the two ranks'
+def batch(groups):
+    """Five trajectories of a real rollout (the two groups cut to 3 and 2: the two ranks'
     shares differ in rows and width), rewarded so every group has variance."""
-    async def collect():
-        env = make("retool-math")
-        eng = EmbeddedEngine(model_dir, seed=1)
-        try:
-            async with default_sandbox("local") as sb, Reactor(eng, env, sb, RolloutConfig(max_new_tokens=96)) as r:
-                return await r.collect(env.tasks(2, seed=5), group_size=3)
-        finally:
-            await eng.aclose()
-
-    groups = anyio.run(collect)
+    groups = copy.deepcopy(groups)
     groups[1].trajectories = groups[1].trajectories[:2]
     for g in groups:
         for t in g.trajectories:
             t.reward = float(t.sample_index % 2)
     return collate(groups)
-
-
-class Alternating(RetoolMathEnv):
-    """Every group has reward variance (odd samples score 1), so every step has a gradient."""
-
-    async def reward(self, task, trajectory):
-        return float(trajectory.sample_index % 2)
 
 
 def test_shares_are_contiguous_and_cover_every_row():
@@ -94,7 +75,7 @@ async def test_the_trainer_runs_on_ray_ranks_and_the_engine_serves_their_weights
     try:
         cfg = TrainConfig(steps=2, groups_per_step=2, group_size=2, max_new_tokens=64, concurrency=8, lr=1e-3,
                           out_dir=str(tmp_path), checkpoint_every=2, cluster="ray", trainer_ranks=2)
-        trainer = Trainer(cfg, engine=eng, env=Alternating(), print_steps=False)
+        trainer = Trainer(cfg, engine=eng, env=AlternatingReward(), print_steps=False)
         summary = await trainer.run()
         assert eng.weight_version == 2 and summary["steps"] == 2
         assert trainer.policy.actors == []  # the ranks were stopped with the run

@@ -11,40 +11,15 @@ import torch
 
 from agentenv.engines.embedded import EmbeddedEngine
 from agentenv.errors import ConfigError
-from agentenv.reactor import Reactor
-from agentenv.config import RolloutConfig
-from agentenv.registry import make
 from agentenv.train import LoraSpec, Policy, TrainConfig, Trainer, collate
 from agentenv.train.policy import nbytes
 from agentenv.envs.retool_math import RetoolMathEnv
-from agentenv.sandboxes import default_sandbox
+from .conftest import AlternatingReward
 
 
 SMALL = dict(groups_per_step=2, group_size=2, max_new_tokens=96, concurrency=8, lr=1e-3)
 KEYS = {"step", "version", "reward_mean", "reward_std", "loss", "kl_behaviour", "is_weight_mean", "clip_frac",
         "staleness", "gen_tokens_per_s", "gen_idle_frac", "trainer_idle_frac", "sync_s", "sync_bytes"}
-
-
-class AlternatingReward(RetoolMathEnv):
-    """Every group has reward variance (odd samples score 1), so every step has a gradient."""
-
-    async def reward(self, task, trajectory):
-        return float(trajectory.sample_index % 2)
-
-
-@pytest.fixture(scope="module")
-def groups(model_dir):
-    """Two scored GRPO groups from a real rollout (version 0)."""
-    async def collect():
-        env = make("retool-math")
-        eng = EmbeddedEngine(model_dir, seed=1)
-        try:
-            async with default_sandbox("local") as sb, Reactor(eng, env, sb, RolloutConfig(max_new_tokens=96)) as r:
-                return await r.collect(env.tasks(2, seed=5), group_size=3)
-        finally:
-            await eng.aclose()
-
-    return anyio.run(collect)
 
 
 def test_collate_masks_and_advantages(groups):
