@@ -28,17 +28,21 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _positive(kind: type):
+def _positive(kind: type, zero: bool = False):
     def parse(s: str):
         try:
             v = kind(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
+        if v < 0 or (v == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if zero else '>'} 0, got {s}")
         return v
 
     return parse
+
+
+def _non_negative(kind: type):
+    return _positive(kind, zero=True)
 
 
 ENGINE_ARG_HELP = ("engine setting, repeatable; VALUE is parsed as JSON when it can be. embedded: kv_cache_tokens, "
@@ -121,8 +125,13 @@ def _rollout_options(r: argparse.ArgumentParser, evaluate: bool = False) -> None
                    help="none: this process (default); ray: rollout workers as Ray actors (RAY_ADDRESS, or a local "
                         "cluster started for the run; pip install 'agentenv[ray]')")
     r.add_argument("--workers", type=_positive(int), default=2,
-                   help="rollout workers with --cluster ray, each with its own engine, reactor and sandbox pool "
-                        "(default 2)")
+                   help="rollout workers with --cluster ray, each with its own reactor and sandbox pool, and its "
+                        "own engine unless --engines is given (default 2)")
+    r.add_argument("--engines", type=_non_negative(int), default=0,
+                   help="with --cluster ray: engine actors of --engine serving every worker, programs placed by KV "
+                        "room (default 0: each worker opens its own engine)")
+    r.add_argument("--engine-gpus", type=_non_negative(float), default=0.0,
+                   help="GPUs per engine actor with --engines (e.g. 1 for vllm; default 0)")
 
 
 def _train_parser(sub: Any) -> None:
@@ -412,6 +421,8 @@ def _rollout(args: argparse.Namespace) -> int:
     if args.sandbox == "e2b" and not (os.environ.get("E2B_API_KEY") or os.environ.get("E2B_DEBUG")):
         raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
     _check_out(args.out)
+    if (getattr(args, "engines", 0) or getattr(args, "engine_gpus", 0)) and getattr(args, "cluster", "none") != "ray":
+        raise AgentEnvError("--engines and --engine-gpus need --cluster ray")
     if args.resume and args.overwrite:
         raise AgentEnvError("--resume and --overwrite exclude each other")
     has_output = args.out.exists() and args.out.stat().st_size > 0
@@ -454,7 +465,8 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
 
     console = Console(stderr=True)
     console.print(f"[bold]agentenv[/] {args.command}: env={env.id} model={model} engine={args.engine} "
-                  f"tasks={len(tasks)} x group {args.group_size} on Ray, {args.workers} workers")
+                  f"tasks={len(tasks)} x group {args.group_size} on Ray, {args.workers} workers"
+                  + (f", {args.engines} engine actors" if args.engines else ""))
     log, resume = args.log, args.resume_state
     done = resume.done if resume is not None else set()
     todo = [t for t in tasks if any((t.id, i) not in done for i in range(args.group_size))]
@@ -480,7 +492,8 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
     try:
         async with RayRollouts(env.id, workers=args.workers, env_args=env_args, engine=args.engine, model=str(model),
                                engine_kwargs=args.engine_kwargs, base_urls=args.base_url, sandbox=args.sandbox,
-                               config=config, seed=args.seed) as cluster:
+                               config=config, seed=args.seed, engines=args.engines,
+                               engine_options={"num_gpus": args.engine_gpus} if args.engine_gpus else None) as cluster:
             stats.start(total)
             with progress, args.out.open("a" if args.resume else "w", encoding="utf-8") as f:
                 bar = progress.add_task("rollouts", total=total, info="")
@@ -497,7 +510,8 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
             stats.stop()
             s = stats.summary()
             t = Table(title=f"{written} trajectories -> {args.out}", show_header=False)
-            for k, v in (("workers (pids)", ", ".join(map(str, cluster.pids))),
+            engines = (("engine actors", f"{args.engines}, shared by the workers"),) if args.engines else ()
+            for k, v in (("workers (pids)", ", ".join(map(str, cluster.pids))), *engines,
                          ("workers replaced / groups run again (from a snapshot)",
                           f"{cluster.replaced} / {cluster.rerun} ({cluster.continued})"),
                          ("tool calls", s["tool_calls"]), ("tokens generated", s["tokens_generated"]),

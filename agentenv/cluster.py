@@ -21,9 +21,14 @@ Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` 
   group's finished programs are kept; a group with no snapshot yet runs again from the start.
   Only complete groups are ever yielded, so nothing is lost and nothing appears twice.
 
-Each worker's engine: ``embedded`` (a copy of the model per worker, CPU), ``vllm`` (one
-in-process engine per worker: give each worker a GPU with ``worker_options={"num_gpus": 1}``)
-or ``openai`` (every worker a client of the same vLLM/SGLang servers, ``base_urls``).
+Engines: with ``engines=N``, N engine actors (``engines.actors``: ``embedded``, ``vllm`` with
+``engine_options={"num_gpus": 1}``, or ``openai`` clients of ``base_urls``) serve every
+worker; each worker routes its programs over all of them by KV room (each actor reports the KV
+held by every worker's programs), its scheduler keeping its working set within 1/``workers``
+of their total KV; an engine actor that dies is restarted and its requests go to the others.
+With ``engines=0``, each worker opens its own engine in its process (``embedded``: a copy of
+the model per worker; ``vllm``: give each worker a GPU with ``worker_options={"num_gpus": 1}``;
+``openai``: every worker a client of the same servers).
 """
 
 from __future__ import annotations
@@ -37,33 +42,9 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from .config import RolloutConfig
 from .env import Task
 from .errors import ConfigError, EngineError
+from .raycluster import actor_options, connect, died_errors
+from .raycluster import ray_module as _ray
 from .trajectory import Trajectory
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError("--cluster ray needs Ray: pip install 'agentenv[ray]'") from exc
-    return ray
-
-
-def connect(address: str | None = None) -> tuple[Any, bool]:
-    """Ray, connected: to the cluster at ``address`` or ``RAY_ADDRESS``, or (with neither) to a
-    local one started now, which the caller shuts down when it is done (the second value).
-
-    Start a local cluster from the main thread: Ray ties its processes' lives to the thread
-    that started them (PR_SET_PDEATHSIG), so one started from a worker thread dies when that
-    thread ends (anyio's idle worker threads end after 10 s)."""
-    ray = _ray()
-    if ray.is_initialized():
-        return ray, False
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-        return ray, False
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    return ray, True
 
 
 class RolloutWorker:
@@ -99,8 +80,14 @@ class RolloutWorker:
         try:
             env = make(s["env"], **s["env_args"])
             config = RolloutConfig(**s["config"])
-            engine = await open_engine(s["engine"], s["model"], temperature=config.temperature, top_p=config.top_p,
-                                       seed=s["seed"], base_urls=s["base_urls"], **s["engine_kwargs"])
+            if s.get("engine_actors"):  # the driver's engine actors, shared by every worker
+                from .engines.actors import RayEngine
+
+                engine = await RayEngine.connect(s["engine_actors"], s["model"], share=1 / s["workers"])
+            else:
+                engine = await open_engine(s["engine"], s["model"], temperature=config.temperature,
+                                           top_p=config.top_p, seed=s["seed"], base_urls=s["base_urls"],
+                                           **s["engine_kwargs"])
             async with engine, default_sandbox(s["sandbox"]) as sandbox, \
                     Reactor(engine, env, sandbox, config, journal=self.log) as reactor:
                 self.reactor = reactor
@@ -147,7 +134,8 @@ class RayRollouts:
                  engine: str = "embedded", model: str | None = None, engine_kwargs: dict[str, Any] | None = None,
                  base_urls: Sequence[str] | None = None, sandbox: str = "local", config: RolloutConfig | None = None,
                  seed: int = 0, groups_per_worker: int | None = None, address: str | None = None,
-                 worker_options: dict[str, Any] | None = None, snapshot_interval: float | None = 1.0) -> None:
+                 worker_options: dict[str, Any] | None = None, snapshot_interval: float | None = 1.0,
+                 engines: int = 0, engine_options: dict[str, Any] | None = None) -> None:
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         if model is None:
@@ -157,17 +145,17 @@ class RayRollouts:
         self.config = config or RolloutConfig()
         self.spec = {"env": env, "env_args": dict(env_args or {}), "engine": engine, "model": str(model),
                      "engine_kwargs": dict(engine_kwargs or {}), "base_urls": list(base_urls or []) or None,
-                     "sandbox": sandbox, "config": asdict(self.config), "seed": seed}
+                     "sandbox": sandbox, "config": asdict(self.config), "seed": seed, "workers": workers}
+        if engines < 0:
+            raise ConfigError(f"engines must be >= 0, got {engines}")
+        self.engines_wanted = engines
+        self.engine_options = dict(engine_options or {})
+        self.engine_actors: list[Any] = []
         self.workers_wanted = workers
         self.groups_per_worker = groups_per_worker
         self.address = address or os.environ.get("RAY_ADDRESS")
-        self.worker_options = {"num_cpus": 1, **(worker_options or {})}
-        # Ray sets OMP_NUM_THREADS to an actor's CPUs; OpenMP then spin-waits between decode
-        # steps, burning the CPU the worker's sandboxes need (measured: +30-50 % wall on a
-        # CPU-bound tool workload). Passive waiting, unless the caller says otherwise.
-        runtime_env = dict(self.worker_options.get("runtime_env") or {})
-        runtime_env["env_vars"] = {"OMP_WAIT_POLICY": "PASSIVE", **(runtime_env.get("env_vars") or {})}
-        self.worker_options["runtime_env"] = runtime_env
+        self.worker_options = actor_options(worker_options, num_cpus=1)  # OpenMP waits passively
+        self._cpus_given = "num_cpus" in (worker_options or {}) or "num_cpus" in (engine_options or {})
         self.workers: list[Any] = []
         self.pids: list[int] = []
         self.replaced = 0  # workers that died and were replaced
@@ -181,8 +169,24 @@ class RayRollouts:
 
     async def __aenter__(self) -> "RayRollouts":
         ray, self._started_ray = connect(self.address)
+        actors = self.workers_wanted + self.engines_wanted
+        cpus = ray.cluster_resources().get("CPU", 0)
+        if self._started_ray and not self._cpus_given and actors > cpus:
+            # A local cluster has as many CPUs as the machine: share them, or actors would wait forever.
+            each = int(cpus / actors * 1e4) / 1e4  # Ray keeps 4 decimals: round down, so that they fit
+            self.worker_options["num_cpus"] = each
+            self.engine_options.setdefault("num_cpus", each)
         self._actor_cls = ray.remote(RolloutWorker).options(**self.worker_options)
         try:
+            if self.engines_wanted:
+                from .engines.actors import start_actors
+
+                s, c = self.spec, self.config
+                self.engine_actors = start_actors(s["engine"], s["model"], replicas=self.engines_wanted,
+                                                  options=self.engine_options, temperature=c.temperature,
+                                                  top_p=c.top_p, seed=s["seed"], base_urls=s["base_urls"],
+                                                  **s["engine_kwargs"])
+                self.spec["engine_actors"] = self.engine_actors
             await asyncio.gather(*(self._add_worker() for _ in range(self.workers_wanted)))
         except BaseException:
             await self.aclose()
@@ -214,6 +218,11 @@ class RayRollouts:
             except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below anyway
                 pass
             ray.kill(w)
+        if self.engine_actors:
+            from .engines.actors import stop_actors
+
+            actors, self.engine_actors = self.engine_actors, []
+            await stop_actors(actors)
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False
@@ -240,8 +249,7 @@ class RayRollouts:
         load = [0] * len(self.workers)
 
         refs: dict[asyncio.Future, Any] = {}
-        died = tuple(e for e in (getattr(ray.exceptions, "RayActorError", None),
-                                 getattr(ray.exceptions, "ActorUnavailableError", None)) if e is not None)
+        died = died_errors()
 
         def call(actor: Any, task: Task, saved: dict[str, Any] | None) -> asyncio.Future:
             ref = actor.group.remote(asdict(task), group_size, saved)

@@ -149,3 +149,47 @@ def test_cli_rollout_on_a_ray_cluster_killed_and_resumed(tmp_path):
         t = by_key[(p.task_id, p.sample_index)]
         assert t.segments[: len(p.segments)] == p.segments  # its logged turns, verbatim
         assert t.metadata["resumed"]["from_turn"] >= 1
+
+
+async def test_workers_share_engine_actors_and_a_killed_engine_loses_nothing(cluster):
+    """Two rollout workers, two engine actors serving both (every worker routes over both by
+    KV room); one engine actor is killed mid-run: Ray restarts it, the requests it had are
+    served again by the other, and every program runs its whole trace exactly once."""
+    spec = {"profile": "lognormal", "mean_turns": 4.0, "turn_tokens": 16, "tool_tokens": 8, "tool_median": 0.3,
+            "tool_cap": 1.2, "prompt_tokens": 32}
+    env = make("trace", **spec)
+    config = RolloutConfig(concurrency=8, max_new_tokens=4096, max_turns=env.max_turns, tool_timeout=env.tool_timeout)
+    tasks = env.tasks(8, seed=7)
+    half = {"num_cpus": 0.5}  # 2 workers + 2 engines on the session's 2 CPUs
+    got = []
+    async with RayRollouts("trace", workers=2, engines=2, env_args=spec, config=config, seed=7, groups_per_worker=2,
+                           worker_options=half, engine_options=half) as c:
+        victim = c.engine_actors[0]
+        before = await victim.info.remote()
+
+        async def kill_once_serving() -> int:
+            for _ in range(1200):
+                served = (await victim.info.remote())["served"]
+                if served >= 4:
+                    ray.kill(victim, no_restart=False)  # Ray restarts it (max_restarts)
+                    return served
+                await asyncio.sleep(0.025)
+            return 0
+
+        killer = asyncio.ensure_future(kill_once_serving())
+        async for t in c.rollouts(tasks, group_size=2):
+            got.append(t)
+        assert await killer >= 4, "the engine actor never served 4 requests"
+        assert c.replaced == 0  # no rollout worker died: the engine's loss was absorbed below them
+        infos = [None, None]
+        for _ in range(300):
+            try:
+                infos = await asyncio.gather(*(a.info.remote() for a in c.engine_actors))
+                break
+            except ray.exceptions.RayActorError:  # still restarting
+                await asyncio.sleep(0.1)
+        assert infos[0]["pid"] != before["pid"]  # restarted
+        assert infos[1]["served"] > 0  # the other engine served too
+    assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
+    for t in got:  # every program ran its whole trace
+        assert t.finish_reason == "stop" and len(t.tool_calls) == env.trace_of(t.task_id, t.sample_index).turns - 1

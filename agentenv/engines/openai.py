@@ -8,12 +8,13 @@ tool-call tag, and ``usage.prompt_tokens_details.cached_tokens`` reports the pre
 (start the server with ``--enable-prompt-tokens-details``; and with
 ``--logprobs-mode processed_logprobs`` so logprobs are of the sampling distribution).
 
-* Several server URLs: a program sticks to the replica that holds its prefix (request ids
-  are ``<program>-<turn>``). A new program, or one whose KV was released (``release``: it
-  finished or the scheduler paused it), goes to the replica with the most free KV: each
-  server's capacity is read from its ``/metrics`` (``vllm:cache_config_info``), and what our
-  programs hold there is their last known length. Without metrics: the fewest requests in
-  flight. ``kv_capacity_tokens`` is the sum over replicas.
+* Several server URLs, routed by ``routing.Router``: a program sticks to the replica that
+  holds its prefix (request ids are ``<program>-<turn>``). A new program, or one whose KV was
+  released (``release``: it finished or the scheduler paused it), goes to the replica with
+  the most free KV: each server's capacity is read from its ``/metrics``
+  (``vllm:cache_config_info``), and what our programs hold there is their last known length.
+  Without metrics: the fewest requests in flight. ``kv_capacity_tokens`` is the sum over
+  replicas.
 * tenacity retries timeouts, 429 and 5xx with exponential backoff (``retries`` attempts), and
   keeps retrying a server it cannot connect to (down, restarting) for ``reconnect_s`` seconds:
   a restarted server's programs go on from their last completed turn. A server that came
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections import OrderedDict
 from typing import Any, Iterable
 
 import anyio
@@ -38,6 +38,7 @@ from ..errors import ConfigError, EngineError, PromptTooLongError
 from ..retry import retry_async
 from .base import Engine, Generation, SamplingParams
 from .embedded import load_tokenizer
+from .routing import Router
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -99,13 +100,7 @@ class OpenAIEngine(Engine):
         #: Send each request's priority (the server must run ``--scheduling-policy priority``;
         #: vLLM rejects a non-zero priority otherwise).
         self.priority = priority
-        self._inflight = [0] * len(self.urls)
-        self._assigned = [0] * len(self.urls)
-        self._capacity: list[int] | None = None  # KV tokens per replica, from /metrics
-        self._held = [0] * len(self.urls)  # tokens our programs hold on each replica
-        self._tokens: dict[str, int] = {}  # program -> its last known length
-        self._route: OrderedDict[str, int] = OrderedDict()
-        self._sticky = sticky_programs
+        self.router = Router(len(self.urls), sticky=sticky_programs)  # capacities from /metrics at create()
         self._version = 0
         self._update_lock = anyio.Lock()
         self._closed = False
@@ -123,7 +118,7 @@ class OpenAIEngine(Engine):
         eng.max_model_len = int((first.model_extra or {}).get("max_model_len") or eng.max_model_len)
         caps = [await eng._read_capacity(u) for u in eng.urls]
         if all(c is not None for c in caps):
-            eng._capacity = caps  # type: ignore[assignment]
+            eng.router.capacity = caps  # type: ignore[assignment]
             eng.kv_capacity_tokens = sum(caps)  # type: ignore[arg-type]
         return eng
 
@@ -148,13 +143,9 @@ class OpenAIEngine(Engine):
         return None
 
     def release(self, program: str) -> None:
-        """The program's KV is not needed any more (it ended, or was paused): its next
-        request may go to the replica with the most room."""
-        idx = self._route.pop(program, None)
-        held = self._tokens.pop(program, 0)
-        if idx is not None:
-            self._held[idx] -= held
-            self._assigned[idx] -= 1
+        """The program's KV is not needed any more (it ended, or was paused): its next request
+        may go to the replica with the most room."""
+        self.router.release(program)
 
     @property
     def weight_version(self) -> int:
@@ -174,27 +165,6 @@ class OpenAIEngine(Engine):
         return await retry_async(call, attempts=self.retries, transient=_retryable,
                                  unreachable=_unreachable if reconnect else None, reconnect_s=self.reconnect_s)
 
-    def _server_for(self, request_id: str, tokens: int) -> int:
-        program = request_id.rsplit("-", 1)[0]
-        idx = self._route.get(program)
-        if idx is None:
-            if self._capacity is not None:
-                # The most free KV; ties to the fewest requests in flight.
-                idx = max(range(len(self.urls)), key=lambda i: (self._capacity[i] - self._held[i], -self._inflight[i]))
-            else:  # fewest requests in flight; ties to the replica given the fewest programs
-                idx = min(range(len(self.urls)), key=lambda i: (self._inflight[i], self._assigned[i]))
-            self._route[program] = idx
-            self._assigned[idx] += 1
-            if len(self._route) > self._sticky:
-                old, j = self._route.popitem(last=False)
-                self._assigned[j] -= 1
-                self._held[j] -= self._tokens.pop(old, 0)
-        else:
-            self._route.move_to_end(program)
-        self._held[idx] += tokens - self._tokens.get(program, 0)
-        self._tokens[program] = tokens
-        return idx
-
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0) -> Generation:
         if self._closed:
@@ -204,8 +174,8 @@ class OpenAIEngine(Engine):
             raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
         async with self._update_lock:
             version = self._version
-        idx = self._server_for(request_id, len(prompt_ids) + min(params.max_tokens, room))
-        self._inflight[idx] += 1
+        idx = self.router.route(request_id, len(prompt_ids) + min(params.max_tokens, room))
+        self.router.inflight[idx] += 1
         start = time.perf_counter()
         try:
             resp = await self._retry(
@@ -234,7 +204,7 @@ class OpenAIEngine(Engine):
                 raise PromptTooLongError(str(exc)) from exc
             raise EngineError(f"{self.urls[idx]}: {type(exc).__name__}: {exc}") from exc
         finally:
-            self._inflight[idx] -= 1
+            self.router.inflight[idx] -= 1
         choice = resp.choices[0]
         extra = choice.model_extra or {}
         tokens = extra.get("token_ids")

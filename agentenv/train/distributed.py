@@ -116,7 +116,7 @@ class RayPolicy:
     def __init__(self, model_dir: str | Path, *, ranks: int = 2, seed: int = 0, address: str | None = None,
                  rank_options: dict[str, Any] | None = None, setup_timeout_s: float = 300.0,
                  **policy_kwargs: Any) -> None:
-        from ..cluster import connect
+        from ..raycluster import actor_options, connect
 
         if ranks < 1:
             raise ConfigError(f"trainer ranks must be >= 1, got {ranks}")
@@ -124,11 +124,7 @@ class RayPolicy:
         self.lora = policy_kwargs.get("lora")
         self._ray, self._started_ray = connect(address)
         ray = self._ray
-        options = {"num_cpus": 1, **(rank_options or {})}
-        runtime_env = dict(options.get("runtime_env") or {})
-        runtime_env["env_vars"] = {"OMP_WAIT_POLICY": "PASSIVE", **(runtime_env.get("env_vars") or {})}
-        options["runtime_env"] = runtime_env
-        cls = ray.remote(TrainerRank).options(**options)
+        cls = ray.remote(TrainerRank).options(**actor_options(rank_options, num_cpus=1))
         kwargs = {"model_dir": str(model_dir), **policy_kwargs}
         self.actors = [cls.remote(r, ranks, kwargs, seed) for r in range(ranks)]
         try:

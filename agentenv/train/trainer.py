@@ -296,7 +296,7 @@ class Trainer:
         async with AsyncExitStack() as stack:
             await self._open(stack, sampling_seed=self.cfg.seed + start_step)
             if self.cfg.cluster == "ray":
-                from ..cluster import connect
+                from ..raycluster import connect
 
                 # Here, not in a worker thread: a local cluster's processes die with the thread that started them.
                 ray, started = connect()

@@ -149,7 +149,7 @@ async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir
     eng = await OpenAIEngine.create([server, other], model_dir)
     try:
         # 256 MiB of float32 KV for 4 layers x 2 KV heads x 32 dims: 131,072 tokens per server.
-        assert eng._capacity == [131_072, 131_072] and eng.kv_capacity_tokens == 262_144
+        assert eng.router.capacity == [131_072, 131_072] and eng.kv_capacity_tokens == 262_144
         p = SamplingParams(max_tokens=4)
         long_prompt = testing.chat_prompt(eng, "Compute 1 + 2. " * 60)
         short = testing.chat_prompt(eng, "Compute 1 + 2.")
@@ -163,7 +163,7 @@ async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir
         eng.release("small1")
         eng.release("small2")
         eng.release("big")
-        assert eng._held == [0, 0]
+        assert eng.router.held == [0, 0]
     finally:
         await eng.aclose()
 
