@@ -206,10 +206,13 @@ def _train_parser(sub: Any) -> None:
                         "WANDB_MODE=offline works without an account) or none (default: tensorboard when installed)")
     t.add_argument("--cluster", default=d.cluster, choices=["none", "ray"],
                    help="none: train in this process (default); ray: the policy as --trainer-ranks data-parallel "
-                        "Ray actors (torch.distributed, gloo), generation here (RAY_ADDRESS, or a local cluster "
-                        "started for the run; pip install 'agentenv[ray]')")
+                        "Ray actors (torch.distributed, gloo), generation here or on --engines engine actors "
+                        "(RAY_ADDRESS, or a local cluster started for the run; pip install 'agentenv[ray]')")
     t.add_argument("--trainer-ranks", type=_positive(int), default=d.trainer_ranks,
                    help=f"trainer ranks with --cluster ray, each a whole copy of the policy (default {d.trainer_ranks})")
+    t.add_argument("--engines", type=_non_negative(int), default=d.engines,
+                   help="with --cluster ray: generate on this many engine actors of --engine, weights sent to each "
+                        "through the object store (default 0: the engine runs in this process)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out-dir")
     t.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out-dir")
     t.add_argument("--no-progress", action="store_true", help="no live status bar (step lines still print)")
@@ -318,7 +321,7 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, resume=args.resume, report_to=args.report_to,
         eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_k=args.eval_k,
         eval_env_kwargs=env_kwargs_for(args.env, args.eval_env_arg, "--eval-env-arg"), cluster=args.cluster,
-        trainer_ranks=args.trainer_ranks)
+        trainer_ranks=args.trainer_ranks, engines=args.engines)
     # Options on the command line (abbreviations are off, so each appears whole) win over the
     # environment's training defaults, which win over ours.
     given = {tok[2:].split("=", 1)[0].replace("-", "_") for tok in args.argv if tok.startswith("--")}
@@ -334,7 +337,8 @@ def _train(args: argparse.Namespace) -> int:
         raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
     print(f"agentenv train: env={cfg.env} mode={cfg.mode} steps={cfg.steps} batch={cfg.groups_per_step}x"
           f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank}"
-          f"{f' cluster=ray ranks={cfg.trainer_ranks}' if cfg.cluster == 'ray' else ''} -> {cfg.out_dir}"
+          f"{f' cluster=ray ranks={cfg.trainer_ranks} engines={cfg.engines or 0}' if cfg.cluster == 'ray' else ''} "
+          f"-> {cfg.out_dir}"
           f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
           flush=True)
     summary = train(cfg, progress=not args.no_progress and sys.stderr.isatty())

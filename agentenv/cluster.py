@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from .config import RolloutConfig
 from .env import Task
 from .errors import ConfigError, EngineError
-from .raycluster import actor_options, connect, died_errors
+from .raycluster import actor_options, connect, cpu_share, died_errors
 from .raycluster import ray_module as _ray
 from .trajectory import Trajectory
 
@@ -169,13 +169,10 @@ class RayRollouts:
 
     async def __aenter__(self) -> "RayRollouts":
         ray, self._started_ray = connect(self.address)
-        actors = self.workers_wanted + self.engines_wanted
-        cpus = ray.cluster_resources().get("CPU", 0)
-        if self._started_ray and not self._cpus_given and actors > cpus:
-            # A local cluster has as many CPUs as the machine: share them, or actors would wait forever.
-            each = int(cpus / actors * 1e4) / 1e4  # Ray keeps 4 decimals: round down, so that they fit
+        each = cpu_share(ray, self.workers_wanted + self.engines_wanted)
+        if not self._cpus_given and each:  # one node without the CPUs for them: share its CPUs
             self.worker_options["num_cpus"] = each
-            self.engine_options.setdefault("num_cpus", each)
+            self.engine_options["num_cpus"] = each
         self._actor_cls = ray.remote(RolloutWorker).options(**self.worker_options)
         try:
             if self.engines_wanted:

@@ -52,6 +52,16 @@ def actor_options(options: dict[str, Any] | None, **defaults: Any) -> dict[str, 
     return merged
 
 
+def cpu_share(ray: Any, actors: int) -> float | None:
+    """Each actor's CPUs when ``actors`` actors of one CPU each would not fit on a one-node
+    cluster (a local one has as many CPUs as the machine, and an actor that does not fit would
+    wait forever); None when they fit, or the cluster has several nodes (it may be scaling).
+    Ray keeps 4 decimals: rounded down, so that they fit."""
+    cpus = ray.cluster_resources().get("CPU", 0)
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    return None if actors <= cpus or nodes > 1 else int(cpus / actors * 1e4) / 1e4
+
+
 def died_errors() -> tuple[type[BaseException], ...]:
     """The exceptions a call to an actor raises when the actor died or is restarting."""
     ray = ray_module()

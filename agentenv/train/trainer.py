@@ -86,6 +86,7 @@ class TrainConfig:
     eval_env_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"split": "test"} for a dataset env
     cluster: Literal["none", "ray"] = "none"  # ray: the policy as trainer_ranks data-parallel Ray actors
     trainer_ranks: int = 2  # with cluster="ray" (agentenv.train.distributed)
+    engines: int = 0  # with cluster="ray": generation on this many engine actors (engines.actors); 0: here
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -108,6 +109,8 @@ class TrainConfig:
         if self.cluster == "ray" and not 1 <= self.trainer_ranks <= self.groups_per_step * self.group_size:
             raise ConfigError(f"trainer_ranks must be between 1 and the batch's {self.groups_per_step * self.group_size} "
                               f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
+        if self.engines < 0 or (self.engines and self.cluster != "ray"):
+            raise ConfigError(f"engines (engine actors) must be >= 0 and need cluster='ray', got {self.engines}")
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
 
@@ -185,6 +188,7 @@ class Trainer:
                  progress: bool = False) -> None:
         self.cfg = cfg
         self._engine, self._env, self._sandbox = engine, env, sandbox
+        self._actor_cpus: float | None = None  # each Ray actor's CPUs on a local cluster too small for one each
         self.on_step = on_step
         self.print_steps = print_steps
         self.progress = progress  # a live status bar on stderr (the CLI's)
@@ -217,8 +221,16 @@ class Trainer:
             stack.push_async_callback(self._eval_env.aclose)
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
-            self._engine = await open_engine(cfg.engine, str(model), temperature=cfg.temperature, seed=sampling_seed,
-                                             base_urls=cfg.base_urls, **cfg.engine_kwargs)
+            if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
+                from ..engines.actors import RayEngine
+
+                cpus = {"num_cpus": self._actor_cpus} if self._actor_cpus else None
+                self._engine = await RayEngine.start(cfg.engine, str(model), replicas=cfg.engines, options=cpus,
+                                                     temperature=cfg.temperature, seed=sampling_seed,
+                                                     base_urls=cfg.base_urls, **cfg.engine_kwargs)
+            else:
+                self._engine = await open_engine(cfg.engine, str(model), temperature=cfg.temperature,
+                                                 seed=sampling_seed, base_urls=cfg.base_urls, **cfg.engine_kwargs)
             stack.push_async_callback(self._engine.aclose)
         if self._sandbox is None:
             self._sandbox = await stack.enter_async_context(default_sandbox(cfg.sandbox))
@@ -236,7 +248,8 @@ class Trainer:
         if cfg.cluster == "ray":
             from .distributed import RayPolicy
 
-            return RayPolicy(self.model_dir, ranks=cfg.trainer_ranks, seed=cfg.seed, **kwargs)  # type: ignore[return-value]
+            return RayPolicy(self.model_dir, ranks=cfg.trainer_ranks, seed=cfg.seed,  # type: ignore[return-value]
+                             rank_options={"num_cpus": self._actor_cpus} if self._actor_cpus else None, **kwargs)
         return Policy(self.model_dir, **kwargs)
 
     def _resume_state(self) -> tuple[int, Path | None]:
@@ -294,14 +307,16 @@ class Trainer:
         if start_step >= self.cfg.steps:
             raise ConfigError(f"the checkpoint is at step {start_step}; ask for --steps > {start_step}")
         async with AsyncExitStack() as stack:
-            await self._open(stack, sampling_seed=self.cfg.seed + start_step)
             if self.cfg.cluster == "ray":
-                from ..raycluster import connect
+                from ..raycluster import connect, cpu_share
 
                 # Here, not in a worker thread: a local cluster's processes die with the thread that started them.
                 ray, started = connect()
                 if started:
                     stack.callback(ray.shutdown)
+                # Trainer ranks and engine actors share one node's CPUs when they need more (else some would wait forever).
+                self._actor_cpus = cpu_share(ray, self.cfg.trainer_ranks + self.cfg.engines)
+            await self._open(stack, sampling_seed=self.cfg.seed + start_step)
             self.policy = await anyio.to_thread.run_sync(self._policy)
             stack.callback(self.policy.close)
             return await self._train(start_step, ckpt)

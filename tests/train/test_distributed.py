@@ -93,8 +93,28 @@ async def test_the_trainer_runs_on_ray_ranks_and_the_engine_serves_their_weights
         assert torch.equal(served[n], p), n
 
 
+@pytest.mark.anyio
+async def test_the_trainer_generates_on_engine_actors_that_get_each_steps_weights(ray_cluster, tmp_path):
+    # The held-out evaluations before step 1 and after step 2 are sampled by versions 0 and 2,
+    # as the engine actors themselves report (a Generation's version is the actor's engine's own).
+    cfg = TrainConfig(steps=2, groups_per_step=2, group_size=2, max_new_tokens=64, concurrency=8, lr=1e-3,
+                      out_dir=str(tmp_path), checkpoint_every=2, cluster="ray", trainer_ranks=1, engines=2,
+                      eval_every=2, eval_tasks=2, eval_k=2)
+    trainer = Trainer(cfg, env=AlternatingReward(), print_steps=False)
+    summary = await trainer.run()
+    assert summary["steps"] == 2
+    engine = trainer._engine
+    assert len(engine.actors) == 2 and engine.weight_version == 2
+    rows = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["versions"]) for r in rows] == [(0, [0, 0]), (2, [2, 2])]
+    with pytest.raises(ray_cluster.exceptions.RayActorError):  # the run stopped its engine actors
+        await engine.actors[0].info.remote()
+
+
 def test_trainer_ranks_are_checked_against_the_batch():
     with pytest.raises(ConfigError, match="trainer_ranks"):
         TrainConfig(groups_per_step=1, group_size=2, cluster="ray", trainer_ranks=3)
     with pytest.raises(ConfigError, match="cluster"):
         TrainConfig(cluster="slurm")
+    with pytest.raises(ConfigError, match="engines"):
+        TrainConfig(engines=2)  # engine actors need the cluster
