@@ -44,7 +44,9 @@ def test_shares_are_contiguous_and_cover_every_row():
 def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir, lora, aggregation):
     # Adam divides by the gradient's own scale, so the ranks' different summation order (about
     # 1e-7 in the gradients) can move a weight by up to ~1 % of lr: at lr 1e-4 that stays
-    # under 1e-5, while the steps move weights by ~1e-4 each.
+    # under 1e-5, while the steps move weights by ~1e-4 each. The first step's statistics agree
+    # to 1e-5; the second's start from weights that differ by that much (grad_norm was seen to
+    # differ by 3.6e-5 relative on one batch), so they are held to 1e-4.
     kw = dict(lr=1e-4, micro_batch=2, loss=LossConfig(aggregation=aggregation),
               lora=LoraSpec(rank=4) if lora else None)
     torch.manual_seed(0)
@@ -53,11 +55,11 @@ def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir
     remote = RayPolicy(model_dir, ranks=2, seed=0, **kw)
     try:
         assert len(set(remote.pids)) == 2
-        for _ in range(2):  # the second step also checks that both optimisers' states agree
+        for step, tol in ((1, 1e-5), (2, 1e-4)):  # the second step also checks that both optimisers' states agree
             mine, theirs = local.train_step(batch), remote.train_step(batch)
             assert mine.keys() == theirs.keys()
             for k in mine:
-                assert theirs[k] == pytest.approx(mine[k], abs=1e-5, rel=1e-5), k
+                assert theirs[k] == pytest.approx(mine[k], abs=tol, rel=tol), f"step {step}: {k}"
         got = remote.sync_tensors()
         assert got.keys() == before.keys()
         moved = 0.0
