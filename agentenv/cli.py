@@ -210,6 +210,9 @@ def _train_parser(sub: Any) -> None:
                         "(RAY_ADDRESS, or a local cluster started for the run; pip install 'agentenv[ray]')")
     t.add_argument("--trainer-ranks", type=_positive(int), default=d.trainer_ranks,
                    help=f"trainer ranks with --cluster ray, each a whole copy of the policy (default {d.trainer_ranks})")
+    t.add_argument("--fsdp", action="store_true",
+                   help="with --cluster ray: the trainer ranks shard parameters, gradients and optimiser state "
+                        "(FSDP2) instead of each holding a whole copy")
     t.add_argument("--engines", type=_non_negative(int), default=d.engines,
                    help="with --cluster ray: generate on this many engine actors of --engine, weights sent to each "
                         "through the object store (default 0: the engine runs in this process)")
@@ -321,7 +324,7 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, resume=args.resume, report_to=args.report_to,
         eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_k=args.eval_k,
         eval_env_kwargs=env_kwargs_for(args.env, args.eval_env_arg, "--eval-env-arg"), cluster=args.cluster,
-        trainer_ranks=args.trainer_ranks, engines=args.engines)
+        trainer_ranks=args.trainer_ranks, engines=args.engines, fsdp=args.fsdp)
     # Options on the command line (abbreviations are off, so each appears whole) win over the
     # environment's training defaults, which win over ours.
     given = {tok[2:].split("=", 1)[0].replace("-", "_") for tok in args.argv if tok.startswith("--")}
@@ -335,9 +338,10 @@ def _train(args: argparse.Namespace) -> int:
               + " (options on the command line override them)", flush=True)
     if args.sandbox == "e2b" and not (os.environ.get("E2B_API_KEY") or os.environ.get("E2B_DEBUG")):
         raise AgentEnvError("--sandbox e2b needs E2B_API_KEY in the environment")
+    where = f" cluster=ray ranks={cfg.trainer_ranks}{' fsdp' if cfg.fsdp else ''} engines={cfg.engines}"
     print(f"agentenv train: env={cfg.env} mode={cfg.mode} steps={cfg.steps} batch={cfg.groups_per_step}x"
           f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank}"
-          f"{f' cluster=ray ranks={cfg.trainer_ranks} engines={cfg.engines or 0}' if cfg.cluster == 'ray' else ''} "
+          f"{where if cfg.cluster == 'ray' else ''} "
           f"-> {cfg.out_dir}"
           f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
           flush=True)

@@ -19,9 +19,13 @@ them into its engine (LoRA: the adapter only). Checkpoints are written by rank 0
 ``out_dir``, so that must be storage rank 0's node can write (on a local cluster, the driver's
 own disk; across machines, a shared filesystem, as verl also requires).
 
-Not here yet: sharded parameters (FSDP2) and NCCL on GPUs, engines as Ray actors, and
-replacing a rank that dies (the step fails with a clear error; ``--resume`` continues from the
-last checkpoint).
+With ``shard=True`` the ranks shard the parameters, gradients and optimiser state (FSDP2,
+``agentenv.train.sharding``) instead of each holding all of them: the same step, 1/N of the
+memory per rank; weight sync and checkpoints gather the whole tensors on every rank.
+
+Not here yet: NCCL on GPUs (the process group is gloo; FSDP2's code is the same on both, but
+only CPU runs here), and replacing a rank that dies (the step fails with a clear error;
+``--resume`` continues from the last checkpoint).
 """
 
 from __future__ import annotations
@@ -64,26 +68,33 @@ class TrainerRank:
         dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=self.rank, world_size=self.world,
                                 timeout=timedelta(seconds=timeout_s))
         torch.manual_seed(self.seed)
-        self.policy = Policy(**self.policy_kwargs)
-        with torch.no_grad():
-            for p in self.policy.model.parameters():
-                dist.broadcast(p.data, src=0)
+        self.policy = Policy(**self.policy_kwargs)  # it takes rank 0's weights (a broadcast), then shards
         return os.getpid()
 
-    def train_step(self, batch: Batch, totals: tuple[float, int]) -> dict[str, float]:
-        return self.policy.train_step(batch, totals)
+    def train_step(self, batch: Batch, totals: tuple[float, int], micro_steps: int | None = None) -> dict[str, float]:
+        return self.policy.train_step(batch, totals, micro_steps)
 
     def sync_tensors(self) -> dict[str, torch.Tensor]:
-        return {n: t.clone() for n, t in self.policy.sync_tensors().items()}
+        """Rank 0's tensors (sharded: every rank takes part in gathering them; the others return none)."""
+        tensors = self.policy.sync_tensors()
+        return {n: t.clone() for n, t in tensors.items()} if self.rank == 0 else {}
 
     def base_tensors(self) -> dict[str, torch.Tensor]:
-        return {n: t.clone() for n, t in self.policy.base_tensors().items()}
+        tensors = self.policy.base_tensors()
+        return {n: t.clone() for n, t in tensors.items()} if self.rank == 0 else {}
 
     def full_bytes(self) -> int:
         return self.policy.full_bytes
 
+    def held_numel(self) -> tuple[int, int]:
+        """(parameter elements this rank holds, the whole model's): 1/N of it when sharded."""
+        from .sharding import local
+
+        params = list(self.policy.model.parameters())
+        return sum(local(p).numel() for p in params), sum(p.numel() for p in params)
+
     def save(self, path: str) -> None:
-        self.policy.save(Path(path))
+        self.policy.save(Path(path), write=self.rank == 0)
 
     def load(self, path: str) -> None:
         self.policy.load(Path(path))
@@ -122,6 +133,8 @@ class RayPolicy:
             raise ConfigError(f"trainer ranks must be >= 1, got {ranks}")
         self.ranks = ranks
         self.lora = policy_kwargs.get("lora")
+        self.sharded = bool(policy_kwargs.get("shard")) and ranks > 1
+        self.micro_batch = int(policy_kwargs.get("micro_batch", 16))
         self._ray, self._started_ray = connect(address)
         ray = self._ray
         cls = ray.remote(TrainerRank).options(**actor_options(rank_options, num_cpus=1))
@@ -147,18 +160,25 @@ class RayPolicy:
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         totals = (float(batch.mask.sum()), batch.size)
-        stats = self._get([a.train_step.remote(batch.rows(s), totals)
-                           for a, s in zip(self.actors, shares(batch.size, self.ranks))])
+        parts = shares(batch.size, self.ranks)
+        micro_steps = max(-(-(s.stop - s.start) // self.micro_batch) for s in parts)  # the same on every rank
+        stats = self._get([a.train_step.remote(batch.rows(s), totals, micro_steps)
+                           for a, s in zip(self.actors, parts)])
         return stats[0]  # the same on every rank: the statistics were summed over them
 
+    def _from_rank0(self, method: str, *args: Any) -> Any:
+        """Rank 0's answer; sharded, every rank must take part (the whole tensors are gathered)."""
+        actors = self.actors if self.sharded else self.actors[:1]
+        return self._get([getattr(a, method).remote(*args) for a in actors])[0]
+
     def sync_tensors(self) -> dict[str, torch.Tensor]:
-        return self._get(self.actors[0].sync_tensors.remote())
+        return self._from_rank0("sync_tensors")
 
     def base_tensors(self) -> dict[str, torch.Tensor]:
-        return self._get(self.actors[0].base_tensors.remote())
+        return self._from_rank0("base_tensors")
 
     def save(self, path: Path) -> None:
-        self._get(self.actors[0].save.remote(str(path)))
+        self._from_rank0("save", str(path))
 
     def load(self, path: Path) -> None:
         self._get([a.load.remote(str(path)) for a in self.actors])

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..models import quiet_loading
 from .batch import Batch
 from .loss import LossConfig, grpo_loss
+from .sharding import full
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -63,7 +64,7 @@ def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float]) -> dict[
     import torch.distributed as dist
 
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor(list(sums.values()), dtype=grads[0].dtype)])
+    flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor(list(sums.values()), dtype=torch.float32)])
     dist.all_reduce(flat)
     offset = 0
     for p, g in zip(params, grads):
@@ -75,7 +76,7 @@ def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float]) -> dict[
 class Policy:
     def __init__(self, model_dir: str | Path, *, lr: float = 1e-4, weight_decay: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
-                 micro_batch: int = 16, loss: LossConfig = LossConfig()) -> None:
+                 micro_batch: int = 16, loss: LossConfig = LossConfig(), shard: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
@@ -89,15 +90,28 @@ class Policy:
         self.ref_model = None
         if loss.kl_coef > 0 and lora is None:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # What a full sync moves: every base parameter (a merged adapter changes all of them).
+        self.full_bytes = sum(p.numel() * p.element_size() for n, p in self.model.named_parameters()
+                              if "lora_" not in n)
+        #: FSDP2 over the process group (``agentenv.train.sharding``): parameters, gradients
+        #: and optimiser state in 1/N shards.
+        if _world() > 1:  # a rank of a process group starts from rank 0's weights, whatever its seed
+            import torch.distributed as dist
+
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    dist.broadcast(p.data, src=0)
+        self.sharded = shard and _world() > 1
+        if self.sharded:
+            from .sharding import shard_model
+
+            shard_model(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature if temperature > 0 else 1.0
         self.micro_batch = micro_batch
         self.loss_cfg = loss
-        # What a full sync moves: every base parameter (a merged adapter changes all of them).
-        self.full_bytes = sum(p.numel() * p.element_size() for n, p in self.model.named_parameters()
-                              if "lora_" not in n)
 
     # -- logprobs ----------------------------------------------------------------------------
     def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -137,7 +151,8 @@ class Policy:
             self.model = live
 
     # -- one optimiser step ------------------------------------------------------------------
-    def train_step(self, batch: Batch, totals: tuple[float, int] | None = None) -> dict[str, float]:
+    def train_step(self, batch: Batch, totals: tuple[float, int] | None = None,
+                   micro_steps: int | None = None) -> dict[str, float]:
         """One GRPO step over the whole batch (micro-batched; the gradient equals the full
         batch's). The proximal policy is the weights at the start of the step.
 
@@ -145,7 +160,9 @@ class Policy:
         :mod:`agentenv.train.distributed`) ``batch`` is this rank's share of the rows and
         ``totals`` the whole batch's (trained tokens, rows): each rank weighs its loss by the
         whole batch, the gradients and statistics are summed over the ranks, and every rank
-        then takes the one step a single process takes on the whole batch."""
+        then takes the one step a single process takes on the whole batch. Sharded, every rank
+        runs ``micro_steps`` forward/backward passes (the most any rank's share needs; FSDP's
+        gathers are collective): those past its rows weigh zero."""
         cfg = self.loss_cfg
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -153,10 +170,17 @@ class Policy:
         total_tokens = max(float(total_tokens), 1.0)
         sums = {"loss": 0.0, "clip_frac": 0.0, "is_weight_mean": 0.0, "is_truncated_frac": 0.0,
                 "kl_behaviour": 0.0, "abs_logprob_diff": 0.0, "kl_ref": 0.0}
-        for start in range(0, batch.size, self.micro_batch):
-            mb = batch.rows(slice(start, start + self.micro_batch))
-            n = float(mb.mask.sum())
-            if n == 0:
+        steps = -(-batch.size // self.micro_batch)
+        if self.sharded:
+            steps = max(steps, micro_steps or 0)
+        for i in range(steps):
+            start = i * self.micro_batch
+            mb = batch.rows(slice(start, start + self.micro_batch)) if start < batch.size else None
+            n = float(mb.mask.sum()) if mb is not None else 0.0
+            if mb is None or n == 0:
+                if self.sharded:  # take part in the shards' gathers and reductions, adding nothing
+                    one = batch.rows(slice(0, 1))
+                    (self.token_logprobs(one.input_ids, one.attention_mask).sum() * 0.0).backward()
                 continue
             ref = self.reference_logprobs(mb.input_ids, mb.attention_mask) if cfg.kl_coef > 0 else None
             logp = self.token_logprobs(mb.input_ids, mb.attention_mask)
@@ -171,9 +195,11 @@ class Policy:
             sums["loss"] += st["loss"] * share
             for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_ref"):
                 sums[k] += st[k] * n
-        if _world() > 1:
+        if self.sharded:  # FSDP summed the gradients already (reduce-scatter): the statistics
+            sums = _sum_over_ranks([], sums)
+        elif _world() > 1:
             sums = _sum_over_ranks(self.params, sums)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        grad_norm = full(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         self.optimizer.step()
         self.model.eval()
         out = {"loss": sums["loss"], "grad_norm": float(grad_norm)}
@@ -187,47 +213,73 @@ class Policy:
     def sync_tensors(self) -> dict[str, torch.Tensor]:
         """What the engine needs after a step: every parameter, or only the adapter."""
         if self.lora is not None:
-            return {n: p.detach() for n, p in self.model.named_parameters() if "lora_" in n}
-        return {n: p.detach() for n, p in self.model.named_parameters()}
+            return {n: full(p).detach() for n, p in self.model.named_parameters() if "lora_" in n}
+        return {n: full(p).detach() for n, p in self.model.named_parameters()}
 
     def base_tensors(self) -> dict[str, torch.Tensor]:
         """The base model's parameters under their Hugging Face names (what a fresh engine
         needs before the adapter, when it serves other weights)."""
-        return {n.replace(".base_layer.", "."): p.detach() for n, p in self.model.named_parameters()
+        return {n.replace(".base_layer.", "."): full(p).detach() for n, p in self.model.named_parameters()
                 if "lora_" not in n}
 
     def close(self) -> None:
         """Nothing to release in-process (:class:`~agentenv.train.distributed.RayPolicy` stops its ranks)."""
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, write: bool = True) -> None:
         """Full fine-tuning: a Hugging Face model directory (config, weights, the tokenizer),
         so ``agentenv rollout --model PATH`` serves it; LoRA: the adapter tensors. Plus the
-        optimiser state either way."""
+        optimiser state either way. Sharded, every rank calls this (the whole tensors are
+        gathered) and the one with ``write`` writes."""
         from safetensors.torch import save_file
 
+        if self.sharded:
+            from .sharding import optimizer_state
+
+            tensors = {n: t.contiguous() for n, t in self.sync_tensors().items()}
+            optim = optimizer_state(self.model, self.optimizer)
+            if not write:
+                return
         path.mkdir(parents=True, exist_ok=True)
         if self.lora is None:
-            with quiet_loading():  # no "Writing model shards" bar between the step lines
-                self.model.save_pretrained(str(path), safe_serialization=True)
+            if self.sharded:  # the gathered weights under the model's own names, beside its config
+                save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+                for f in Path(self.model_dir).glob("*config.json"):
+                    shutil.copy2(f, path / f.name)
+            else:
+                with quiet_loading():  # no "Writing model shards" bar between the step lines
+                    self.model.save_pretrained(str(path), safe_serialization=True)
             for f in Path(self.model_dir).iterdir():
                 if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "added_tokens"))
                                     or f.name in ("vocab.json", "merges.txt")):
                     shutil.copy2(f, path / f.name)
         else:
-            save_file({n: t.contiguous() for n, t in self.sync_tensors().items()}, str(path / "adapter.safetensors"))
-        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
-        (path / "policy.json").write_text(json.dumps({"lora": asdict(self.lora) if self.lora else None}))
+            adapter = tensors if self.sharded else {n: t.contiguous() for n, t in self.sync_tensors().items()}
+            save_file(adapter, str(path / "adapter.safetensors"))
+        torch.save(optim if self.sharded else self.optimizer.state_dict(), path / "optimizer.pt")
+        (path / "policy.json").write_text(json.dumps({"lora": asdict(self.lora) if self.lora else None,
+                                                      "sharded": self.sharded}))
 
     def load(self, path: Path) -> None:
         from safetensors.torch import load_file
 
+        from .sharding import copy_full_, load_optimizer_state
+
+        meta = json.loads((path / "policy.json").read_text()) if (path / "policy.json").exists() else {}
+        if bool(meta.get("sharded")) != self.sharded:
+            raise ConfigError(f"checkpoint {path} was written by a {'sharded' if meta.get('sharded') else 'unsharded'} "
+                              "policy and its optimiser state does not load into this one (same --fsdp setting)")
         tensors = load_file(str(path / ("adapter.safetensors" if self.lora else "model.safetensors")))
         params = dict(self.model.named_parameters())
-        missing = {n for n in self.sync_tensors() if n not in tensors}
+        names = [n for n in params if (self.lora is None or "lora_" in n)]
+        missing = {n for n in names if n not in tensors}
         if missing:
             raise ConfigError(f"checkpoint {path} lacks {len(missing)} tensors, e.g. {sorted(missing)[0]}")
         with torch.no_grad():
-            for name in self.sync_tensors():
-                params[name].copy_(tensors[name])
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+            for name in names:
+                copy_full_(params[name], tensors[name])
+        state = torch.load(path / "optimizer.pt", weights_only=True)
+        if self.sharded:
+            load_optimizer_state(self.model, self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)

@@ -87,6 +87,7 @@ class TrainConfig:
     cluster: Literal["none", "ray"] = "none"  # ray: the policy as trainer_ranks data-parallel Ray actors
     trainer_ranks: int = 2  # with cluster="ray" (agentenv.train.distributed)
     engines: int = 0  # with cluster="ray": generation on this many engine actors (engines.actors); 0: here
+    fsdp: bool = False  # with cluster="ray": the ranks shard parameters, gradients and optimiser state (FSDP2)
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -109,6 +110,8 @@ class TrainConfig:
         if self.cluster == "ray" and not 1 <= self.trainer_ranks <= self.groups_per_step * self.group_size:
             raise ConfigError(f"trainer_ranks must be between 1 and the batch's {self.groups_per_step * self.group_size} "
                               f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
+        if self.fsdp and self.cluster != "ray":
+            raise ConfigError("fsdp (sharding over trainer ranks) needs cluster='ray'")
         if self.engines < 0 or (self.engines and self.cluster != "ray"):
             raise ConfigError(f"engines (engine actors) must be >= 0 and need cluster='ray', got {self.engines}")
         if self.kl_coef < 0:
@@ -248,7 +251,7 @@ class Trainer:
         if cfg.cluster == "ray":
             from .distributed import RayPolicy
 
-            return RayPolicy(self.model_dir, ranks=cfg.trainer_ranks, seed=cfg.seed,  # type: ignore[return-value]
+            return RayPolicy(self.model_dir, ranks=cfg.trainer_ranks, seed=cfg.seed, shard=cfg.fsdp,  # type: ignore[return-value]
                              rank_options={"num_cpus": self._actor_cpus} if self._actor_cpus else None, **kwargs)
         return Policy(self.model_dir, **kwargs)
 

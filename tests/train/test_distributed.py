@@ -39,9 +39,10 @@ def test_shares_are_contiguous_and_cover_every_row():
         shares(3, 4)
 
 
-@pytest.mark.parametrize("lora, aggregation", [(False, "token"), (True, "sequence")],
-                         ids=["full-token", "lora-sequence"])
-def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir, lora, aggregation):
+@pytest.mark.parametrize("lora, aggregation, shard", [(False, "token", False), (True, "sequence", False),
+                                                      (False, "token", True), (True, "sequence", True)],
+                         ids=["full-token", "lora-sequence", "fsdp-full-token", "fsdp-lora-sequence"])
+def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir, lora, aggregation, shard):
     # Adam divides by the gradient's own scale, so the ranks' different summation order (about
     # 1e-7 in the gradients) can move a weight by up to ~1 % of lr: at lr 1e-4 that stays
     # under 1e-5, while the steps move weights by ~1e-4 each. The first step's statistics agree
@@ -52,9 +53,11 @@ def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir
     torch.manual_seed(0)
     local = Policy(model_dir, **kw)
     before = {n: t.clone() for n, t in local.sync_tensors().items()}
-    remote = RayPolicy(model_dir, ranks=2, seed=0, **kw)
+    remote = RayPolicy(model_dir, ranks=2, seed=0, shard=shard, **kw)
     try:
-        assert len(set(remote.pids)) == 2
+        assert len(set(remote.pids)) == 2 and remote.sharded == shard
+        for held, whole in ray_cluster.get([a.held_numel.remote() for a in remote.actors]):
+            assert held <= whole * (0.51 if shard else 1.0) and (shard or held == whole)  # FSDP: half each
         for step, tol in ((1, 1e-5), (2, 1e-4)):  # the second step also checks that both optimisers' states agree
             mine, theirs = local.train_step(batch), remote.train_step(batch)
             assert mine.keys() == theirs.keys()
@@ -96,6 +99,35 @@ async def test_the_trainer_runs_on_ray_ranks_and_the_engine_serves_their_weights
 
 
 @pytest.mark.anyio
+async def test_the_trainer_on_sharded_ranks_checkpoints_and_resumes(ray_cluster, model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    eng = EmbeddedEngine(model_dir, seed=0)
+    try:
+        kw = dict(groups_per_step=2, group_size=2, max_new_tokens=64, concurrency=8, lr=1e-3, out_dir=str(tmp_path),
+                  checkpoint_every=2, cluster="ray", trainer_ranks=2, fsdp=True)
+        trainer = Trainer(TrainConfig(steps=2, **kw), engine=eng, env=AlternatingReward(), print_steps=False)
+        await trainer.run()
+        assert trainer.policy.sharded and eng.weight_version == 2
+        served = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+        # Rank 0 wrote the gathered weights as a Hugging Face model: they are what the engine serves.
+        saved = AutoModelForCausalLM.from_pretrained(str(tmp_path / "checkpoints" / "step-000002"))
+        for n, p in saved.named_parameters():
+            assert torch.equal(served[n], p), n
+        # Every rank loads its shards of the weights and the optimiser state, and training goes on.
+        trainer = Trainer(TrainConfig(steps=3, resume=True, **kw), engine=eng, env=AlternatingReward(),
+                          print_steps=False)
+        summary = await trainer.run()
+        assert summary["steps"] == 3 and eng.weight_version == 3
+    finally:
+        await eng.aclose()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    with pytest.raises(ConfigError, match="sharded"):  # its optimiser state is not one process's
+        Policy(model_dir).load(tmp_path / "checkpoints" / "step-000002")
+
+
+@pytest.mark.anyio
 async def test_the_trainer_generates_on_engine_actors_that_get_each_steps_weights(ray_cluster, tmp_path):
     # The held-out evaluations before step 1 and after step 2 are sampled by versions 0 and 2,
     # as the engine actors themselves report (a Generation's version is the actor's engine's own).
@@ -120,3 +152,5 @@ def test_trainer_ranks_are_checked_against_the_batch():
         TrainConfig(cluster="slurm")
     with pytest.raises(ConfigError, match="engines"):
         TrainConfig(engines=2)  # engine actors need the cluster
+    with pytest.raises(ConfigError, match="fsdp"):
+        TrainConfig(fsdp=True)
