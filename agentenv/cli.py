@@ -213,6 +213,9 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--fsdp", action="store_true",
                    help="with --cluster ray: the trainer ranks shard parameters, gradients and optimiser state "
                         "(FSDP2) instead of each holding a whole copy")
+    t.add_argument("--rank-restarts", type=_non_negative(int), default=d.rank_restarts,
+                   help="with --cluster ray: when a trainer rank dies, start the ranks again from the last "
+                        f"checkpoint, at most this often (default {d.rank_restarts})")
     t.add_argument("--engines", type=_non_negative(int), default=d.engines,
                    help="with --cluster ray: generate on this many engine actors of --engine, weights sent to each "
                         "through the object store (default 0: the engine runs in this process)")
@@ -324,7 +327,7 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, resume=args.resume, report_to=args.report_to,
         eval_every=args.eval_every, eval_tasks=args.eval_tasks, eval_k=args.eval_k,
         eval_env_kwargs=env_kwargs_for(args.env, args.eval_env_arg, "--eval-env-arg"), cluster=args.cluster,
-        trainer_ranks=args.trainer_ranks, engines=args.engines, fsdp=args.fsdp)
+        trainer_ranks=args.trainer_ranks, engines=args.engines, fsdp=args.fsdp, rank_restarts=args.rank_restarts)
     # Options on the command line (abbreviations are off, so each appears whole) win over the
     # environment's training defaults, which win over ours.
     given = {tok[2:].split("=", 1)[0].replace("-", "_") for tok in args.argv if tok.startswith("--")}

@@ -50,6 +50,11 @@ class PromptTooLongError(EngineError):
     """The prompt does not fit in the engine's context window."""
 
 
+class RankDiedError(EngineError):
+    """A trainer rank (a Ray actor of ``RayPolicy``) died: its process group is gone. The
+    trainer restarts its ranks from the last checkpoint (``TrainConfig.rank_restarts``)."""
+
+
 class SandboxError(AgentEnvError, RuntimeError):
     """A sandbox session could not be created or used."""
 

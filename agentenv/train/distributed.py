@@ -23,9 +23,11 @@ With ``shard=True`` the ranks shard the parameters, gradients and optimiser stat
 ``agentenv.train.sharding``) instead of each holding all of them: the same step, 1/N of the
 memory per rank; weight sync and checkpoints gather the whole tensors on every rank.
 
+A rank that dies raises :class:`~agentenv.errors.RankDiedError`; the trainer then stops every
+rank and starts new ones from its last checkpoint (``TrainConfig.rank_restarts`` times).
+
 Not here yet: NCCL on GPUs (the process group is gloo; FSDP2's code is the same on both, but
-only CPU runs here), and replacing a rank that dies (the step fails with a clear error;
-``--resume`` continues from the last checkpoint).
+only CPU runs here).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, EngineError
+from ..errors import ConfigError, RankDiedError
 from .batch import Batch
 
 
@@ -149,14 +151,27 @@ class RayPolicy:
             raise
 
     def _get(self, refs: Any) -> Any:
+        """The ranks' answers. A rank that died raises :class:`RankDiedError`, even when a
+        survivor fails first (its collective lost a peer) or is left waiting in one."""
         ray = self._ray
-        try:
-            return ray.get(refs)
-        except ray.exceptions.RayActorError as exc:
-            raise EngineError(f"a trainer rank died: {exc}; the process group is gone "
-                              "(agentenv train --resume continues from the last checkpoint)") from exc
-        except ray.exceptions.RayTaskError as exc:
-            raise exc.as_instanceof_cause() from None
+        single = not isinstance(refs, list)
+        pending = [refs] if single else list(refs)
+        order = list(pending)
+        failure: BaseException | None = None
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=None if failure is None else 5.0)
+            if not ready:  # a survivor stuck in a collective with the failed rank
+                break
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                raise RankDiedError(f"a trainer rank died: {exc}; the process group is gone") from exc
+            except ray.exceptions.RayTaskError as exc:
+                failure = failure or exc  # wait a little: was it a peer's death?
+        if failure is not None:
+            raise failure.as_instanceof_cause() from None  # type: ignore[attr-defined]
+        values = ray.get(order)
+        return values[0] if single else values
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         totals = (float(batch.mask.sum()), batch.size)

@@ -24,7 +24,7 @@ import json
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -34,7 +34,7 @@ import torch
 from .. import journal
 from ..config import RolloutConfig
 from ..env import Task
-from ..errors import ConfigError, EngineError, SandboxError
+from ..errors import ConfigError, EngineError, RankDiedError, SandboxError
 from ..reactor import Group, Reactor
 from .batch import collate
 from .buffer import RolloutBuffer, StalenessGate
@@ -88,6 +88,7 @@ class TrainConfig:
     trainer_ranks: int = 2  # with cluster="ray" (agentenv.train.distributed)
     engines: int = 0  # with cluster="ray": generation on this many engine actors (engines.actors); 0: here
     fsdp: bool = False  # with cluster="ray": the ranks shard parameters, gradients and optimiser state (FSDP2)
+    rank_restarts: int = 2  # with cluster="ray": a rank that dies -> new ranks from the last checkpoint, this often
 
     def __post_init__(self) -> None:
         if self.mode not in ("async", "sync"):
@@ -110,6 +111,8 @@ class TrainConfig:
         if self.cluster == "ray" and not 1 <= self.trainer_ranks <= self.groups_per_step * self.group_size:
             raise ConfigError(f"trainer_ranks must be between 1 and the batch's {self.groups_per_step * self.group_size} "
                               f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
+        if self.rank_restarts < 0:
+            raise ConfigError(f"rank_restarts must be >= 0, got {self.rank_restarts}")
         if self.fsdp and self.cluster != "ray":
             raise ConfigError("fsdp (sharding over trainer ranks) needs cluster='ray'")
         if self.engines < 0 or (self.engines and self.cluster != "ray"):
@@ -192,6 +195,8 @@ class Trainer:
         self.cfg = cfg
         self._engine, self._env, self._sandbox = engine, env, sandbox
         self._actor_cpus: float | None = None  # each Ray actor's CPUs on a local cluster too small for one each
+        self._given = (engine is not None, env is not None, sandbox is not None)  # the caller's, kept open
+        self.restarts = 0  # times the trainer ranks were started again after one died
         self.on_step = on_step
         self.print_steps = print_steps
         self.progress = progress  # a live status bar on stderr (the CLI's)
@@ -306,6 +311,24 @@ class Trainer:
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
+        """Train ``steps`` steps. On a Ray cluster, a trainer rank that dies stops the attempt:
+        everything the run opened is closed, and a new attempt resumes from the last checkpoint
+        (or starts over when there is none), at most ``rank_restarts`` times."""
+        while True:
+            try:
+                return await self._run_once()
+            except RankDiedError as exc:
+                if self.restarts >= self.cfg.rank_restarts:
+                    raise
+                self.restarts += 1
+                ckpt = latest_checkpoint(self.out)
+                self.cfg = replace(self.cfg, resume=ckpt is not None)
+                self._engine, self._env, self._sandbox = (x if given else None for x, given in
+                                                          zip((self._engine, self._env, self._sandbox), self._given))
+                print(f"agentenv train: {exc}; starting the trainer ranks again ({self.restarts}/"
+                      f"{self.cfg.rank_restarts}) from {ckpt.name if ckpt else 'the start'}", flush=True)
+
+    async def _run_once(self) -> dict[str, Any]:
         start_step, ckpt = self._resume_state()
         if start_step >= self.cfg.steps:
             raise ConfigError(f"the checkpoint is at step {start_step}; ask for --steps > {start_step}")

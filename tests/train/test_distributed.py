@@ -128,6 +128,37 @@ async def test_the_trainer_on_sharded_ranks_checkpoints_and_resumes(ray_cluster,
 
 
 @pytest.mark.anyio
+async def test_a_trainer_rank_killed_mid_run_is_replaced_from_the_last_checkpoint(ray_cluster, model_dir, tmp_path):
+    import anyio
+
+    eng = EmbeddedEngine(model_dir, seed=0)
+    cfg = TrainConfig(steps=4, groups_per_step=2, group_size=2, max_new_tokens=64, concurrency=8, lr=1e-3,
+                      out_dir=str(tmp_path), checkpoint_every=2, cluster="ray", trainer_ranks=2)
+    trainer = Trainer(cfg, engine=eng, env=AlternatingReward(), print_steps=False)
+    killed = []
+
+    async def kill_after_the_first_checkpoint() -> None:
+        while not (tmp_path / "checkpoints" / "step-000002" / "state.json").exists():
+            await anyio.sleep(0.05)
+        victim = trainer.policy.actors[1]
+        ray_cluster.kill(victim)
+        killed.append(victim)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kill_after_the_first_checkpoint)
+            summary = await trainer.run()
+            tg.cancel_scope.cancel()
+        assert killed and trainer.restarts == 1
+        assert summary["steps"] == 4 and summary["start_step"] == 2  # the second attempt resumed at step 2
+        assert eng.weight_version == 4 and killed[0] not in trainer.policy.actors
+    finally:
+        await eng.aclose()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # each step once: the lost attempt's step 3 dropped
+
+
+@pytest.mark.anyio
 async def test_the_trainer_generates_on_engine_actors_that_get_each_steps_weights(ray_cluster, tmp_path):
     # The held-out evaluations before step 1 and after step 2 are sampled by versions 0 and 2,
     # as the engine actors themselves report (a Generation's version is the actor's engine's own).
@@ -154,3 +185,5 @@ def test_trainer_ranks_are_checked_against_the_batch():
         TrainConfig(engines=2)  # engine actors need the cluster
     with pytest.raises(ConfigError, match="fsdp"):
         TrainConfig(fsdp=True)
+    with pytest.raises(ConfigError, match="rank_restarts"):
+        TrainConfig(rank_restarts=-1)
