@@ -99,41 +99,16 @@ async def test_the_trainer_runs_on_ray_ranks_and_the_engine_serves_their_weights
 
 
 @pytest.mark.anyio
-async def test_the_trainer_on_sharded_ranks_checkpoints_and_resumes(ray_cluster, model_dir, tmp_path):
+async def test_a_sharded_trainer_rank_killed_mid_run_is_replaced_from_the_last_checkpoint(ray_cluster, model_dir,
+                                                                                         tmp_path):
+    """FSDP ranks: after the step-2 checkpoint a rank is killed; new ranks load their shards of
+    the weights and optimiser state from that checkpoint, and the run ends at step 4."""
+    import anyio
     from transformers import AutoModelForCausalLM
 
     eng = EmbeddedEngine(model_dir, seed=0)
-    try:
-        kw = dict(groups_per_step=2, group_size=2, max_new_tokens=64, concurrency=8, lr=1e-3, out_dir=str(tmp_path),
-                  checkpoint_every=2, cluster="ray", trainer_ranks=2, fsdp=True)
-        trainer = Trainer(TrainConfig(steps=2, **kw), engine=eng, env=AlternatingReward(), print_steps=False)
-        await trainer.run()
-        assert trainer.policy.sharded and eng.weight_version == 2
-        served = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
-        # Rank 0 wrote the gathered weights as a Hugging Face model: they are what the engine serves.
-        saved = AutoModelForCausalLM.from_pretrained(str(tmp_path / "checkpoints" / "step-000002"))
-        for n, p in saved.named_parameters():
-            assert torch.equal(served[n], p), n
-        # Every rank loads its shards of the weights and the optimiser state, and training goes on.
-        trainer = Trainer(TrainConfig(steps=3, resume=True, **kw), engine=eng, env=AlternatingReward(),
-                          print_steps=False)
-        summary = await trainer.run()
-        assert summary["steps"] == 3 and eng.weight_version == 3
-    finally:
-        await eng.aclose()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    with pytest.raises(ConfigError, match="sharded"):  # its optimiser state is not one process's
-        Policy(model_dir).load(tmp_path / "checkpoints" / "step-000002")
-
-
-@pytest.mark.anyio
-async def test_a_trainer_rank_killed_mid_run_is_replaced_from_the_last_checkpoint(ray_cluster, model_dir, tmp_path):
-    import anyio
-
-    eng = EmbeddedEngine(model_dir, seed=0)
     cfg = TrainConfig(steps=4, groups_per_step=2, group_size=2, max_new_tokens=64, concurrency=8, lr=1e-3,
-                      out_dir=str(tmp_path), checkpoint_every=2, cluster="ray", trainer_ranks=2)
+                      out_dir=str(tmp_path), checkpoint_every=2, cluster="ray", trainer_ranks=2, fsdp=True)
     trainer = Trainer(cfg, engine=eng, env=AlternatingReward(), print_steps=False)
     killed = []
 
@@ -149,13 +124,21 @@ async def test_a_trainer_rank_killed_mid_run_is_replaced_from_the_last_checkpoin
             tg.start_soon(kill_after_the_first_checkpoint)
             summary = await trainer.run()
             tg.cancel_scope.cancel()
-        assert killed and trainer.restarts == 1
+        assert killed and trainer.restarts == 1 and trainer.policy.sharded
         assert summary["steps"] == 4 and summary["start_step"] == 2  # the second attempt resumed at step 2
         assert eng.weight_version == 4 and killed[0] not in trainer.policy.actors
+        served = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
     finally:
         await eng.aclose()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # each step once: the lost attempt's step 3 dropped
+    # Rank 0 wrote the gathered weights as a Hugging Face model: they are what the engine serves.
+    last = tmp_path / "checkpoints" / "step-000004"
+    saved = AutoModelForCausalLM.from_pretrained(str(last))
+    for n, p in saved.named_parameters():
+        assert torch.equal(served[n], p), n
+    with pytest.raises(ConfigError, match="sharded"):  # its optimiser state is not one process's
+        Policy(model_dir).load(last)
 
 
 @pytest.mark.anyio
