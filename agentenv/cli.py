@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -248,6 +249,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentEnvError as exc:
         sys.stderr.write(f"agentenv: error: {exc}\n")
         return 2
+    except OSError as exc:
+        # The disk failed us where no clearer message was given (e.g. closing the output, whose
+        # last buffered bytes could not be written, after the first error was reported): one
+        # line; the lines before it are intact (--resume continues).
+        if exc.errno not in _DISK_ERRNOS:
+            raise
+        first = exc.__context__ if isinstance(exc.__context__, AgentEnvError) else None
+        msg = str(first) if first else f"cannot write {exc.filename or 'the output'}: {exc.strerror}"
+        sys.stderr.write(f"agentenv: error: {msg}\n")
+        return 2
     except BaseExceptionGroup as group:  # raised inside a task group: report the first of ours
         ours = group.subgroup(lambda e: isinstance(e, AgentEnvError))
         if ours is None:
@@ -260,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("agentenv: interrupted\n")
         return 130
     return 0
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
 
 
 def _env_options(parser: argparse.ArgumentParser, default: str) -> None:
@@ -451,11 +465,19 @@ def _rollout(args: argparse.Namespace) -> int:
     return anyio.run(_run, env, model, config, tasks, args)
 
 
+def _open_out(out: Path, append: bool) -> Any:
+    """The output, unbuffered: each line goes to the OS as it is written, so closing the file
+    has nothing left to write (and cannot fail after a write error was reported)."""
+    return open(out, "ab" if append else "wb", buffering=0)
+
+
 def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
-    """One trajectory as one JSONL line, flushed; a write error is one clear line."""
+    """One trajectory as one JSONL line, written whole; a write error is one clear line (a
+    line cut short by it is dropped by --resume)."""
+    data = memoryview((json.dumps(traj.to_dict(), ensure_ascii=False) + "\n").encode("utf-8"))
     try:
-        f.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
-        f.flush()
+        while data:
+            data = data[f.write(data):]  # a raw write may take fewer bytes than given
     except OSError as exc:
         raise AgentEnvError(f"cannot write {out}: {exc.strerror or exc}{hint}") from None
 
@@ -506,7 +528,7 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
                                config=config, seed=args.seed, engines=args.engines,
                                engine_options={"num_gpus": args.engine_gpus} if args.engine_gpus else None) as cluster:
             stats.start(total)
-            with progress, args.out.open("a" if args.resume else "w", encoding="utf-8") as f:
+            with progress, _open_out(args.out, args.resume) as f:
                 bar = progress.add_task("rollouts", total=total, info="")
                 async for traj in cluster.rollouts(
                         todo, args.group_size, saved=saved,
@@ -631,7 +653,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
             total -= len(resume.done)
         async with engine, default_sandbox(args.sandbox) as sandbox, \
                 Reactor(engine, env, sandbox, config, journal=log) as reactor:
-            with progress, args.out.open("a" if args.resume else "w", encoding="utf-8") as f:
+            with progress, _open_out(args.out, args.resume) as f:
                 bar = progress.add_task("rollouts", total=total, info="")
                 async with reactor.rollouts(tasks, args.group_size, resume=resume) as results:
                     async for item in results:
