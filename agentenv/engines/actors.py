@@ -198,11 +198,7 @@ class RayEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0) -> Generation:
-        if self._closed:
-            raise EngineError("engine is closed")
-        room = self.max_model_len - len(prompt_ids)
-        if room <= 0:
-            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+        room = self._room(prompt_ids)
         async with self._update_lock:  # not while new weights are being installed
             version = self._version
         need = version if self._pushed else 0

@@ -63,6 +63,19 @@ class Engine(abc.ABC):
     #: KV cache capacity in tokens (the program scheduler keeps its working set within it);
     #: None when the engine cannot say.
     kv_capacity_tokens: int | None = None
+    _closed: bool = False
+
+    def _room(self, prompt_ids: list[int]) -> int:
+        """Tokens left to generate after the prompt (what ``generate`` checks first): an
+        ``EngineError`` when the engine is closed, ``PromptTooLongError`` when none are left."""
+        from ..errors import EngineError, PromptTooLongError
+
+        if self._closed:
+            raise EngineError("engine is closed")
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+        return room
 
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,

@@ -34,7 +34,7 @@ from typing import Any, Iterable
 import anyio
 import torch
 
-from ..errors import ConfigError, EngineError, ModelNotFoundError, PromptTooLongError
+from ..errors import ConfigError, EngineError, ModelNotFoundError
 from ..models import quiet_loading
 from .base import Engine, Generation, SamplingParams
 
@@ -150,14 +150,10 @@ class EmbeddedEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0) -> Generation:
-        if self._closed:
-            raise EngineError("engine is closed")
+        room = self._room(prompt_ids)
         if not self._mgr.is_running():
             raise EngineError(f"the generation loop is not running: {self._mgr.background_thread_status.fatal_error}")
         self._check_params(params)
-        room = self.max_model_len - len(prompt_ids)
-        if room <= 0:
-            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
         max_tokens = min(params.max_tokens, room)
         version = self._version
         loop = asyncio.get_running_loop()

@@ -167,11 +167,7 @@ class OpenAIEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0) -> Generation:
-        if self._closed:
-            raise EngineError("engine is closed")
-        room = self.max_model_len - len(prompt_ids)
-        if room <= 0:
-            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+        room = self._room(prompt_ids)
         async with self._update_lock:
             version = self._version
         idx = self.router.route(request_id, len(prompt_ids) + min(params.max_tokens, room))

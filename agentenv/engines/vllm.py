@@ -36,7 +36,7 @@ import anyio
 import torch
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
-from ..errors import ConfigError, EngineError, PromptTooLongError
+from ..errors import ConfigError, EngineError
 from .base import Engine, Generation, SamplingParams
 from .embedded import check_model_dir, load_tokenizer
 
@@ -248,11 +248,7 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if self._closed:
-            raise EngineError("engine is closed")
-        room = self.max_model_len - len(prompt_ids)
-        if room <= 0:
-            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+        room = self._room(prompt_ids)
         async with self._update_lock:  # admitted between weight updates, never during one
             version = self._version
             if lora is None and self._active_lora is not None:
