@@ -131,12 +131,14 @@ async def test_a_killed_engine_actor_is_restarted_and_no_request_is_lost(rengine
         assert rengine.failures > failures  # some were in flight on the killed actor, and sent again
         # The restarted actor came back with its starting weights; a request routed to it is
         # refused as stale, and the client installs the weights pushed so far first.
-        for _ in range(300):  # back once Ray has restarted it (calls meanwhile: ActorUnavailableError)
+        info = None
+        for _ in range(1200):  # back once Ray has restarted it and it reopened its engine (slow under load)
             try:
                 info = await rengine.actors[0].info.remote()
                 break
             except ray.exceptions.RayActorError:
                 await asyncio.sleep(0.1)
+        assert info is not None, "the killed engine actor did not come back in 120 s"
         assert info["pid"] != pid0 and info["weight_version"] == 0
         rengine.router.down(1, now=float("inf"))  # steer new programs to the restarted replica
         g = await rengine.generate(prompt, SamplingParams(max_tokens=8), "after-restart-0")
