@@ -72,7 +72,7 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(default_model()))
     rng = random.Random(0)
     resumed_programs = 0
-    for trial in range(10):
+    for trial in range(6):
         out = tmp_path / f"run{trial}.jsonl"
         # Header + starts + turns + dones of a run this size: roughly 3 records per program.
         kills = [rng.randint(2, 3 * TASKS * GROUP)]

@@ -139,7 +139,12 @@ async def test_a_killed_engine_actor_is_restarted_and_no_request_is_lost(rengine
             except ray.exceptions.RayActorError:
                 await asyncio.sleep(0.1)
         assert info is not None, "the killed engine actor did not come back in 120 s"
-        assert info["pid"] != pid0 and info["weight_version"] == 0
+        assert info["pid"] != pid0
+        # A retried request may already have reached it once Ray restarted it (the router avoids
+        # a failed replica for only 2 s), and then it was given the weights then; if not, it
+        # still has its starting weights, and the request below finds it stale.
+        assert info["weight_version"] in (0, version), info
+        assert info["weight_version"] == 0 or rengine.resyncs >= 1
         rengine.router.down(1, now=float("inf"))  # steer new programs to the restarted replica
         g = await rengine.generate(prompt, SamplingParams(max_tokens=8), "after-restart-0")
         assert g.extra["replica"] == 0 and g.weight_version == version and rengine.resyncs >= 1

@@ -70,19 +70,34 @@ def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
         proc.wait()
 
 
+class Server:
+    """The module's ``vllm serve``; the fault tests kill it and start it again on its port
+    (a start costs about 50 s, so they share it rather than start their own)."""
+
+    def __init__(self, model_dir: str, log) -> None:
+        self.model_dir, self.log, self.port = model_dir, log, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = start_server(model_dir, self.port, log)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        stop_server(self.proc, sig)
+
+    def start(self) -> None:
+        self.proc = start_server(self.model_dir, self.port, self.log)
+
+
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    port = _free_port()
-    proc = start_server(model_dir, port, tmp_path_factory.mktemp("vllm") / "server.log")
-    yield f"http://127.0.0.1:{port}"
-    stop_server(proc)
+    srv = Server(model_dir, tmp_path_factory.mktemp("vllm") / "server.log")
+    yield srv
+    stop_server(srv.proc)
 
 
 @pytest.fixture
 async def oengine(server, model_dir):
     from agentenv.engines.openai import OpenAIEngine
 
-    eng = await OpenAIEngine.create(server, model_dir, block_size=32)
+    eng = await OpenAIEngine.create(server.url, model_dir, block_size=32)
     yield eng
     await eng.aclose()
 
@@ -120,8 +135,8 @@ async def test_sticky_routing_and_least_loaded(server, model_dir):
     from agentenv.engines.openai import OpenAIEngine
 
     # Two "replicas" (two URLs of the same server): routing is visible per generation.
-    other = server.replace("127.0.0.1", "localhost")
-    eng = await OpenAIEngine.create([server, other], model_dir)
+    other = server.url.replace("127.0.0.1", "localhost")
+    eng = await OpenAIEngine.create([server.url, other], model_dir)
     try:
         prompt = testing.chat_prompt(eng, "Compute 1 + 2.")
         p = SamplingParams(max_tokens=4)
@@ -129,7 +144,7 @@ async def test_sticky_routing_and_least_loaded(server, model_dir):
         b0 = await eng.generate(prompt, p, "progB-0")
         a1 = await eng.generate(prompt + a0.token_ids, p, "progA-1")
         assert a1.extra["server"] == a0.extra["server"]  # a program stays on its replica
-        assert {a0.extra["server"], b0.extra["server"]} == {server, other}  # new ones spread
+        assert {a0.extra["server"], b0.extra["server"]} == {server.url, other}  # new ones spread
     finally:
         await eng.aclose()
 
@@ -145,8 +160,8 @@ async def test_dead_server_is_a_clear_engine_error(model_dir):
 async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir):
     from agentenv.engines.openai import OpenAIEngine
 
-    other = server.replace("127.0.0.1", "localhost")
-    eng = await OpenAIEngine.create([server, other], model_dir)
+    other = server.url.replace("127.0.0.1", "localhost")
+    eng = await OpenAIEngine.create([server.url, other], model_dir)
     try:
         # 256 MiB of float32 KV for 4 layers x 2 KV heads x 32 dims: 131,072 tokens per server.
         assert eng.router.capacity == [131_072, 131_072] and eng.kv_capacity_tokens == 262_144
@@ -168,7 +183,7 @@ async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir
         await eng.aclose()
 
 
-async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(model_dir, tmp_path):
+async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(server, model_dir):
     """The server is killed (SIGKILL) with requests in flight and started again on the same
     port: every request completes, after the engine pushed the trained weights to it again."""
     import torch
@@ -176,14 +191,12 @@ async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(mode
 
     from agentenv.engines.openai import OpenAIEngine
 
-    port, log = _free_port(), tmp_path / "server.log"
-    proc = start_server(model_dir, port, log)
-    eng = await OpenAIEngine.create(f"http://127.0.0.1:{port}", model_dir, reconnect_s=240)
+    eng = await OpenAIEngine.create(server.url, model_dir, reconnect_s=240)
+    weights = load_file(f"{model_dir}/model.safetensors")
+    norm, vocab = weights["model.norm.weight"], weights["model.embed_tokens.weight"].shape[0]
     try:
-        weights = load_file(f"{model_dir}/model.safetensors")
-        vocab = weights["model.embed_tokens.weight"].shape[0]
         # A zero final norm: every logit 0, every sampled token's logprob exactly -log(V).
-        await eng.load_weights({"model.norm.weight": torch.zeros_like(weights["model.norm.weight"])})
+        await eng.load_weights({"model.norm.weight": torch.zeros_like(norm)})
         prompt = testing.chat_prompt(eng, "Compute 3 + 4.")
         results: dict[int, object] = {}
 
@@ -195,17 +208,18 @@ async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(mode
                 tg.start_soon(one, i)
             await anyio.sleep(1.0)
             assert len(results) < 4, "the requests finished before the server was killed"
-            stop_server(proc, signal.SIGKILL)
-            proc = await anyio.to_thread.run_sync(start_server, model_dir, port, log)
+            server.kill(signal.SIGKILL)
+            await anyio.to_thread.run_sync(server.start)
         for g in results.values():
             assert len(g.token_ids) == 600 and g.weight_version == 1
             assert all(abs(lp + math.log(vocab)) < 1e-3 for lp in g.logprobs), "served without the pushed weights"
     finally:
+        with contextlib.suppress(Exception):  # the shared server gets its own weights back
+            await eng.load_weights({"model.norm.weight": norm})
         await eng.aclose()
-        stop_server(proc)
 
 
-def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_them(model_dir, tmp_path):
+def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_them(server, tmp_path):
     """The CLI against a server that dies for good mid-run: once reconnecting gives up, the
     in-flight programs are not written as results (exit 1, one message); with the server back,
     ``--resume`` finishes every one of them, each (task, sample) exactly once."""
@@ -213,29 +227,25 @@ def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_t
 
     from agentenv.trajectory import Trajectory
 
-    port, log, out = _free_port(), tmp_path / "server.log", tmp_path / "r.jsonl"
+    out = tmp_path / "r.jsonl"
     args = [sys.executable, "-m", "agentenv.cli", "rollout", "--engine", "openai", "--base-url",
-            f"http://127.0.0.1:{port}", "--engine-arg", "reconnect_s=2", "--tasks", "4", "--group-size", "2",
+            server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4", "--group-size", "2",
             "--concurrency", "4", "--max-new-tokens", "300", "--no-progress", "--out", str(out)]
-    proc = start_server(model_dir, port, log)
-    try:
-        cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 300
-        while time.time() < deadline and cli.poll() is None:
-            if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 2:
-                break
-            time.sleep(0.05)
-        stop_server(proc, signal.SIGKILL)
-        _, err = cli.communicate(timeout=300)
-        assert cli.returncode == 1, err[-2000:]
-        assert "stopped because the engine failed" in err and "--resume" in err
-        first = out.read_text().splitlines()
-        assert len(first) < 8
-        proc = start_server(model_dir, port, log)
-        r = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-    finally:
-        stop_server(proc)
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and cli.poll() is None:
+        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 2:
+            break
+        time.sleep(0.05)
+    server.kill(signal.SIGKILL)
+    _, err = cli.communicate(timeout=300)
+    assert cli.returncode == 1, err[-2000:]
+    assert "stopped because the engine failed" in err and "--resume" in err
+    first = out.read_text().splitlines()
+    assert len(first) < 8
+    server.start()
+    r = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
     lines = out.read_text().splitlines()
     assert lines[: len(first)] == first
     keys = [(d["task_id"], d["sample_index"]) for d in map(json.loads, lines)]
