@@ -126,6 +126,29 @@ async def test_setup_runs_once_and_sessions_fork_the_prepared_state():
         assert (await a.run("PREPARED_BY != os.getpid()")).value == "True"
 
 
+async def test_a_burst_of_starts_for_a_new_setup_makes_at_most_spawn_servers_templates():
+    # Before: every start that found the templates busy made one more, so 48 concurrent starts
+    # made ~48 templates (each runs the setup code), one after another: ~15 starts/s.
+    setup = "import time\nPREPARED_AT = time.time()"
+    async with LocalSandbox(prewarm=0, spawn_servers=2) as sb:
+        base = psutil.Process(sb.server_pid)
+        before = len(base.children())
+        sessions = []
+
+        async def start() -> None:
+            sessions.append(await sb.session(setup_code=setup))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(48):
+                tg.start_soon(start)
+        templates = len(base.children()) - before
+        assert 1 <= templates <= 2, f"{templates} templates for one setup"
+        values = {(await s.run("PREPARED_AT")).value for s in sessions}
+        assert len(values) == templates  # every session forked one of them
+        for s in sessions:
+            await s.aclose()
+
+
 async def test_max_workers_caps_live_sessions():
     async with LocalSandbox(prewarm=0, max_workers=2) as sb:
         a, b = await sb.session(), await sb.session()
