@@ -177,13 +177,14 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
         async def killer() -> None:
             # First the fork server (its templates and sessions die with it), as soon as the
             # first sessions exist: before the model has written any code, so the programs'
-            # first calls need a new server. Then a random worker every 0.4 s.
+            # first calls need a new server. Then a random worker every 0.15 s (the run takes
+            # a few seconds: sessions start quickly).
             while not sb.worker_pids:
                 await anyio.sleep(0.01)
             os.kill(sb.server_pid, signal.SIGKILL)
             kills["servers"] += 1
             while True:
-                await anyio.sleep(0.4)
+                await anyio.sleep(0.15)
                 if sb.worker_pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(rng.choice(sb.worker_pids), signal.SIGKILL)
