@@ -120,7 +120,13 @@ async def test_a_killed_engine_actor_is_restarted_and_no_request_is_lost(rengine
     try:
         p = SamplingParams(max_tokens=160)
         calls = [asyncio.ensure_future(rengine.generate(prompt, p, f"k{i}-0")) for i in range(12)]
-        await asyncio.sleep(1.5)  # under way on both replicas
+        # Under way on both replicas: dispatched to each, then a moment to start decoding (a
+        # fixed 1.5 s was longer than the whole batch takes on a fast machine).
+        for _ in range(300):
+            if min(rengine.router.inflight) > 0:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
         assert not all(c.done() for c in calls), "the requests finished before the kill"
         ray.kill(rengine.actors[0], no_restart=False)  # Ray restarts it (max_restarts)
         gens = await asyncio.gather(*calls)
