@@ -11,9 +11,13 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
 * ``num_cached_tokens`` (vLLM's prefix-cache hit) is reported per request;
 * weights are updated through a worker extension (``collective_rpc`` -> ``load_weights``)
   while generation is paused with ``mode="keep"`` (in-flight requests frozen, not aborted);
-  outputs stream as deltas stamped with the version current on arrival, so a request that
-  spans an update reports per-token versions; the prefix cache is *salted* with the weight
-  version, so KV computed by old weights is never reused by a new-version request;
+  the engine core is told each new version (``update_weight_version``) before generation
+  resumes, and labels the tokens it samples with it, so a request that spans an update
+  reports per-token versions (vLLM's ``weight_versions`` spans on the final output). Only the
+  final output of a request comes back (``FINAL_ONLY``): streaming every step's delta cost
+  this process CPU per token that the engine needs on a small machine. The prefix cache is
+  *salted* with the weight version, so KV computed by old weights is never reused by a
+  new-version request;
 * cancellation aborts the request in the engine;
 * a dead engine core (killed, crashed: vLLM's ``EngineDeadError``) is restarted, at most
   ``max_restarts`` times in the engine's life, with the weights it last served (the last
@@ -60,6 +64,7 @@ class VLLMEngine(Engine):
         self.max_model_len = max_model_len
         self.page_size = block_size
         self._version = 0
+        self._labels = False  # set by ``create``: the engine core labels tokens with versions
         self._closed = False
         self._update_lock = anyio.Lock()
         self._loras: dict[str, Any] = {}
@@ -124,6 +129,10 @@ class VLLMEngine(Engine):
         engine._args, engine.max_restarts = args, max_restarts
         engine.lora_enabled, engine.model_path = enable_lora, path
         engine.priority_scheduling = args["scheduling_policy"] == "priority"
+        # vLLM that labels sampled tokens with the weight version (``weight_versions`` spans).
+        engine._labels = hasattr(llm, "update_weight_version")
+        if engine._labels:
+            await llm.update_weight_version("0")  # the starting weights
         cache = llm.vllm_config.cache_config
         engine.page_size = int(cache.block_size)
         engine.kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size) or None
@@ -233,6 +242,8 @@ class VLLMEngine(Engine):
                         from safetensors.torch import save
 
                         await llm.collective_rpc("agentenv_load_weights", args=(save(self._served_weights),))
+                    if self._labels:
+                        await llm.update_weight_version(str(self._version))
                     for req in self._loras.values():
                         await llm.add_lora(req)
                 except Exception as start_exc:  # noqa: BLE001
@@ -255,7 +266,9 @@ class VLLMEngine(Engine):
                 lora = self._active_lora  # the trained adapter: fixed for this request's life
         pinned = lora is not None
         sp = self._sampling(params, min(params.max_tokens, room))
-        sp.output_kind = RequestOutputKind.DELTA
+        # Only the final output when the engine labels tokens with weight versions (the per-step
+        # deltas cost this process CPU per token); otherwise deltas, stamped on arrival.
+        sp.output_kind = RequestOutputKind.FINAL_ONLY if self._labels else RequestOutputKind.DELTA
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=f"v{version}")
         start = time.perf_counter()
         tokens: list[int] = []
@@ -273,8 +286,6 @@ class VLLMEngine(Engine):
                     raise EngineError("vLLM returned tokens without one logprob each")
                 tokens += new
                 logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
-                # Stamped on arrival: tokens produced after a weight update carry the new
-                # version (updates pause the engine, swap weights, bump, then resume).
                 versions += [version if pinned else self._version] * len(new)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
@@ -287,6 +298,11 @@ class VLLMEngine(Engine):
         if last is None or not last.outputs:
             raise EngineError("vLLM returned no output")
         c = last.outputs[0]
+        if self._labels and not pinned:
+            # The engine core's labels say which weights sampled each token (an update may have
+            # come while the request ran). A trained LoRA adapter (pinned) is fixed for the
+            # request's life: all its tokens carry the version it was admitted with.
+            versions = _span_versions(getattr(c, "weight_versions", None), len(tokens), version)
         reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
         stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
         return Generation(
@@ -321,7 +337,10 @@ class VLLMEngine(Engine):
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self.llm.collective_rpc("agentenv_load_weights", args=(blob,))
-                self._version = self._version + 1 if version is None else int(version)
+                new = self._version + 1 if version is None else int(version)
+                if self._labels:
+                    await self.llm.update_weight_version(str(new))  # tokens sampled from now on
+                self._version = new
             finally:
                 await self.llm.resume_generation()
         return self._version
@@ -336,3 +355,16 @@ class VLLMEngine(Engine):
         # again and fails noisily if it only runs at interpreter exit.
         self.llm = None
         gc.collect()
+
+
+def _span_versions(spans: Any, n: int, admitted: int) -> list[int]:
+    """Per-token weight versions from vLLM's ``weight_versions`` spans (labels are our version
+    numbers as strings); tokens no span covers carry the version the request was admitted at."""
+    out = [admitted] * n
+    for span in spans or ():
+        try:
+            v = int(span.version)
+        except (TypeError, ValueError):
+            continue  # a label we did not set ("default"): the admission version
+        out[span.start:span.end] = [v] * (min(span.end, n) - span.start)
+    return out
