@@ -188,11 +188,14 @@ async def test_resume_continues_the_saved_work_and_trains_no_task_twice(model_di
     assert state["next"] >= 2 * 2 + len(saved) + len(state["in_flight"])
     partial = {p["k"]: p for prog in state["programs"].values() for p in prog["partial"]}
     Recording.seen = []
-    await Trainer(TrainConfig(steps=4, resume=True, **cfg), env=Recording(), print_steps=False).run()
+    # Four steps past the checkpoint, so the groups in flight at it finish (and are seen) before
+    # the run ends. With two, a clean-clone CI run once ended with two continued programs never
+    # scored: other groups filled step 4 first, and the run stopped while they were still going.
+    await Trainer(TrainConfig(steps=6, resume=True, **cfg), env=Recording(), print_steps=False).run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     trained = [tid for r in rows for tid in r["task_ids"]]
-    assert len(trained) == len(set(trained)) == 4 * 2, "a task was trained twice"
+    assert len(trained) == len(set(trained)) == 6 * 2, "a task was trained twice"
 
     def oldest(d: dict) -> int:
         return min(v for t in d["trajectories"] for v in Trajectory.from_dict(t).weight_versions if v >= 0)
