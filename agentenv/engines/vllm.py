@@ -286,7 +286,8 @@ class VLLMEngine(Engine):
                     raise EngineError("vLLM returned tokens without one logprob each")
                 tokens += new
                 logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
-                versions += [version if pinned else self._version] * len(new)
+                if not self._labels:  # deltas: stamped with the version current on arrival
+                    versions += [version if pinned else self._version] * len(new)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.llm.abort(request_id)
@@ -298,11 +299,12 @@ class VLLMEngine(Engine):
         if last is None or not last.outputs:
             raise EngineError("vLLM returned no output")
         c = last.outputs[0]
-        if self._labels and not pinned:
+        if self._labels:
             # The engine core's labels say which weights sampled each token (an update may have
             # come while the request ran). A trained LoRA adapter (pinned) is fixed for the
             # request's life: all its tokens carry the version it was admitted with.
-            versions = _span_versions(getattr(c, "weight_versions", None), len(tokens), version)
+            versions = ([version] * len(tokens) if pinned
+                        else _span_versions(getattr(c, "weight_versions", None), len(tokens), version))
         reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
         stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
         return Generation(

@@ -631,33 +631,36 @@ class LocalSandbox(Sandbox):
         for ctl in servers:
             if not ctl.lock.locked():
                 return ctl
-        if len(servers) < self.spawn_servers:
-            making = self._making.setdefault(setup_code, anyio.Lock())
-            # One template is made at a time. While one is being made, a start queues on a
-            # server that exists rather than making yet another: a burst of starts for a new
-            # setup once made one template per waiter (254 for 256 starts, 15 starts/s).
-            if not (servers and making.locked()):
-                async with making:
-                    servers = self._templates.setdefault(setup_code, [])  # may have been replaced
-                    for ctl in servers:
-                        if not ctl.lock.locked():
-                            return ctl
-                    if len(servers) < self.spawn_servers:
-                        if self._control is None:  # the server died while this start waited
-                            await self.start()
-                        assert self._control is not None
-                        with anyio.fail_after(self.setup_timeout):
-                            resp, fds = await anyio.to_thread.run_sync(
-                                self._control.request, {"op": "template", "setup": setup_code or "",
-                                                        "isolate": self.isolate, "cgroup_root": str(CGROUP_V1)}
-                            )
-                        if "error" in resp or not fds:
-                            raise SandboxError(f"environment setup code failed: {resp.get('error')}")
-                        ctl = _Control(socket.socket(fileno=fds[0]))
-                        servers.append(ctl)
-                        return ctl
+        making = self._making.setdefault(setup_code, anyio.Lock())
+        # One template is made at a time. While one is being made, a start queues on a server
+        # that exists rather than making yet another: a burst of starts for a new setup once
+        # made one template per waiter (254 for 256 starts, 15 starts/s).
+        if len(servers) < self.spawn_servers and not (servers and making.locked()):
+            async with making:
+                servers = self._templates.setdefault(setup_code, [])  # may have been replaced
+                free = next((ctl for ctl in servers if not ctl.lock.locked()), None)
+                if free is not None:
+                    return free
+                if len(servers) < self.spawn_servers:
+                    ctl = await self._make_template(setup_code)
+                    servers.append(ctl)
+                    return ctl
         self._rr += 1
         return servers[self._rr % len(servers)]
+
+    async def _make_template(self, setup_code: str | None) -> _Control:
+        """Fork a template from the base server and run ``setup_code`` in it."""
+        if self._control is None:  # the server died while this start waited
+            await self.start()
+        assert self._control is not None
+        with anyio.fail_after(self.setup_timeout):
+            resp, fds = await anyio.to_thread.run_sync(
+                self._control.request, {"op": "template", "setup": setup_code or "", "isolate": self.isolate,
+                                        "cgroup_root": str(CGROUP_V1)}
+            )
+        if "error" in resp or not fds:
+            raise SandboxError(f"environment setup code failed: {resp.get('error')}")
+        return _Control(socket.socket(fileno=fds[0]))
 
     async def _spawn(self, setup_code: str | None) -> tuple[SocketStream, int, int, list[str]]:
         for attempt in range(3):
