@@ -92,7 +92,9 @@ class RolloutProducer:
             await tg.__aexit__(None, None, None)
 
     async def _generate(self) -> None:
-        assert self._tg is not None
+        # Held here: aclose() clears self._tg before this task sees its cancellation.
+        tg = self._tg
+        assert tg is not None
         for index in itertools.count():
             async with self._cond:
                 while not self._gate.can_start(self.batches):
@@ -104,7 +106,7 @@ class RolloutProducer:
                     return
                 self._gate.start(self.batches)
                 self._running += 1
-            self._tg.start_soon(self._one, task)
+            tg.start_soon(self._one, task)
 
     async def _one(self, task: Task) -> None:
         try:

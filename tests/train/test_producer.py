@@ -48,6 +48,22 @@ async def test_batches_are_exact_groups_with_backpressure_and_bounded_staleness(
     assert bool((batch.versions[batch.mask.bool()] == 0).all())
 
 
+async def test_closing_right_after_a_batch_is_taken_is_clean(model_dir):
+    # Taking a batch wakes the generator (a new group may start); closing before it runs must
+    # not let it start that group on a task group that is already gone.
+    env = AlternatingReward()
+    async with EmbeddedEngine(model_dir, seed=0) as eng, LocalSandbox() as sb:
+        reactor = Reactor(eng, env, sb, RolloutConfig(max_new_tokens=16, concurrency=4))
+        for _ in range(3):
+            producer = RolloutProducer(reactor, env.tasks(50, seed=1), group_size=2, groups_per_batch=1,
+                                       max_staleness=0)
+            await producer.__aenter__()
+            groups = await producer.next_groups()
+            await producer.aclose()  # no checkpoint between taking the batch and closing
+            assert groups is not None and len(groups) == 1
+            assert producer.started >= 1
+
+
 def test_the_minimal_pytorch_loop_example_trains_and_syncs(tmp_path):
     import subprocess
     import sys
