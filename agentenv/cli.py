@@ -178,6 +178,9 @@ def _train_parser(sub: Any) -> None:
                         f"and loads no reference model (default {d.kl_coef})")
     t.add_argument("--micro-batch", type=_positive(int), default=d.micro_batch,
                    help=f"sequences per forward/backward, gradients accumulated (default {d.micro_batch})")
+    t.add_argument("--micro-batch-tokens", type=_positive(int), default=d.micro_batch_tokens,
+                   help="at most this many padded tokens per forward/backward; rows are grouped by length "
+                        f"(default {d.micro_batch_tokens})")
     t.add_argument("--concurrency", type=_positive(int), default=d.concurrency,
                    help=f"engine requests in flight (default {d.concurrency})")
     t.add_argument("--scheduling", default=d.scheduling, choices=["program", "fifo", "lockstep"],
@@ -335,7 +338,8 @@ def _train(args: argparse.Namespace) -> int:
         steps=args.steps, groups_per_step=args.groups_per_step, group_size=args.group_size,
         max_staleness=args.max_staleness, partial=args.partial, lr=args.lr, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, clip_low=args.clip_low, clip_high=args.clip_high, is_cap=args.is_cap,
-        aggregation=args.aggregation, kl_coef=args.kl_coef, micro_batch=args.micro_batch, concurrency=args.concurrency,
+        aggregation=args.aggregation, kl_coef=args.kl_coef, micro_batch=args.micro_batch,
+        micro_batch_tokens=args.micro_batch_tokens, concurrency=args.concurrency,
         scheduling=args.scheduling, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, tool_timeout=args.tool_timeout, seed=args.seed, out_dir=args.out_dir,
         checkpoint_every=args.checkpoint_every, resume=args.resume, report_to=args.report_to,

@@ -10,6 +10,7 @@ their scored members; a sample without a reward gets advantage 0 and mask 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -35,12 +36,42 @@ class Batch:
     def trained_tokens(self) -> int:
         return int(self.mask.sum())
 
-    def rows(self, idx: slice) -> "Batch":
-        """A micro-batch of rows, trimmed to its own longest sequence."""
+    @property
+    def lengths(self) -> list[int]:
+        """Each row's length without padding."""
+        return [int(n) for n in self.attention_mask.sum(dim=1)]
+
+    def rows(self, idx: slice | Sequence[int]) -> "Batch":
+        """A micro-batch of rows (a slice, or row indices in any order), trimmed to its own
+        longest sequence."""
+        if isinstance(idx, slice):
+            rewards = self.rewards[idx]
+        else:
+            rewards, idx = [self.rewards[i] for i in idx], torch.tensor(list(idx), dtype=torch.long)
         width = max(1, int(self.attention_mask[idx].sum(dim=1).max()))
         cut = lambda t: t[idx, :width]  # noqa: E731
         return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.mask), cut(self.behaviour_logprobs),
-                     cut(self.versions), self.advantages[idx], self.rewards[idx])
+                     cut(self.versions), self.advantages[idx], rewards)
+
+
+def micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Which rows go into each forward/backward pass: longest first, at most ``max_rows`` rows
+    and (if given) at most ``max_tokens`` padded tokens (rows x the longest) per pass; a row
+    longer than ``max_tokens`` goes alone. Rows of like length share a pass, so one long sample
+    does not widen a pass full of short ones (the loss weighs every row the same in any order)."""
+    if max_rows < 1 or (max_tokens is not None and max_tokens < 1):
+        raise ValueError("max_rows and max_tokens must be >= 1")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plan: list[list[int]] = []
+    for i in order:
+        cur = plan[-1] if plan else None
+        # Longest first, so the pass's width is its first row's length.
+        if cur is not None and len(cur) < max_rows and \
+                (max_tokens is None or (len(cur) + 1) * max(1, lengths[cur[0]]) <= max_tokens):
+            cur.append(i)
+        else:
+            plan.append([i])
+    return plan
 
 
 def collate(groups: list[Group], pad_id: int = 0, scale_advantages: bool = True) -> Batch:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, RankDiedError
-from .batch import Batch
+from .batch import Batch, micro_batches
 
 
 class TrainerRank:
@@ -137,6 +137,7 @@ class RayPolicy:
         self.lora = policy_kwargs.get("lora")
         self.sharded = bool(policy_kwargs.get("shard")) and ranks > 1
         self.micro_batch = int(policy_kwargs.get("micro_batch", 16))
+        self.micro_batch_tokens = policy_kwargs.get("micro_batch_tokens")
         self._ray, self._started_ray = connect(address)
         ray = self._ray
         cls = ray.remote(TrainerRank).options(**actor_options(rank_options, num_cpus=1))
@@ -176,7 +177,8 @@ class RayPolicy:
     def train_step(self, batch: Batch) -> dict[str, float]:
         totals = (float(batch.mask.sum()), batch.size)
         parts = shares(batch.size, self.ranks)
-        micro_steps = max(-(-(s.stop - s.start) // self.micro_batch) for s in parts)  # the same on every rank
+        micro_steps = max(len(micro_batches(batch.rows(s).lengths, self.micro_batch, self.micro_batch_tokens))
+                          for s in parts)  # the same on every rank
         stats = self._get([a.train_step.remote(batch.rows(s), totals, micro_steps)
                            for a, s in zip(self.actors, parts)])
         return stats[0]  # the same on every rank: the statistics were summed over them

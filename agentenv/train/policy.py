@@ -19,7 +19,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models import quiet_loading
-from .batch import Batch
+from .batch import Batch, micro_batches
 from .loss import LossConfig, grpo_loss
 from .sharding import full
 
@@ -76,7 +76,8 @@ def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float]) -> dict[
 class Policy:
     def __init__(self, model_dir: str | Path, *, lr: float = 1e-4, weight_decay: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
-                 micro_batch: int = 16, loss: LossConfig = LossConfig(), shard: bool = False) -> None:
+                 micro_batch: int = 16, micro_batch_tokens: int | None = None, loss: LossConfig = LossConfig(),
+                 shard: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
@@ -111,6 +112,7 @@ class Policy:
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature if temperature > 0 else 1.0
         self.micro_batch = micro_batch
+        self.micro_batch_tokens = micro_batch_tokens
         self.loss_cfg = loss
 
     # -- logprobs ----------------------------------------------------------------------------
@@ -151,6 +153,10 @@ class Policy:
             self.model = live
 
     # -- one optimiser step ------------------------------------------------------------------
+    def micro_plan(self, batch: Batch) -> list[list[int]]:
+        """The rows of each forward/backward pass (:func:`~agentenv.train.batch.micro_batches`)."""
+        return micro_batches(batch.lengths, self.micro_batch, self.micro_batch_tokens)
+
     def train_step(self, batch: Batch, totals: tuple[float, int] | None = None,
                    micro_steps: int | None = None) -> dict[str, float]:
         """One GRPO step over the whole batch (micro-batched; the gradient equals the full
@@ -170,12 +176,12 @@ class Policy:
         total_tokens = max(float(total_tokens), 1.0)
         sums = {"loss": 0.0, "clip_frac": 0.0, "is_weight_mean": 0.0, "is_truncated_frac": 0.0,
                 "kl_behaviour": 0.0, "abs_logprob_diff": 0.0, "kl_ref": 0.0}
-        steps = -(-batch.size // self.micro_batch)
+        plan = self.micro_plan(batch)
+        steps = len(plan)
         if self.sharded:
             steps = max(steps, micro_steps or 0)
         for i in range(steps):
-            start = i * self.micro_batch
-            mb = batch.rows(slice(start, start + self.micro_batch)) if start < batch.size else None
+            mb = batch.rows(plan[i]) if i < len(plan) else None
             n = float(mb.mask.sum()) if mb is not None else 0.0
             if mb is None or n == 0:
                 if self.sharded:  # take part in the shards' gathers and reductions, adding nothing

@@ -62,6 +62,9 @@ class TrainConfig:
     lr: float = 2e-5
     max_grad_norm: float = 1.0
     micro_batch: int = 16
+    #: At most this many padded tokens per forward/backward pass (rows are grouped by length,
+    #: so a long sample does not widen a pass of short ones); None: only ``micro_batch`` bounds it.
+    micro_batch_tokens: int | None = 8192
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: float = 16.0
     clip_low: float = 0.2
@@ -100,6 +103,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_staleness < 0 or self.lora_rank < 0:
             raise ConfigError("max_staleness and lora_rank must be >= 0")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ConfigError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
         if self.group_size < 2:
             raise ConfigError("GRPO needs group_size >= 2 (advantages are relative to the group)")
         if self.lr <= 0:
@@ -252,7 +257,7 @@ class Trainer:
         loss = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, aggregation=cfg.aggregation,
                           kl_coef=cfg.kl_coef)
         kwargs = dict(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, lora=lora,
-                      micro_batch=cfg.micro_batch, loss=loss)
+                      micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens, loss=loss)
         if cfg.cluster == "ray":
             from .distributed import RayPolicy
 
