@@ -442,9 +442,23 @@ class Trainer:
             st["trainer_wait_s"] += time.perf_counter() - waited
             return groups
 
+        # The evaluation before the first step is the baseline the others are compared with: the
+        # first weight sync waits for it, so it sees only the starting weights.
+        baseline = anyio.Event()
+        if not (cfg.eval_every and start_step == 0):
+            baseline.set()
+
         async def evaluate(step: int) -> None:
-            """Held-out tasks with the weights of the moment (a sync during it shows in ``versions``),
-            on a reactor of its own: its programs are not the checkpoint's in-flight work."""
+            """Held-out tasks with the weights of the moment (a sync during it shows in ``versions``;
+            the first sync waits for the baseline), on a reactor of its own: its programs are not
+            the checkpoint's in-flight work."""
+            try:
+                await _evaluate(step)
+            finally:
+                if step == 0:
+                    baseline.set()
+
+        async def _evaluate(step: int) -> None:
             from ..evaluation import report
 
             env = self._eval_env
@@ -497,6 +511,7 @@ class Trainer:
                                 st["draining"] = True
                                 while gen_clock.active:
                                     await cond.wait()
+                        await baseline.wait()
                         in_flight = gen_clock.active  # groups that continue across this update
                         t_sync = time.perf_counter()
                         tensors = policy.sync_tensors()

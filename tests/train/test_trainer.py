@@ -235,6 +235,19 @@ def test_the_kl_penalty_is_measured_against_the_starting_model(groups, model_dir
 
 
 @pytest.mark.anyio
+async def test_the_baseline_evaluation_sees_only_the_starting_weights(model_dir, tmp_path):
+    # 64 held-out programs take longer than the first step: the first weight sync waits for them,
+    # so the baseline that later evaluations are compared with is the starting model.
+    cfg = TrainConfig(steps=2, out_dir=str(tmp_path), eval_every=2, eval_tasks=16, eval_k=4, model=model_dir, **SMALL)
+    trainer = Trainer(cfg, env=AlternatingReward(), print_steps=False)
+    await trainer.run()
+    first, final = trainer.evals[0], trainer.evals[-1]
+    assert (first["step"], first["version"], first["versions"]) == (0, 0, [0, 0]), first
+    assert first["samples"] == 64 and final["step"] == 2 and final["versions"] == [2, 2]
+    assert trainer.rows[0]["time_s"] > first["eval_s"]  # step 1's sync came after the baseline
+
+
+@pytest.mark.anyio
 async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
