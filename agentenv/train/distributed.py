@@ -177,7 +177,8 @@ class RayPolicy:
     def train_step(self, batch: Batch) -> dict[str, float]:
         totals = (float(batch.mask.sum()), batch.size)
         parts = shares(batch.size, self.ranks)
-        micro_steps = max(len(micro_batches(batch.rows(s).lengths, self.micro_batch, self.micro_batch_tokens))
+        lengths = batch.lengths
+        micro_steps = max(len(micro_batches(lengths[s], self.micro_batch, self.micro_batch_tokens))
                           for s in parts)  # the same on every rank
         stats = self._get([a.train_step.remote(batch.rows(s), totals, micro_steps)
                            for a, s in zip(self.actors, parts)])

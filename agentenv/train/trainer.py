@@ -451,20 +451,16 @@ class Trainer:
         async def evaluate(step: int) -> None:
             """Held-out tasks with the weights of the moment (a sync during it shows in ``versions``;
             the first sync waits for the baseline), on a reactor of its own: its programs are not
-            the checkpoint's in-flight work."""
-            try:
-                await _evaluate(step)
-            finally:
-                if step == 0:
-                    baseline.set()
-
-        async def _evaluate(step: int) -> None:
+            the checkpoint's in-flight work. If it fails, the task group is cancelled, and with
+            it a sync waiting for the baseline."""
             from ..evaluation import report
 
             env = self._eval_env
             version, t_eval = engine.weight_version, time.perf_counter()
             async with Reactor(engine, env, self._sandbox, rollout) as r:
                 groups = await r.collect(env.tasks(cfg.eval_tasks, seed=EVAL_SEED - cfg.seed), cfg.eval_k)
+            if step == 0:
+                baseline.set()
             trajs = [t for g in groups for t in g.trajectories]
             rep = report(trajs)
             versions = [v for t in trajs for seg in t.segments if seg.kind == "model" for v in seg.weight_versions]

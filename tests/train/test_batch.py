@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentenv.train import collate
+from agentenv.train import LossConfig, collate
 from agentenv.train.batch import micro_batches
 from agentenv.train.policy import Policy
 
@@ -40,8 +40,6 @@ def test_a_batch_takes_rows_in_any_order_trimmed_to_their_width(groups):
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
 def test_the_gradient_does_not_depend_on_how_rows_are_split(groups, model_dir, aggregation):
-    from agentenv.train import LossConfig
-
     batch = collate(groups)
     grads = []
     # One pass; one row per pass; at most two of the longest rows' worth of tokens per pass.
