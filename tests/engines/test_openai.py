@@ -201,17 +201,22 @@ async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(serv
         results: dict[int, object] = {}
 
         async def one(i: int) -> None:
-            results[i] = await eng.generate(prompt, SamplingParams(max_tokens=600), f"restart-{i}")
+            results[i] = await eng.generate(prompt, SamplingParams(max_tokens=900), f"restart-{i}")
 
         async with anyio.create_task_group() as tg:
             for i in range(4):
                 tg.start_soon(one, i)
-            await anyio.sleep(1.0)
+            # Kill once all four are at the server (a fixed 1 s wait was once longer than the
+            # whole batch took on a loaded machine), a moment into their decoding.
+            with anyio.fail_after(60):
+                while sum(eng.router.inflight) < 4:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.2)
             assert len(results) < 4, "the requests finished before the server was killed"
             server.kill(signal.SIGKILL)
             await anyio.to_thread.run_sync(server.start)
         for g in results.values():
-            assert len(g.token_ids) == 600 and g.weight_version == 1
+            assert len(g.token_ids) == 900 and g.weight_version == 1
             assert all(abs(lp + math.log(vocab)) < 1e-3 for lp in g.logprobs), "served without the pushed weights"
     finally:
         with contextlib.suppress(Exception):  # the shared server gets its own weights back
