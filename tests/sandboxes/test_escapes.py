@@ -53,6 +53,9 @@ async def test_runs_as_nobody_without_capabilities(sandbox):
     uid, euid, gid, groups, caps = eval(r.value)
     assert (uid, euid, gid) == (LIMITS.uid, LIMITS.uid, LIMITS.gid) and groups in ([], [LIMITS.gid])
     assert caps == ["0000000000000000"] * 4 + ["1", "2"]
+    # Locked securebits (noroot, no_setuid_fixup, no_cap_ambient_raise, keep_caps_locked).
+    r = await hostile(sandbox, LIBC + "libc.prctl(27, 0, 0, 0, 0)")
+    assert r.value == str(0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80), r.render()
 
 
 async def test_cannot_regain_root_or_capabilities(sandbox):

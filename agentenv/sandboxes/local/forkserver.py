@@ -14,7 +14,9 @@ message, possibly carrying file descriptors (SCM_RIGHTS):
 Isolated sessions start from an *isolated template*: a fork server that ran the environment's
 setup code and then moved into a mount namespace holding the session's filesystem view
 (``isolation.enter_template_view``: host system dirs read-only, everything else hidden, a
-private ``/dev``), built once. A session is one fork of it, straight into a new pid namespace
+private ``/dev``), built once; it also empties its capability bounding set and locks its
+securebits (``isolation.lock_capabilities``) and sets the sessions' environment variables,
+once for all its sessions. A session is one fork of it, straight into a new pid namespace
 (pid 1 there: killing it kills everything the code started). The worker joins its cgroups,
 takes its own mount/net/ipc/uts namespaces with a private ``/tmp`` and ``/dev/shm``
 (``isolation.enter_session``), mounts a fresh read-only ``/proc``, applies rlimits, becomes
@@ -52,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import isolation  # noqa: E402
 import worker  # noqa: E402
-from isolation import PR_SET_PDEATHSIG, libc  # noqa: E402
+from isolation import PR_SET_NAME, PR_SET_PDEATHSIG, libc  # noqa: E402
 from protocol import HEADER, VIOLATION  # noqa: E402
 
 try:  # compiled once here; each session only loads it
@@ -137,6 +139,7 @@ def _join_cgroups(cgroups: list[str]) -> None:
 
 def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgroups: list[str] | None):
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _name(b"sbx-session")
     os.setsid()  # its own process group: kill(0, ...) from user code reaches nothing outside
     if isolate:
         if not ISOLATED or os.getpid() != 1:
@@ -146,9 +149,8 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
         isolation.mount_proc()
         libc.sethostname(b"sandbox", 7)
     os.chdir(workdir)
-    os.environ.clear()
-    os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
-                       "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    if not isolate:  # the rest of the environment is the template's (``_session_environment``)
+        os.environ.update({"HOME": workdir, "TMPDIR": workdir})
     keep = sock.fileno()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -252,7 +254,17 @@ def _isolate_template(cgroup_root: str | None) -> None:
     if cgroup_root and os.path.isdir(cgroup_root):
         CGROUP_ROOT = (cgroup_root, os.open(cgroup_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
     isolation.enter_template_view()
+    isolation.lock_capabilities()
     ISOLATED = True
+
+
+def _session_environment() -> None:
+    """Once, in a template after the setup code: the environment its sessions start with
+    (nothing of the host's). Clearing it here rather than in each session saves the session
+    a third of a millisecond."""
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
+                       "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
 
 
 def _compact() -> None:
@@ -288,6 +300,7 @@ def _template(req: dict, ns: dict, ctrl: socket.socket) -> socket.socket:
             mine.close()
             ctrl.close()
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _name(b"sbx-template")
             child_ns = dict(ns)
             try:
                 exec(compile(req["setup"], "<setup>", "exec"), child_ns)
@@ -301,6 +314,7 @@ def _template(req: dict, ns: dict, ctrl: socket.socket) -> socket.socket:
                     theirs.send(json.dumps({"error": f"cannot isolate the template: {type(exc).__name__}: {exc}"}
                                            ).encode())
                     os._exit(1)
+            _session_environment()
             _compact()
             theirs.send(json.dumps({"ok": True}).encode())
             serve_control(theirs, child_ns)
@@ -309,6 +323,11 @@ def _template(req: dict, ns: dict, ctrl: socket.socket) -> socket.socket:
         os._exit(0)
     theirs.close()
     return mine
+
+
+def _name(name: bytes) -> None:
+    """The process's name as ``ps`` and ``top`` show it."""
+    libc.prctl(PR_SET_NAME, name, 0, 0, 0)
 
 
 def _reap() -> None:
@@ -362,6 +381,7 @@ def main() -> None:
     if os.getppid() != parent:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _name(b"sbx-forkserver")
     ctrl = socket.socket(fileno=int(sys.argv[1]))
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):
