@@ -113,6 +113,9 @@ class VLLMEngine(Engine):
             # The program scheduler passes each request's program rank; vLLM's own queue and its
             # preemption order then agree with ours (older programs first).
             "scheduling_policy": "priority",
+            # vLLM's own Prometheus/iteration statistics cost the client (and the engine core)
+            # work on every step; the reactor keeps its own (cached tokens come per request).
+            "disable_log_stats": True,
         }
         if enable_lora:
             args["max_lora_rank"] = max_lora_rank
