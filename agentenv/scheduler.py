@@ -48,6 +48,7 @@ more, so starting its turns first shortens the run's tail (longest-processing-ti
 from __future__ import annotations
 
 import enum
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Hashable
@@ -447,9 +448,12 @@ class Scheduler:
 
     def _submit(self, d: Decision) -> None:
         cfg = self.config
-        ready = [self.programs[i] for i in self._ready]
-        if not ready:
+        if not self._ready:
             return
+        room = cfg.max_requests - self.in_flight
+        if cfg.policy == Policy.PROGRAM and room <= 0:
+            return  # every decode slot is taken: most events arrive so, nothing to sort
+        ready = [self.programs[i] for i in self._ready]
         if cfg.policy == Policy.FIFO:
             # The slot is the program's: its first turn waits for its environment.
             go = [p for p in ready if not (p.needs_env and p.env != EnvState.READY and p.turns == 0)]
@@ -460,9 +464,7 @@ class Scheduler:
                 return
             go = ready
         else:
-            go = sorted(ready, key=self._submit_key)
-            room = cfg.max_requests - self.in_flight
-            go = go[: max(room, 0)]
+            go = heapq.nsmallest(room, ready, key=self._submit_key)
         go.sort(key=self._submit_key)
         for p in go:
             p.state, p.wanting = State.DECODING, False
