@@ -138,6 +138,20 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
         await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, 2.0)  # warm-up
         limit = await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, args.decode_seconds)
         print(f"[{label}] pure decode: {limit:.0f} tok/s ({args.concurrency} requests in flight)", flush=True)
+        if args.simulate:
+            # Calibrate the simulator's engine on this engine now, next to the pure-decode
+            # measurement (the engine's speed drifts over a long run on a shared VM): decode
+            # rates at a few batch sizes, the ``concurrency`` one being the pure-decode rate
+            # itself, so the simulated engine and the ratios share one reference.
+            rates = {b: await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
+                     for b in sorted({1, 4, 16} - {args.concurrency})}
+            rates[args.concurrency] = limit
+            sim_engine = fit_engine(rates, mean_ctx, kv_capacity=cap or 10**9, block_size=engine.page_size)
+            starts = await session_start_rate()
+            print(f"[{label}] simulator engine: step {1e3 * sim_engine.step_base:.2f} ms + "
+                  f"{1e3 * sim_engine.step_per_seq:.3f} ms x batch (fit to "
+                  f"{', '.join(f'{b}: {r:.0f}' for b, r in sorted(rates.items()))} tok/s); sandbox sessions start "
+                  f"at {starts:.0f}/s", flush=True)
         results = []
         for policy in (args.policies if label == "kv-fits" else args.oversubscribed_policies):
             env = make("trace", **spec_kwargs(args))
@@ -152,19 +166,11 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
                   flush=True)
         sim = []
         if args.simulate:
-            # Calibrate the simulator's engine on this engine (decode rate at a few batch
-            # sizes), then run the same traces through the same scheduler in simulated time.
-            rates = {b: await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
-                     for b in sorted({1, 4, 16, args.concurrency})}
-            model = fit_engine(rates, mean_ctx, kv_capacity=cap or 10**9, block_size=engine.page_size)
-            starts = await session_start_rate()
+            # The same traces through the same scheduler, in simulated time.
             env_start_s = 2 / starts  # two CPUs start sessions
-            print(f"[{label}] simulator engine: step {1e3 * model.step_base:.2f} ms + {1e3 * model.step_per_seq:.3f} ms"
-                  f" x batch (fit to {', '.join(f'{b}: {r:.0f}' for b, r in rates.items())} tok/s); sandbox "
-                  f"sessions start at {starts:.0f}/s", flush=True)
             for r in results:
                 t = time.perf_counter()
-                sr = simulate(progs, model, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
+                sr = simulate(progs, sim_engine, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
                               max_programs=r["max_programs"], env_start_s=env_start_s)
                 err = sr.wall_s / r["wall_s"] - 1
                 sim.append({"policy": r["policy"], **sr.row(), "error": err, "sim_seconds": time.perf_counter() - t})
