@@ -42,7 +42,9 @@ Policies (:class:`Policy`):
 
 Among ready programs, decode slots go to those with the most turns done, then the oldest:
 with heavy-tailed turn counts a program that has taken many turns is likely to take many
-more, so starting its turns first shortens the run's tail (longest-processing-time first).
+more, so its turns go first (longest-processing-time first). The price: a new program waits
+behind every program under way, so a long one that arrives late starts last and forms the
+run's tail; the orders tried against it are in the README (none won in real runs).
 """
 
 from __future__ import annotations
