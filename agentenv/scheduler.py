@@ -466,8 +466,9 @@ class Scheduler:
                 return
             go = ready
         else:
-            go = heapq.nsmallest(room, ready, key=self._submit_key)
-        go.sort(key=self._submit_key)
+            go = heapq.nsmallest(room, ready, key=self._submit_key)  # already in order
+        if cfg.policy != Policy.PROGRAM:
+            go.sort(key=self._submit_key)
         for p in go:
             p.state, p.wanting = State.DECODING, False
             self._touch(p)
