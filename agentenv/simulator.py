@@ -31,7 +31,9 @@ import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
+
+import numpy as np
 
 from .scheduler import Policy, Scheduler, SchedulerConfig
 from .stats import resume_eligible
@@ -381,17 +383,40 @@ def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | 
                       group_size=group_size).run()
 
 
-def fit_engine(rates: dict[int, float], context: int, *, kv_capacity: int, block_size: int,
+def fit_engine(rates: Mapping[tuple[int, int], float], *, kv_capacity: int, block_size: int,
                prefill_per_token: float = 2e-5, max_batch: int = 256) -> EngineModel:
-    """Least-squares fit of step time = a + b x batch to measured decode rates
-    (``{batch: tokens/s}`` at ``context`` tokens of context each)."""
-    xs = list(rates)
-    ys = [b / rates[b] for b in xs]  # seconds per step
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    var = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    slope = max(slope, 0.0)
-    base = max(my - slope * mx, 1e-5)
-    return EngineModel(step_base=base, step_per_seq=slope, step_per_ctx=0.0, prefill_per_token=prefill_per_token,
+    """Least-squares fit of the decode step time to measured decode rates.
+
+    ``rates`` maps ``(batch, context)`` (requests running, context tokens each) to the tokens
+    per second measured there. The model is ``step = step_base + step_per_seq x batch +
+    step_per_ctx x batch x context``; with a single context the attention term cannot be told
+    from the per-request one and is left at 0. Negative coefficients (noise) are dropped and
+    the rest refitted, so the model never speeds up with more work.
+    """
+    if not rates:
+        raise ValueError("fit_engine needs at least one measured rate")
+    pts = [(b, c, b / r) for (b, c), r in rates.items()]  # seconds per step
+    cols = ["base", "seq"] + (["ctx"] if len({c for _, c, _ in pts}) > 1 else [])
+    feature = {"base": lambda b, c: 1.0, "seq": lambda b, c: float(b), "ctx": lambda b, c: float(b * c)}
+    while True:
+        a = np.array([[feature[k](b, c) for k in cols] for b, c, _ in pts])
+        y = np.array([t for _, _, t in pts])
+        coef = dict(zip(cols, np.linalg.lstsq(a, y, rcond=None)[0]))
+        neg = [k for k in cols if k != "base" and coef[k] < 0]
+        if not neg:
+            break
+        cols.remove(neg[0])
+    return EngineModel(step_base=max(float(coef["base"]), 1e-5), step_per_seq=float(coef.get("seq", 0.0)),
+                       step_per_ctx=float(coef.get("ctx", 0.0)), prefill_per_token=prefill_per_token,
                        kv_capacity=kv_capacity, block_size=block_size, max_batch=max_batch)
+
+
+def fit_prefill(warm: float, cold: float, turn: int, extra: int) -> float:
+    """Seconds per prefilled token, from two closed loops that differ only in ``extra``
+    uncached prompt tokens per request (``warm`` and ``cold``: their tokens per second; each
+    request samples ``turn`` tokens). A step computes its requests' new prompt tokens before
+    anyone's next token, so each request adds ``extra`` x the per-token cost to everyone's
+    time: ``turn / cold = turn / warm + extra x cost``."""
+    if extra <= 0 or warm <= 0 or cold <= 0:
+        raise ValueError("fit_prefill needs positive rates and extra tokens")
+    return max(0.0, turn * (1.0 / cold - 1.0 / warm) / extra)

@@ -18,15 +18,23 @@ Twice: with the engine's default KV budget (the working set fits), and with a KV
 1/``--oversubscribe`` of what FIFO's ``concurrency`` programs hold (set through the engine's
 own settings). For each KV setting the engine's pure-decode rate is measured in the same run:
 ``concurrency`` closed-loop requests of the workload's mean context and mean turn length,
-prefixes cached. Per policy it prints wall time, generated tok/s, the ratio to pure decode,
+prefixes cached, measured before the first policy and again after each one; a policy's
+reference is the mean of the two measurements around its run (the VM's speed drifts over a
+long run). Per policy it prints wall time, generated tok/s, the ratio to that pure decode,
 mean requests in flight, engine idle fraction, resume prefix-cache reuse, re-prefilled tokens,
 pauses and restores; then the speedups, and last ``limit_ratio: <program tok/s / pure-decode
 tok/s>`` for the first KV setting (the working set fits).
+
+The simulator (``agentenv.simulator``) then runs the same traces through the same scheduler,
+its engine fitted in this run: decode rates at 1, 4, 16 and ``concurrency`` requests, at
+twice the context (attention's share), and with nothing cached (prefill's price per token);
+per policy its speed is scaled to the pure decode measured around that policy's run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -40,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv import Reactor, RolloutConfig, make  # noqa: E402
 from agentenv.engines import SamplingParams, open_engine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
-from agentenv.simulator import fit_engine, simulate  # noqa: E402
+from agentenv.simulator import fit_engine, fit_prefill, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
@@ -54,19 +62,21 @@ def kv_bytes_per_token(model: Path) -> int:
     return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 4  # K and V, float32
 
 
-async def pure_decode(engine, context: int, turn: int, concurrency: int, seconds: float) -> float:
+async def pure_decode(engine, context: int, turn: int, concurrency: int, seconds: float, fresh: bool = False) -> float:
     """Closed loop: ``concurrency`` workers, each re-sending its own ``context``-token prompt
-    (cached after the first request) for ``turn`` new tokens, until ``seconds`` have passed."""
+    (cached after the first request) for ``turn`` new tokens, until ``seconds`` have passed.
+    ``fresh``: every request's prompt is new from its first block (nothing cached: each
+    request prefills its whole prompt)."""
     tokens = [0]
     deadline = time.perf_counter() + seconds
     vocab = engine.tokenizer.convert_tokens_to_ids("x") or 1
     params = SamplingParams(max_tokens=turn, temperature=1.0, stop_token_ids=())
 
     async def worker(w: int) -> None:
-        prompt = [vocab] * (context - 4) + [w % 200 + 3, w // 200 + 3, 5, 6]
-        prompt = list(reversed(prompt))  # distinct per worker from the first block
         i = 0
         while time.perf_counter() < deadline:
+            tail = [w % 200 + 3, w // 200 + 3] + ([i % 200 + 3, i // 200 + 3] if fresh else [5, 6])
+            prompt = list(reversed([vocab] * (context - 4) + tail))  # distinct from the first block
             g = await engine.generate(prompt, params, f"decode-{w}-{i}")
             tokens[0] += len(g.token_ids)
             i += 1
@@ -143,23 +153,41 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
             # measurement (the engine's speed drifts over a long run on a shared VM): decode
             # rates at a few batch sizes, the ``concurrency`` one being the pure-decode rate
             # itself, so the simulated engine and the ratios share one reference.
-            rates = {b: await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
-                     for b in sorted({1, 4, 16} - {args.concurrency})}
-            rates[args.concurrency] = limit
-            sim_engine = fit_engine(rates, mean_ctx, kv_capacity=cap or 10**9, block_size=engine.page_size)
+            c = args.concurrency
+            rates = {(b, mean_ctx): await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
+                     for b in sorted({1, 4, 16} - {c})}
+            rates[(c, mean_ctx)] = limit
+            prefill = 2e-5  # the model's default when it cannot be measured without thrashing
+            if cap is None or c * (2 * mean_ctx + mean_turn) <= 0.9 * cap:
+                # Attention's share: the same loop at twice the context. Prefill's price: the
+                # loop with nothing cached, against the cached one (which reused all but the
+                # prompt's last, partial block).
+                await pure_decode(engine, 2 * mean_ctx, mean_turn, c, 0.5)  # one round: their prompts cached
+                rates[(c, 2 * mean_ctx)] = await pure_decode(engine, 2 * mean_ctx, mean_turn, c, 3.0)
+                cold = await pure_decode(engine, mean_ctx, mean_turn, c, 3.0, fresh=True)
+                cached = (mean_ctx - 1) // engine.page_size * engine.page_size
+                prefill = fit_prefill(limit, cold, mean_turn, cached)
+            sim_engine = fit_engine(rates, kv_capacity=cap or 10**9, block_size=engine.page_size,
+                                    prefill_per_token=prefill)
             starts = await session_start_rate()
-            print(f"[{label}] simulator engine: step {1e3 * sim_engine.step_base:.2f} ms + "
-                  f"{1e3 * sim_engine.step_per_seq:.3f} ms x batch (fit to "
-                  f"{', '.join(f'{b}: {r:.0f}' for b, r in sorted(rates.items()))} tok/s); sandbox sessions start "
-                  f"at {starts:.0f}/s", flush=True)
-        results = []
+            m = sim_engine
+            print(f"[{label}] simulator engine: step {1e3 * m.step_base:.2f} ms + {1e3 * m.step_per_seq:.3f} ms x "
+                  f"batch + {1e6 * m.step_per_ctx:.3f} us x context tokens, prefill {1e6 * m.prefill_per_token:.0f} "
+                  f"us/token (fit to {', '.join(f'{b}x{n}: {r:.0f}' for (b, n), r in sorted(rates.items()))} "
+                  f"tok/s); sandbox sessions start at {starts:.0f}/s", flush=True)
+        results, around = [], [limit]
         for policy in (args.policies if label == "kv-fits" else args.oversubscribed_policies):
             env = make("trace", **spec_kwargs(args))
             tasks = env.tasks(args.tasks, seed=args.seed)
             r = await run_policy(engine, env, tasks, args.group_size, policy, args.concurrency, args.max_programs)
-            r["ratio"] = r["tok_s"] / limit
+            # Pure decode brackets every run: the reference is the mean of the measurements
+            # just before and just after it (this VM's speed drifts within one long run).
+            around.append(await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, args.decode_seconds))
+            r["pure_decode_tok_s"] = (around[-2] + around[-1]) / 2
+            r["ratio"] = r["tok_s"] / r["pure_decode_tok_s"]
             results.append(r)
-            print(f"[{label}] {policy:9s} wall {r['wall_s']:6.1f}s  {r['tok_s']:7.0f} tok/s  ratio {r['ratio']:.2f}  "
+            print(f"[{label}] {policy:9s} wall {r['wall_s']:6.1f}s  {r['tok_s']:7.0f} tok/s  ratio {r['ratio']:.2f} "
+                  f"(pure decode {around[-2]:.0f} before, {around[-1]:.0f} after)  "
                   f"in flight {r['in_flight']:5.1f}  idle {100 * r['idle']:4.1f}%  reuse {100 * r['reuse']:5.1f}%  "
                   f"re-prefilled {r['reprefilled']:6d}  pauses {r['pauses']:4d}  restores {r['restores']:4d}  "
                   f"peak working set {r['peak_ws']}  client CPU {r['client_cpu_us_per_token']:.0f} us/token",
@@ -170,14 +198,22 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
             env_start_s = 2 / starts  # two CPUs start sessions
             for r in results:
                 t = time.perf_counter()
-                sr = simulate(progs, sim_engine, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
+                # The simulated engine runs at the speed the real one had around this run.
+                slow = limit / r["pure_decode_tok_s"]
+                m = dataclasses.replace(sim_engine, step_base=sim_engine.step_base * slow,
+                                        step_per_seq=sim_engine.step_per_seq * slow,
+                                        step_per_ctx=sim_engine.step_per_ctx * slow,
+                                        prefill_per_token=sim_engine.prefill_per_token * slow)
+                sr = simulate(progs, m, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
                               max_programs=r["max_programs"], env_start_s=env_start_s)
                 err = sr.wall_s / r["wall_s"] - 1
                 sim.append({"policy": r["policy"], **sr.row(), "error": err, "sim_seconds": time.perf_counter() - t})
                 print(f"[{label}] simulated {r['policy']:9s} wall {sr.wall_s:6.1f}s (real {r['wall_s']:.1f}s, "
                       f"error {100 * err:+.1f}%)  {sr.tok_s:7.0f} tok/s  in flight {sr.in_flight:5.1f}  "
                       f"reuse {100 * sr.reuse:5.1f}%  pauses {sr.pauses}", flush=True)
-    return {"label": label, "kv_capacity": cap, "pure_decode_tok_s": limit, "results": results, "simulated": sim}
+    return {"label": label, "kv_capacity": cap, "pure_decode_tok_s": statistics.mean(around), "pure_decode_runs": around,
+            "results": results, "simulated": sim,
+            "simulator_engine": dataclasses.asdict(sim_engine) if args.simulate else None}
 
 
 def spec_kwargs(args) -> dict:
