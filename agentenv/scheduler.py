@@ -40,11 +40,13 @@ Policies (:class:`Policy`):
   turn is submitted only when every live program of the batch is ready for it, and then all
   of them at once (``max_requests`` does not apply: the engine gets the whole batch).
 
-Among ready programs, decode slots go to those with the most turns done, then the oldest:
-with heavy-tailed turn counts a program that has taken many turns is likely to take many
-more, so its turns go first (longest-processing-time first). The price: a new program waits
-behind every program under way, so a long one that arrives late starts last and forms the
-run's tail; the orders tried against it are in the README (none won in real runs).
+Among ready programs, decode slots go in the order their turns became ready (a FIFO of
+turns, restored programs keeping their place): a program's wait for a slot is one queue's
+worth per turn, whatever else is under way. "Most turns done first" (with heavy-tailed turn
+counts a program that has taken many turns is likely to take many more) was the order
+before: it put a new program behind every program under way, so a long one that arrived late
+started last and formed the run's tail. The two were compared in the simulator and side by
+side on vLLM (the README has the figures).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class Program:
     wanting: bool = False  # a turn is pending (set by want_turn, cleared by submit)
     pause_pending: bool = False  # decoding: pause when the turn returns
     turns: int = 0
+    ready_seq: int = 0  # when its pending turn became ready (a counter): its place in the slot queue
     paused_clock: float = 0.0  # allocation clock when it was paused
     paused_slack: float = 0.0  # free KV right after its pause (what may be allocated before eviction)
     pauses: int = 0
@@ -164,6 +167,7 @@ class Scheduler:
         self._clock = 0.0  # tokens allocated so far (for "is a paused prefix still cached")
         self._turn_tokens = 0  # observed turn lengths, for the growth reserve
         self._turn_count = 0
+        self._turn_seq = 0  # turns that became ready so far: the slot queue's order
         self.pauses = 0
         self.restores = 0
         self.peak_working_set = 0
@@ -226,6 +230,7 @@ class Scheduler:
             raise ValueError(f"program {pid} wants a turn while {p.state.value}")
         self._clock += max(0, tokens - p.tokens)
         p.tokens, p.want, p.wanting = tokens, max_tokens, True
+        p.ready_seq, self._turn_seq = self._turn_seq, self._turn_seq + 1
         if p.state == State.ACTING:
             p.state = State.READY
         self._touch(p)
@@ -476,7 +481,7 @@ class Scheduler:
             d.submit.append(p.pid)
 
     def _submit_key(self, p: Program) -> tuple:
-        return (-p.turns, p.order) if self.config.policy == Policy.PROGRAM else (p.order,)
+        return (p.ready_seq,) if self.config.policy == Policy.PROGRAM else (p.order,)
 
     def priority(self, pid: int) -> int:
         """Engine request priority (lower runs first): older programs first."""

@@ -207,6 +207,28 @@ def test_requests_in_flight_are_capped_by_decode_slots_not_programs():
     assert d.submit == [3]
 
 
+def test_slots_go_to_turns_in_the_order_they_became_ready():
+    # One slot, three programs. 0 decodes first; while it does, 1 and 2 become ready. When 0
+    # comes back for its second turn it queues behind them: a program under way does not
+    # starve the new ones (the earlier "most turns first" order ran 0's turn again here).
+    s = sched(kv_capacity=None, max_requests=1, max_programs=10)
+    for pid in range(3):
+        s.add(pid, 50)
+    s.schedule()
+    s.want_turn(0, 50, 20)
+    assert s.schedule().submit == [0]
+    s.want_turn(2, 50, 20)  # 2 is ready before 1
+    s.want_turn(1, 50, 20)
+    s.turn_done(0, 70)
+    s.want_turn(0, 80, 20)
+    order = []
+    for _ in range(3):
+        (pid,) = s.schedule().submit
+        order.append(pid)
+        s.turn_done(pid, s.programs[pid].tokens + 20)
+    assert order == [2, 1, 0]
+
+
 def test_environments_are_prepared_ahead_within_the_lookahead():
     s = sched(kv_capacity=None, max_requests=2, max_programs=2, env_lookahead=3, max_preparing=4)
     for pid in range(8):
