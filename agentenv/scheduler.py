@@ -42,7 +42,9 @@ Policies (:class:`Policy`):
 
 Among ready programs, decode slots go in the order their turns became ready (a FIFO of
 turns, restored programs keeping their place): a program's wait for a slot is one queue's
-worth per turn, whatever else is under way. "Most turns done first" (with heavy-tailed turn
+worth per turn, whatever else is under way. Turns of programs that will want an environment
+not ready yet go after the others, so first turns follow the session preparations instead of
+all running at once and then all waiting on session starts. "Most turns done first" (with heavy-tailed turn
 counts a program that has taken many turns is likely to take many more) was the order
 before: it put a new program behind every program under way, so a long one that arrived late
 started last and formed the run's tail. The two were compared in the simulator and side by
@@ -481,7 +483,12 @@ class Scheduler:
             d.submit.append(p.pid)
 
     def _submit_key(self, p: Program) -> tuple:
-        return (p.ready_seq,) if self.config.policy == Policy.PROGRAM else (p.order,)
+        if self.config.policy != Policy.PROGRAM:
+            return (p.order,)
+        # A turn whose program will want an environment that is not ready yet goes after the
+        # others: otherwise every new program's first turn runs at once and then all of them
+        # wait on session starts together; this way first turns follow the preparations.
+        return (p.needs_env and p.env != EnvState.READY, p.ready_seq)
 
     def priority(self, pid: int) -> int:
         """Engine request priority (lower runs first): older programs first."""

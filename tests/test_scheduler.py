@@ -229,6 +229,25 @@ def test_slots_go_to_turns_in_the_order_they_became_ready():
     assert order == [2, 1, 0]
 
 
+def test_turns_whose_environment_is_not_ready_go_after_the_others():
+    # Without this, every new program's first turn would run at once and all of them would
+    # then wait on session starts together (retool-math: 0.29 of pure decode against 0.58).
+    s = sched(kv_capacity=None, max_requests=1, max_programs=10, max_preparing=1, env_lookahead=0)
+    for pid in range(3):
+        s.add(pid, 50, needs_env=True)
+    d = s.schedule()
+    assert d.prepare == [0]  # one preparation at a time
+    for pid in (2, 1, 0):  # 2 is ready first, 0 last
+        s.want_turn(pid, 50, 20)
+    s.env_ready(0)
+    order = []
+    for _ in range(3):
+        (pid,) = s.schedule().submit
+        order.append(pid)
+        s.turn_done(pid, 70)
+    assert order == [0, 2, 1]  # 0's session is ready; then the rest in the order they became ready
+
+
 def test_environments_are_prepared_ahead_within_the_lookahead():
     s = sched(kv_capacity=None, max_requests=2, max_programs=2, env_lookahead=3, max_preparing=4)
     for pid in range(8):
