@@ -44,11 +44,11 @@ Among ready programs, decode slots go in the order their turns became ready (a F
 turns, restored programs keeping their place): a program's wait for a slot is one queue's
 worth per turn, whatever else is under way. Turns of programs that will want an environment
 not ready yet go after the others, so first turns follow the session preparations instead of
-all running at once and then all waiting on session starts. "Most turns done first" (with heavy-tailed turn
-counts a program that has taken many turns is likely to take many more) was the order
-before: it put a new program behind every program under way, so a long one that arrived late
-started last and formed the run's tail. The two were compared in the simulator and side by
-side on vLLM (the README has the figures).
+all running at once and then all waiting on session starts. The order before, "most turns
+done first" (with heavy-tailed turn counts a program that has taken many turns is likely to
+take many more), put a new program behind every program under way, so a long one that
+arrived late started last and formed the run's tail. The two were compared in the simulator
+and side by side on vLLM (the README has the figures).
 """
 
 from __future__ import annotations

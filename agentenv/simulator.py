@@ -27,6 +27,7 @@ restores, preemptions.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import OrderedDict
@@ -49,6 +50,12 @@ class EngineModel:
     kv_capacity: int = 131_072  # tokens
     block_size: int = 32
     max_batch: int = 256
+
+    def slowed(self, factor: float) -> "EngineModel":
+        """The same engine with every time cost multiplied by ``factor``."""
+        return dataclasses.replace(self, step_base=self.step_base * factor, step_per_seq=self.step_per_seq * factor,
+                                   step_per_ctx=self.step_per_ctx * factor,
+                                   prefill_per_token=self.prefill_per_token * factor)
 
     def decode_rate(self, batch: int, context: int) -> float:
         """Tokens per second with ``batch`` requests of ``context`` tokens each."""
@@ -395,17 +402,18 @@ def fit_engine(rates: Mapping[tuple[int, int], float], *, kv_capacity: int, bloc
     """
     if not rates:
         raise ValueError("fit_engine needs at least one measured rate")
-    pts = [(b, c, b / r) for (b, c), r in rates.items()]  # seconds per step
-    cols = ["base", "seq"] + (["ctx"] if len({c for _, c, _ in pts}) > 1 else [])
-    feature = {"base": lambda b, c: 1.0, "seq": lambda b, c: float(b), "ctx": lambda b, c: float(b * c)}
+    batch = np.array([b for b, _ in rates], dtype=float)
+    context = np.array([c for _, c in rates], dtype=float)
+    step = batch / np.array(list(rates.values()), dtype=float)  # seconds per step
+    cols = {"base": np.ones_like(batch), "seq": batch, "ctx": batch * context}
+    if len(set(context)) == 1:
+        del cols["ctx"]
     while True:
-        a = np.array([[feature[k](b, c) for k in cols] for b, c, _ in pts])
-        y = np.array([t for _, _, t in pts])
-        coef = dict(zip(cols, np.linalg.lstsq(a, y, rcond=None)[0]))
+        coef = dict(zip(cols, np.linalg.lstsq(np.column_stack(list(cols.values())), step, rcond=None)[0]))
         neg = [k for k in cols if k != "base" and coef[k] < 0]
         if not neg:
             break
-        cols.remove(neg[0])
+        del cols[neg[0]]
     return EngineModel(step_base=max(float(coef["base"]), 1e-5), step_per_seq=float(coef.get("seq", 0.0)),
                        step_per_ctx=float(coef.get("ctx", 0.0)), prefill_per_token=prefill_per_token,
                        kv_capacity=kv_capacity, block_size=block_size, max_batch=max_batch)

@@ -205,11 +205,7 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
             for r in results:
                 t = time.perf_counter()
                 # The simulated engine runs at the speed the real one had around this run.
-                slow = limit / r["pure_decode_tok_s"]
-                m = dataclasses.replace(sim_engine, step_base=sim_engine.step_base * slow,
-                                        step_per_seq=sim_engine.step_per_seq * slow,
-                                        step_per_ctx=sim_engine.step_per_ctx * slow,
-                                        prefill_per_token=sim_engine.prefill_per_token * slow)
+                m = sim_engine.slowed(limit / r["pure_decode_tok_s"])
                 sr = simulate(progs, m, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
                               max_programs=r["max_programs"], env_start_s=env_start_s)
                 err = sr.wall_s / r["wall_s"] - 1

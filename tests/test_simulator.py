@@ -58,6 +58,9 @@ def test_one_program_takes_its_decode_steps_prefill_and_tool_time():
     r = simulate([trace], m, "program", concurrency=4, needs_env=False)
     assert r.wall_s == pytest.approx(30 * 0.01 + 0.5 + (64 + 14) * 0.001, rel=1e-9)
     assert r.tokens == 30 and r.reuse == 1.0 and r.pauses == 0
+    # A slower engine (every cost doubled) doubles the engine's share, not the tool's.
+    slow = simulate([trace], m.slowed(2.0), "program", concurrency=4, needs_env=False)
+    assert slow.wall_s == pytest.approx(2 * (30 * 0.01 + 78 * 0.001) + 0.5, rel=1e-9)
 
 
 @pytest.mark.parametrize("policy", ["program", "fifo", "lockstep"])
