@@ -149,6 +149,28 @@ async def test_a_burst_of_starts_for_a_new_setup_makes_at_most_spawn_servers_tem
             await s.aclose()
 
 
+async def test_a_setup_that_times_out_leaves_the_fork_server_answering_in_order():
+    # Requests to a fork server are pipelined and answered in order: the answer to a request
+    # whose caller gave up (here the template's setup ran past its timeout) must be dropped,
+    # not handed to the next request.
+    async with LocalSandbox(prewarm=0, setup_timeout=1.0) as sb:
+        base = psutil.Process(sb.server_pid)
+        with pytest.raises(TimeoutError):
+            await sb.session(setup_code="import time\ntime.sleep(1.3)\nSLOW = 1")
+        fast = await sb.session(setup_code="FAST = 2")
+        assert (await fast.run("FAST")).value == "2"
+        assert (await fast.run("'SLOW' in globals()")).value == "False"
+        plain = await sb.session()
+        assert (await plain.run("'FAST' in globals(), 'SLOW' in globals()")).value == "(False, False)"
+        await fast.aclose()
+        await plain.aclose()
+        # The late template's control socket was closed on arrival: it exits.
+        end = anyio.current_time() + 3
+        while anyio.current_time() < end and len(base.children()) > 2:
+            await anyio.sleep(0.05)
+        assert len(base.children()) <= 2, [p.name() for p in base.children()]
+
+
 async def test_max_workers_caps_live_sessions():
     async with LocalSandbox(prewarm=0, max_workers=2) as sb:
         a, b = await sb.session(), await sb.session()

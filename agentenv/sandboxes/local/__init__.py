@@ -34,9 +34,9 @@ import secrets
 import signal
 import socket
 import sys
-import threading
 import time
 import warnings
+from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -85,23 +85,79 @@ class _ServerGone(SandboxError):
     """A fork server died (killed, crashed): the pool starts a new one."""
 
 
+class _Answer:
+    __slots__ = ("msg", "fds", "done", "abandoned")
+
+    def __init__(self) -> None:
+        self.msg, self.fds, self.done, self.abandoned = b"", [], False, False
+
+
 class _Control:
-    """A blocking request/response channel to one fork server (used from worker threads)."""
+    """A request/response channel to one fork server, served on the event loop.
+
+    Requests are pipelined: each is sent at once, and the server answers them in order, so
+    it never idles while the host gets round to sending the next one. (The channel used a
+    worker thread per request, one request at a time: a busy event loop, e.g. one handling
+    an engine's outputs, left the server waiting between starts, and each hand-off of the
+    GIL cost milliseconds.) Whoever holds ``_reading`` reads one answer and hands it to the
+    oldest request; a request whose caller was cancelled has its answer read and dropped
+    (its file descriptors closed) all the same."""
 
     def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
         self.sock = sock
-        self.lock = threading.Lock()
+        self.pending = 0  # requests not answered yet
+        self._answers: deque[_Answer] = deque()  # sent, in order
+        self._sending = anyio.Lock()
+        self._reading = anyio.Lock()
 
-    def request(self, req: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:  # type: ignore[assignment]
-        with self.lock:
-            try:
-                socket.send_fds(self.sock, [json.dumps(req).encode()], list(fds))
-                msg, rfds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
-            except OSError as exc:
-                raise _ServerGone(f"the sandbox fork server is gone: {exc}") from exc
-        if not msg:
+    async def request(self, req: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:  # type: ignore[assignment]
+        data = json.dumps(req).encode()
+        mine = _Answer()
+        self.pending += 1
+        try:
+            async with self._sending:
+                while True:
+                    try:
+                        socket.send_fds(self.sock, [data], list(fds))
+                        break
+                    except BlockingIOError:
+                        await anyio.wait_writable(self.sock)
+                self._answers.append(mine)
+            while not mine.done:
+                async with self._reading:
+                    if not mine.done:
+                        await self._read_one()
+        except OSError as exc:
+            raise _ServerGone(f"the sandbox fork server is gone: {exc}") from exc
+        except BaseException:
+            mine.abandoned = True
+            for fd in mine.fds:
+                os.close(fd)
+            raise
+        finally:
+            self.pending -= 1
+        if not mine.msg:
             raise _ServerGone("the sandbox fork server is gone")
-        return json.loads(msg), rfds
+        return json.loads(mine.msg), mine.fds
+
+    async def _read_one(self) -> None:
+        while True:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+                break
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+        if not msg:  # the server is gone: every request still waiting learns it
+            for a in self._answers:
+                a.done = True
+            self._answers.clear()
+            return
+        answer = self._answers.popleft()
+        if answer.abandoned:
+            for fd in fds:
+                os.close(fd)
+        answer.msg, answer.fds, answer.done = msg, fds, True
 
     def close(self) -> None:
         try:
@@ -406,7 +462,6 @@ class LocalSandbox(Sandbox):
         self._control: _Control | None = None
         self._templates: dict[str | None, list[_Control]] = {}
         self._making: dict[str | None, anyio.Lock] = {}  # one template made at a time per setup
-        self._rr = 0
         self._sessions: set[LocalSession] = set()
         self._ready: dict[str | None, list[LocalSession]] = {}
         self._filling: dict[str | None, int] = {}
@@ -629,7 +684,7 @@ class LocalSandbox(Sandbox):
         assert self._control is not None
         servers = self._templates.setdefault(setup_code, [])
         for ctl in servers:
-            if not ctl.lock.locked():
+            if not ctl.pending:
                 return ctl
         making = self._making.setdefault(setup_code, anyio.Lock())
         # One template is made at a time. While one is being made, a start queues on a server
@@ -638,15 +693,14 @@ class LocalSandbox(Sandbox):
         if len(servers) < self.spawn_servers and not (servers and making.locked()):
             async with making:
                 servers = self._templates.setdefault(setup_code, [])  # may have been replaced
-                free = next((ctl for ctl in servers if not ctl.lock.locked()), None)
+                free = next((ctl for ctl in servers if not ctl.pending), None)
                 if free is not None:
                     return free
                 if len(servers) < self.spawn_servers:
                     ctl = await self._make_template(setup_code)
                     servers.append(ctl)
                     return ctl
-        self._rr += 1
-        return servers[self._rr % len(servers)]
+        return min(servers, key=lambda ctl: ctl.pending)  # its requests queue there, pipelined
 
     async def _make_template(self, setup_code: str | None) -> _Control:
         """Fork a template from the base server and run ``setup_code`` in it."""
@@ -654,9 +708,8 @@ class LocalSandbox(Sandbox):
             await self.start()
         assert self._control is not None
         with anyio.fail_after(self.setup_timeout):
-            resp, fds = await anyio.to_thread.run_sync(
-                self._control.request, {"op": "template", "setup": setup_code or "", "isolate": self.isolate,
-                                        "cgroup_root": str(CGROUP_V1)}
+            resp, fds = await self._control.request(
+                {"op": "template", "setup": setup_code or "", "isolate": self.isolate, "cgroup_root": str(CGROUP_V1)}
             )
         if "error" in resp or not fds:
             raise SandboxError(f"environment setup code failed: {resp.get('error')}")
@@ -681,7 +734,7 @@ class LocalSandbox(Sandbox):
         req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups,
                "max_output": self.max_output}
         try:
-            resp, _ = await anyio.to_thread.run_sync(server.request, req, [theirs.fileno()])
+            resp, _ = await server.request(req, [theirs.fileno()])
         except BaseException:
             mine.close()
             _Cgroups.remove(cgroups)
