@@ -4,11 +4,13 @@
                                   [--scheduling program fifo]
 
 Does what ``agentenv rollout --env retool-math`` does (same config, the library API), once
-per ``--scheduling`` policy on one engine, after a warm-up; then, on the same engine,
-measures pure decode: ``--concurrency`` closed-loop requests with the rollouts' mean prompt
-length and mean turn length (no tools, prefixes cached). Prints each policy's generated
-tok/s, mean requests in flight, engine idle fraction and time waiting for sandbox sessions,
-and last ``rollout_limit_ratio: <first policy tok/s / pure-decode tok/s>``.
+per ``--scheduling`` policy on one engine, after a warm-up. Right after each run, on the
+same engine, it measures pure decode: ``--concurrency`` closed-loop requests with that run's
+mean prompt length and mean turn length (no tools, prefixes cached); the policy's ratio is
+to that (this VM's speed drifts over minutes, and the model's turn lengths from run to run).
+Prints each policy's generated tok/s, mean requests in flight, engine idle fraction and time
+waiting for sandbox sessions, and last
+``rollout_limit_ratio: <first policy tok/s / pure-decode tok/s>``.
 """
 
 from __future__ import annotations
@@ -31,11 +33,16 @@ from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 from scheduling import pure_decode  # noqa: E402  (bench/scheduling.py)
 
 
+def mean_lengths(groups) -> tuple[int, int]:
+    turns = [x for g in groups for t in g.trajectories for x in t.turns]
+    return round(statistics.mean(t.prompt_tokens for t in turns)), max(1, round(statistics.mean(t.new_tokens for t in turns)))
+
+
 async def main_async(args) -> None:
     env = make("retool-math")
     engine = await open_engine(args.engine, str(default_model()), seed=args.seed)
     async with engine:
-        results = []
+        ratios = []
         for i, policy in enumerate(["warm-up"] + args.scheduling):
             cfg = RolloutConfig(max_turns=env.max_turns, max_new_tokens=384, concurrency=args.concurrency,
                                 scheduling=policy if policy != "warm-up" else args.scheduling[0],
@@ -49,23 +56,22 @@ async def main_async(args) -> None:
                 continue
             s = reactor.stats
             d = s.summary()
-            trajs = [t for g in groups for t in g.trajectories]
-            turns = [x for t in trajs for x in t.turns]
-            results.append((policy, s.sampled_tokens / wall, s, wall, turns))
-            print(f"{policy:8s} {len(trajs)} programs in {wall:.1f}s: {s.sampled_tokens / wall:.0f} tok/s, "
-                  f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, "
-                  f"session waits {s.env_waits} ({s.env_wait_s:.1f}s), session start p50/p90 "
-                  f"{d['env_start_p50_ms']}/{d['env_start_p90_ms']} ms, resume reuse {100 * s.resume_reuse:.1f}%",
-                  flush=True)
-        turns = results[0][4]
-        prompt = round(statistics.mean(t.prompt_tokens for t in turns))
-        turn = max(1, round(statistics.mean(t.new_tokens for t in turns)))
-        await pure_decode(engine, prompt, turn, args.concurrency, 2.0)
-        limit = await pure_decode(engine, prompt, turn, args.concurrency, 6.0)
-        print(f"pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, turn {turn} tokens)")
-        for policy, rate, *_ in results:
-            print(f"{policy:8s} ratio to pure decode: {rate / limit:.2f}")
-        print(f"rollout_limit_ratio: {results[0][1] / limit:.2f}")
+            rate = s.sampled_tokens / wall
+            print(f"{policy:8s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
+                  f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, session waits "
+                  f"{s.env_waits} ({s.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
+                  f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.resume_reuse:.1f}%", flush=True)
+            # Right after each run (this VM's speed drifts over minutes), at that run's own mean
+            # prompt and turn lengths (the model's turns vary from run to run, and tok/s with them).
+            turns = [x for g in groups for t in g.trajectories for x in t.turns]
+            prompt = round(statistics.mean(t.prompt_tokens for t in turns))
+            turn = max(1, round(statistics.mean(t.new_tokens for t in turns)))
+            await pure_decode(engine, prompt, turn, args.concurrency, 1.0)  # its prompts cached
+            limit = await pure_decode(engine, prompt, turn, args.concurrency, 6.0)
+            ratios.append((policy, rate / limit))
+            print(f"{policy:8s} pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, "
+                  f"turn {turn} tokens); ratio {rate / limit:.2f}", flush=True)
+        print(f"rollout_limit_ratio: {ratios[0][1]:.2f}")
 
 
 def main() -> None:

@@ -190,7 +190,12 @@ class _Cgroups:
     pool (``agentenv-<pid>-<random>``, so two pools in one process never share a limit), and
     ``cpu`` directly at the hierarchy's root (``agentenv-<pid>-<random>.s<n>``), so that each
     session competes for CPU as one entity beside the host's own processes, whatever number
-    of processes it starts. Directories left by a dead process are reaped at start."""
+    of processes it starts. Directories left by a dead process are reaped at start.
+
+    A closed session's directories are reused, with the same limits, once no process is left
+    in them (``pids.current`` is 0: not even a zombie): making and removing cgroups takes the
+    kernel's global cgroup lock, and under load a ``mkdir`` there blocked for hundreds of
+    milliseconds. New directories are made in a worker thread, never on the event loop."""
 
     CONTROLLERS = ("pids", "memory", "cpu")
 
@@ -202,16 +207,18 @@ class _Cgroups:
             if (base / "cgroup.procs").exists() and os.access(base, os.W_OK):
                 self.bases[ctl] = base
         self.n = 0
+        self.free: deque[list[str]] = deque()  # released sets, oldest first
+        self.broken: list[list[str]] = []
 
     @property
     def missing(self) -> list[str]:
         return [ctl for ctl in self.CONTROLLERS if ctl not in self.bases]
 
-    def create(self, limits: Limits) -> list[str]:
-        self.n += 1
+    def create(self, limits: Limits, n: int) -> list[str]:
+        """New directories, numbered ``n`` (in a worker thread: touches nothing shared)."""
         dirs = []
         for ctl, base in self.bases.items():
-            d = base / f"{self.name}.s{self.n}" if ctl == "cpu" else base / self.name / f"s{self.n}"
+            d = base / f"{self.name}.s{n}" if ctl == "cpu" else base / self.name / f"s{n}"
             try:
                 d.mkdir(parents=True)  # never exist_ok: a name in use is someone else's limit
                 dirs.append(str(d))
@@ -227,6 +234,39 @@ class _Cgroups:
                 raise SandboxError(f"cannot set up cgroup {d}: {exc}") from exc
         return dirs
 
+    async def acquire(self, limits: Limits) -> list[str]:
+        """Directories for a new session: the oldest released set once it is empty, else new."""
+        while self.free:
+            busy = self._busy(self.free[0])
+            if busy:
+                break  # still exiting; the sets behind it were released later
+            dirs = self.free.popleft()
+            if busy is False:
+                return dirs
+            self.broken.append(dirs)  # unreadable: removed at close
+        self.n += 1
+        return await anyio.to_thread.run_sync(self.create, limits, self.n)
+
+    def release(self, dirs: list[str]) -> None:
+        """A session is over (its processes killed, perhaps not gone yet): reuse its dirs."""
+        if dirs:
+            self.free.append(dirs)
+
+    def _busy(self, dirs: list[str]) -> bool | None:
+        """Whether a process (a zombie included, where the pids controller says) is left in
+        ``dirs``; None if they cannot be read."""
+        pids = self.bases.get("pids")
+        for d in dirs:
+            name = "pids.current" if pids is not None and os.path.dirname(os.path.dirname(d)) == str(pids) \
+                else "cgroup.procs"
+            try:
+                with open(os.path.join(d, name)) as f:
+                    if f.read().strip() not in ("", "0"):
+                        return True
+            except OSError:
+                return None
+        return False
+
     @staticmethod
     def remove(dirs: list[str]) -> bool:
         ok = True
@@ -238,6 +278,14 @@ class _Cgroups:
             except OSError:
                 ok = False
         return ok
+
+    def remove_all(self) -> bool:
+        """At the pool's close (its sessions killed): remove every set. False while a process
+        is still leaving one (try again shortly)."""
+        left = [d for dirs in (*self.free, *self.broken) for d in dirs if not self.remove([d])]
+        self.free.clear()
+        self.broken = [left] if left else []
+        return not left
 
     def remove_roots(self) -> None:
         for ctl, base in self.bases.items():
@@ -343,7 +391,7 @@ class LocalSession(Session):
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
         if self._cgroups:
-            self._sandbox._retire_cgroups(self._cgroups)
+            self._sandbox._cgroups.release(self._cgroups)
             self._cgroups = []
 
     async def _call(self, code: str, timeout: float) -> ExecResult:
@@ -468,7 +516,6 @@ class LocalSandbox(Sandbox):
         self._changed = anyio.Event()  # a slot was freed or a ready session added
         self._cgroups = _Cgroups()
         self._frame_cap = frame_cap(max_output)
-        self._dead_cgroups: list[str] = []
         self._start_lock = anyio.Lock()
         self._tg: TaskGroup | None = None
         self._closed = False
@@ -590,8 +637,7 @@ class LocalSandbox(Sandbox):
                     pass
                 await self._proc.aclose()
             for _ in range(20):  # workers exit within milliseconds of SIGKILL
-                self._dead_cgroups = [d for d in self._dead_cgroups if not _Cgroups.remove([d])]
-                if not self._dead_cgroups:
+                if await anyio.to_thread.run_sync(self._cgroups.remove_all):
                     break
                 await anyio.sleep(0.05)
             self._cgroups.remove_roots()
@@ -729,7 +775,7 @@ class LocalSandbox(Sandbox):
         raise AssertionError("unreachable")
 
     async def _spawn_from(self, server: _Control) -> tuple[SocketStream, int, int, list[str]]:
-        cgroups = self._cgroups.create(self.limits)
+        cgroups = await self._cgroups.acquire(self.limits)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups,
                "max_output": self.max_output}
@@ -737,13 +783,13 @@ class LocalSandbox(Sandbox):
             resp, _ = await server.request(req, [theirs.fileno()])
         except BaseException:
             mine.close()
-            _Cgroups.remove(cgroups)
+            self._cgroups.release(cgroups)
             raise
         finally:
             theirs.close()
         if "error" in resp:
             mine.close()
-            _Cgroups.remove(cgroups)
+            self._cgroups.release(cgroups)
             raise SandboxError(f"cannot start a sandbox worker: {resp['error']}")
         stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
         return stream, resp["pid"], resp["reaper"], cgroups
@@ -783,6 +829,3 @@ class LocalSandbox(Sandbox):
                     await proc.aclose()
         await self.start()
 
-    def _retire_cgroups(self, dirs: list[str]) -> None:
-        if not _Cgroups.remove(dirs):
-            self._dead_cgroups.extend(dirs)
