@@ -36,17 +36,17 @@ import socket
 import sys
 import time
 import warnings
-from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import anyio
-import psutil
 from anyio.abc import Process, SocketStream, TaskGroup
 
 from agentenv.errors import SandboxError
 
 from ..base import ExecResult, Sandbox, Session
+from .cgroups import _alive, _Cgroups
+from .control import _Control, _ServerGone
 from .protocol import ERROR_CAP, HEADER, MAX_REQUEST, VIOLATION, frame_cap
 
 log = logging.getLogger(__name__)
@@ -81,101 +81,6 @@ def _clean(s: str | None, cap: int | None = None) -> str | None:
     return s.encode("utf-8", "replace").decode("utf-8")
 
 
-class _ServerGone(SandboxError):
-    """A fork server died (killed, crashed): the pool starts a new one."""
-
-
-class _Answer:
-    __slots__ = ("msg", "fds", "done", "abandoned")
-
-    def __init__(self) -> None:
-        self.msg, self.fds, self.done, self.abandoned = b"", [], False, False
-
-
-class _Control:
-    """A request/response channel to one fork server, served on the event loop.
-
-    Requests are pipelined: each is sent at once, and the server answers them in order, so
-    it never idles while the host gets round to sending the next one. (The channel used a
-    worker thread per request, one request at a time: a busy event loop, e.g. one handling
-    an engine's outputs, left the server waiting between starts, and each hand-off of the
-    GIL cost milliseconds.) Whoever holds ``_reading`` reads one answer and hands it to the
-    oldest request; a request whose caller was cancelled has its answer read and dropped
-    (its file descriptors closed) all the same."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        self.sock = sock
-        self.pending = 0  # requests not answered yet
-        self._answers: deque[_Answer] = deque()  # sent, in order
-        self._sending = anyio.Lock()
-        self._reading = anyio.Lock()
-
-    async def request(self, req: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:  # type: ignore[assignment]
-        data = json.dumps(req).encode()
-        mine = _Answer()
-        self.pending += 1
-        try:
-            async with self._sending:
-                while True:
-                    try:
-                        socket.send_fds(self.sock, [data], list(fds))
-                        break
-                    except BlockingIOError:
-                        await anyio.wait_writable(self.sock)
-                self._answers.append(mine)
-            while not mine.done:
-                async with self._reading:
-                    if not mine.done:
-                        await self._read_one()
-        except OSError as exc:
-            raise _ServerGone(f"the sandbox fork server is gone: {exc}") from exc
-        except BaseException:
-            mine.abandoned = True
-            for fd in mine.fds:
-                os.close(fd)
-            raise
-        finally:
-            self.pending -= 1
-        if not mine.msg:
-            raise _ServerGone("the sandbox fork server is gone")
-        return json.loads(mine.msg), mine.fds
-
-    async def _read_one(self) -> None:
-        while True:
-            try:
-                msg, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
-                break
-            except BlockingIOError:
-                await anyio.wait_readable(self.sock)
-        if not msg:  # the server is gone: every request still waiting learns it
-            for a in self._answers:
-                a.done = True
-            self._answers.clear()
-            return
-        answer = self._answers.popleft()
-        if answer.abandoned:
-            for fd in fds:
-                os.close(fd)
-        answer.msg, answer.fds, answer.done = msg, fds, True
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, killed but not yet reaped, is not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
-
-
 async def _exits_soon(pid: int, within: float = 1.0) -> bool:
     """Whether ``pid`` is gone now or within ``within`` seconds."""
     with anyio.move_on_after(within):
@@ -183,134 +88,6 @@ async def _exits_soon(pid: int, within: float = 1.0) -> bool:
             await anyio.sleep(0.02)
         return True
     return False
-
-
-class _Cgroups:
-    """Per-session cgroup v1 directories: ``pids`` and ``memory`` under a parent unique to this
-    pool (``agentenv-<pid>-<random>``, so two pools in one process never share a limit), and
-    ``cpu`` directly at the hierarchy's root (``agentenv-<pid>-<random>.s<n>``), so that each
-    session competes for CPU as one entity beside the host's own processes, whatever number
-    of processes it starts. Directories left by a dead process are reaped at start.
-
-    A closed session's directories are reused, with the same limits, once no process is left
-    in them (``pids.current`` is 0: not even a zombie): making and removing cgroups takes the
-    kernel's global cgroup lock, and under load a ``mkdir`` there blocked for hundreds of
-    milliseconds. New directories are made in a worker thread, never on the event loop."""
-
-    CONTROLLERS = ("pids", "memory", "cpu")
-
-    def __init__(self) -> None:
-        self.name = f"agentenv-{os.getpid()}-{secrets.token_hex(4)}"
-        self.bases = {}
-        for ctl in self.CONTROLLERS:
-            base = CGROUP_V1 / ctl
-            if (base / "cgroup.procs").exists() and os.access(base, os.W_OK):
-                self.bases[ctl] = base
-        self.n = 0
-        self.free: deque[list[str]] = deque()  # released sets, oldest first
-        self.broken: list[list[str]] = []
-
-    @property
-    def missing(self) -> list[str]:
-        return [ctl for ctl in self.CONTROLLERS if ctl not in self.bases]
-
-    def create(self, limits: Limits, n: int) -> list[str]:
-        """New directories, numbered ``n`` (in a worker thread: touches nothing shared)."""
-        dirs = []
-        for ctl, base in self.bases.items():
-            d = base / f"{self.name}.s{n}" if ctl == "cpu" else base / self.name / f"s{n}"
-            try:
-                d.mkdir(parents=True)  # never exist_ok: a name in use is someone else's limit
-                dirs.append(str(d))
-                if ctl == "pids":
-                    (d / "pids.max").write_text(str(limits.pids))
-                elif ctl == "memory":
-                    (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 1024 * 1024))
-                elif limits.cpus > 0:
-                    period = int((d / "cpu.cfs_period_us").read_text())
-                    (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(limits.cpus * period))))
-            except OSError as exc:
-                self.remove(dirs)
-                raise SandboxError(f"cannot set up cgroup {d}: {exc}") from exc
-        return dirs
-
-    async def acquire(self, limits: Limits) -> list[str]:
-        """Directories for a new session: the oldest released set once it is empty, else new."""
-        while self.free:
-            busy = self._busy(self.free[0])
-            if busy:
-                break  # still exiting; the sets behind it were released later
-            dirs = self.free.popleft()
-            if busy is False:
-                return dirs
-            self.broken.append(dirs)  # unreadable: removed at close
-        self.n += 1
-        return await anyio.to_thread.run_sync(self.create, limits, self.n)
-
-    def release(self, dirs: list[str]) -> None:
-        """A session is over (its processes killed, perhaps not gone yet): reuse its dirs."""
-        if dirs:
-            self.free.append(dirs)
-
-    def _busy(self, dirs: list[str]) -> bool | None:
-        """Whether a process (a zombie included, where the pids controller says) is left in
-        ``dirs``; None if they cannot be read."""
-        pids = self.bases.get("pids")
-        for d in dirs:
-            name = "pids.current" if pids is not None and os.path.dirname(os.path.dirname(d)) == str(pids) \
-                else "cgroup.procs"
-            try:
-                with open(os.path.join(d, name)) as f:
-                    if f.read().strip() not in ("", "0"):
-                        return True
-            except OSError:
-                return None
-        return False
-
-    @staticmethod
-    def remove(dirs: list[str]) -> bool:
-        ok = True
-        for d in dirs:
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                ok = False
-        return ok
-
-    def remove_all(self) -> bool:
-        """At the pool's close (its sessions killed): remove every set. False while a process
-        is still leaving one (try again shortly)."""
-        left = [d for dirs in (*self.free, *self.broken) for d in dirs if not self.remove([d])]
-        self.free.clear()
-        self.broken = [left] if left else []
-        return not left
-
-    def remove_roots(self) -> None:
-        for ctl, base in self.bases.items():
-            if ctl != "cpu":
-                self.remove([str(base / self.name)])
-
-    def reap_stale(self) -> int:
-        """Remove ``agentenv-<pid>-*`` directories whose process is gone (a crashed pool's;
-        its workers died with it). Returns how many were removed."""
-        removed = 0
-        for base in self.bases.values():
-            for d in base.glob("agentenv-*"):
-                try:
-                    pid = int(d.name.split("-")[1].split(".")[0])
-                except (IndexError, ValueError):
-                    continue
-                if pid == os.getpid() or _alive(pid):
-                    continue
-                try:  # another pool on this host may be reaping the same directory right now
-                    subs = [str(s) for s in d.iterdir() if s.is_dir()] if d.is_dir() else []
-                except FileNotFoundError:
-                    continue
-                if self.remove(subs + [str(d)]):
-                    removed += 1
-        return removed
 
 
 class LocalSession(Session):
@@ -514,7 +291,7 @@ class LocalSandbox(Sandbox):
         self._ready: dict[str | None, list[LocalSession]] = {}
         self._filling: dict[str | None, int] = {}
         self._changed = anyio.Event()  # a slot was freed or a ready session added
-        self._cgroups = _Cgroups()
+        self._cgroups = _Cgroups(CGROUP_V1)
         self._frame_cap = frame_cap(max_output)
         self._start_lock = anyio.Lock()
         self._tg: TaskGroup | None = None

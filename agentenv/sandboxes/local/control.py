@@ -1,0 +1,98 @@
+"""The host's channel to one fork server (``forkserver.py``): JSON requests, with file
+descriptors alongside (SCM_RIGHTS), on a SOCK_SEQPACKET socket, served on the event loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections import deque
+
+import anyio
+
+from agentenv.errors import SandboxError
+
+
+class _ServerGone(SandboxError):
+    """A fork server died (killed, crashed): the pool starts a new one."""
+
+
+class _Answer:
+    __slots__ = ("msg", "fds", "done", "abandoned")
+
+    def __init__(self) -> None:
+        self.msg, self.fds, self.done, self.abandoned = b"", [], False, False
+
+
+class _Control:
+    """A request/response channel to one fork server, served on the event loop.
+
+    Requests are pipelined: each is sent at once, and the server answers them in order, so
+    it never idles while the host gets round to sending the next one. (The channel used a
+    worker thread per request, one request at a time: a busy event loop, e.g. one handling
+    an engine's outputs, left the server waiting between starts, and each hand-off of the
+    GIL cost milliseconds.) Whoever holds ``_reading`` reads one answer and hands it to the
+    oldest request; a request whose caller was cancelled has its answer read and dropped
+    (its file descriptors closed) all the same."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.pending = 0  # requests not answered yet
+        self._answers: deque[_Answer] = deque()  # sent, in order
+        self._sending = anyio.Lock()
+        self._reading = anyio.Lock()
+
+    async def request(self, req: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:  # type: ignore[assignment]
+        data = json.dumps(req).encode()
+        mine = _Answer()
+        self.pending += 1
+        try:
+            async with self._sending:
+                while True:
+                    try:
+                        socket.send_fds(self.sock, [data], list(fds))
+                        break
+                    except BlockingIOError:
+                        await anyio.wait_writable(self.sock)
+                self._answers.append(mine)
+            while not mine.done:
+                async with self._reading:
+                    if not mine.done:
+                        await self._read_one()
+        except OSError as exc:
+            raise _ServerGone(f"the sandbox fork server is gone: {exc}") from exc
+        except BaseException:
+            mine.abandoned = True
+            for fd in mine.fds:
+                os.close(fd)
+            raise
+        finally:
+            self.pending -= 1
+        if not mine.msg:
+            raise _ServerGone("the sandbox fork server is gone")
+        return json.loads(mine.msg), mine.fds
+
+    async def _read_one(self) -> None:
+        while True:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+                break
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+        if not msg:  # the server is gone: every request still waiting learns it
+            for a in self._answers:
+                a.done = True
+            self._answers.clear()
+            return
+        answer = self._answers.popleft()
+        if answer.abandoned:
+            for fd in fds:
+                os.close(fd)
+        answer.msg, answer.fds, answer.done = msg, fds, True
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
