@@ -96,12 +96,12 @@ class _Cgroups:
             self.free.append(dirs)
 
     def _busy(self, dirs: list[str]) -> bool | None:
-        """Whether a process (a zombie included, where the pids controller says) is left in
-        ``dirs``; None if they cannot be read."""
+        """Whether a process is left in ``dirs``; None if they cannot be read. Every session
+        process is in all of them, so the pids dir alone says (zombies included), where there
+        is one."""
         pids = self.bases.get("pids")
-        for d in dirs:
-            name = "pids.current" if pids is not None and os.path.dirname(os.path.dirname(d)) == str(pids) \
-                else "cgroup.procs"
+        ours = [d for d in dirs if pids is not None and Path(d).is_relative_to(pids)]
+        for d, name in ([(ours[0], "pids.current")] if ours else [(d, "cgroup.procs") for d in dirs]):
             try:
                 with open(os.path.join(d, name)) as f:
                     if f.read().strip() not in ("", "0"):
