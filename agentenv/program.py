@@ -182,7 +182,7 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, hooks: Progr
             stop_token_ids=ctx.stop_token_ids if plan is None or plan.stop else (),
         )
         priority = await hooks.before_turn(traj.num_tokens, params.max_tokens)
-        gen = await engine.generate(traj.input_ids, params, f"{traj.id}-{turn}", priority=priority)
+        gen = await engine.generate_turn(traj.id, traj.input_ids, params, f"{traj.id}-{turn}", priority=priority)
         hooks.after_turn(traj.num_tokens + len(gen.token_ids))
         traj.add_model(gen.token_ids, gen.logprobs, gen.versions)
         traj.turns.append(

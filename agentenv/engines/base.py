@@ -89,6 +89,14 @@ class Engine(abc.ABC):
         ``EngineError`` when the engine fails or is closed.
         """
 
+    async def generate_turn(self, program: str, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                            *, priority: int = 0) -> Generation:
+        """One turn of ``program``, whose every turn's prompt extends the last one's (prompt
+        plus sampled ids plus the tokens spliced after them) until ``release(program)``.
+        Engines that can keep the program's KV between turns do (vLLM: a streaming-input
+        session); by default it is ``generate``."""
+        return await self.generate(prompt_ids, params, request_id, priority=priority)
+
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None: ...
 

@@ -19,6 +19,9 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
   *salted* with the weight version, so KV computed by old weights is never reused by a
   new-version request;
 * cancellation aborts the request in the engine;
+* with ``sessions=True`` a program's turns go through one streaming-input request
+  (``generate_turn``, ``vllm_sessions``): a turn prefills only its new tokens; off by default
+  (per-token deltas cost this process more CPU than the prefill they save on 2 cores);
 * a dead engine core (killed, crashed: vLLM's ``EngineDeadError``) is restarted, at most
   ``max_restarts`` times in the engine's life, with the weights it last served (the last
   update is kept on the host for this; LoRA adapters are registered again), and every
@@ -43,6 +46,7 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 from ..errors import ConfigError, EngineError
 from .base import Engine, Generation, SamplingParams
 from .embedded import check_model_dir, load_tokenizer
+from .vllm_sessions import Sessions
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "agentenv.engines.vllm_worker.WeightSyncExtension"
@@ -73,6 +77,7 @@ class VLLMEngine(Engine):
         self._active_lora: str | None = None  # the adapter new requests use by default
         self._lora_dir: Path | None = None
         self.priority_scheduling = False
+        self._sessions = Sessions(0)  # streaming-input sessions (``vllm_sessions``); set by ``create``
 
     @classmethod
     async def create(
@@ -90,6 +95,7 @@ class VLLMEngine(Engine):
         max_lora_rank: int = 16,
         seed: int = 0,
         max_restarts: int = 3,
+        sessions: bool = False,
         **engine_args: Any,
     ) -> "VLLMEngine":
         try:
@@ -126,6 +132,10 @@ class VLLMEngine(Engine):
             args["kv_cache_memory_bytes"] = kv_cache_memory_bytes or 256 * 1024**2
         if gpu_memory_utilization is not None:
             args["gpu_memory_utilization"] = gpu_memory_utilization
+        if sessions and on_cpu:
+            # A session waiting for its program's next turn holds one of vLLM's request slots
+            # (128 by default here): room for every program the reactor admits by default.
+            args["max_num_seqs"] = 1024
         args.update(engine_args)
         llm = await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
         engine = cls(llm, load_tokenizer(path), max_model_len, args.get("block_size", 16))
@@ -139,6 +149,7 @@ class VLLMEngine(Engine):
         cache = llm.vllm_config.cache_config
         engine.page_size = int(cache.block_size)
         engine.kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size) or None
+        engine._sessions = Sessions(_session_limit(llm.vllm_config) if sessions else 0)
         return engine
 
     @property
@@ -201,14 +212,37 @@ class VLLMEngine(Engine):
             self._version = new
         return new
 
+    @property
+    def sessions(self) -> bool:
+        """Whether programs' turns go through streaming-input sessions (``generate_turn``; see
+        ``vllm_sessions``). Off by default (``create(sessions=True)`` or ``--engine-arg
+        sessions=true``); never on where vLLM could not keep them token-exact."""
+        return self._sessions.limit > 0
+
+    @sessions.setter
+    def sessions(self, on: bool) -> None:
+        self._sessions.close_all()
+        self._sessions.limit = _session_limit(self.llm.vllm_config) if on else 0
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0, lora: str | None = None) -> Generation:
+        return await self._restarting(self._generate, prompt_ids, params, request_id, priority, lora)
+
+    async def generate_turn(self, program: str, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                            *, priority: int = 0, lora: str | None = None) -> Generation:
+        """A program's turn, through its streaming-input session (``vllm_sessions``) when
+        sessions are on: the engine keeps the program's KV until ``release(program)``."""
+        if not self._sessions.limit:
+            return await self.generate(prompt_ids, params, request_id, priority=priority, lora=lora)
+        return await self._restarting(self._session_turn, program, prompt_ids, params, request_id, priority, lora)
+
+    async def _restarting(self, fn: Any, *args: Any) -> Generation:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         while True:
             incarnation, llm = self._incarnation, self.llm
             try:
-                return await self._generate(prompt_ids, params, request_id, priority, lora)
+                return await fn(*args)
             except EngineError as exc:
                 dead = isinstance(exc.__cause__, EngineDeadError) or getattr(llm, "errored", False)
                 if not dead or self._closed:
@@ -254,6 +288,7 @@ class VLLMEngine(Engine):
                                       f"{start_exc}") from start_exc
             self.llm = llm
             self._incarnation += 1
+            self._sessions.close_all()  # their requests died with the old engine core
             del old  # dropped now, while the interpreter is whole (see ``aclose``)
             gc.collect()
 
@@ -322,6 +357,107 @@ class VLLMEngine(Engine):
             token_versions=versions if any(v != version for v in versions) else None,
         )
 
+    async def _session_turn(self, program: str, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                            priority: int, lora: str | None) -> Generation:
+        from vllm.engine.protocol import StreamingInput
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        await self._sessions.reap()
+        room = self._room(prompt_ids)
+        async with self._update_lock:  # admitted between weight updates, never during one
+            version = self._version
+            if lora is None and self._active_lora is not None:
+                lora = self._active_lora
+        sessions = self._sessions
+        s = sessions.get(program)
+        chunk = None
+        if (s is not None and not s.busy and s.version == version and s.lora == lora
+                and s.incarnation == self._incarnation):
+            chunk = s.chunk_for(prompt_ids)
+            sessions.continued += chunk is not None
+        fresh = chunk is None
+        if fresh:
+            s = sessions.new(program, version, lora, self._incarnation)
+            if s is None:  # every session is mid-turn and there is no room for another
+                return await self._generate(prompt_ids, params, request_id, priority, lora)
+            chunk = list(prompt_ids)
+        sp = self._sampling(params, min(params.max_tokens, room))
+        sp.output_kind = RequestOutputKind.DELTA  # streaming input needs deltas
+        salt = f"v{version}"
+        s.inputs.put_nowait((TokensPrompt(prompt_token_ids=chunk, cache_salt=salt), sp))
+        s.busy = True
+        start = time.perf_counter()
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        last = None
+        try:
+            if fresh:
+                lora_request = self._loras[lora] if lora is not None else None
+                s.outputs = await self._open_stream(s, StreamingInput, sp, lora_request, priority)
+            while True:
+                try:
+                    out = await s.outputs.__anext__()
+                except StopAsyncIteration:
+                    raise EngineError("vLLM ended the session before the turn did") from None
+                last = out
+                c = out.outputs[0]
+                new = list(c.token_ids)
+                if c.logprobs is None or len(c.logprobs) != len(new):
+                    raise EngineError("vLLM returned tokens without one logprob each")
+                tokens += new
+                logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
+                if not self._labels:
+                    versions += [version] * len(new)
+                if c.finish_reason is not None:
+                    break
+        except BaseException as exc:
+            sessions.drop(s)  # its request is aborted (now, or when reaped); nothing reuses it
+            with anyio.CancelScope(shield=True):
+                await self.llm.abort(s.request_id)
+                await sessions.reap()
+            if isinstance(exc, (EngineError, anyio.get_cancelled_exc_class())):
+                raise
+            if isinstance(exc, Exception):
+                raise EngineError(f"vLLM generation failed: {type(exc).__name__}: {exc}") from exc
+            raise
+        s.busy = False
+        c = last.outputs[0]
+        if self._labels:  # spans index the session's sampled tokens, every turn's so far
+            spans = _span_versions(getattr(c, "weight_versions", None), s.sampled + len(tokens), version)
+            versions = spans[s.sampled:]
+        s.sampled += len(tokens)
+        s.seq = [*prompt_ids, *tokens]
+        sessions.touch(s)
+        reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
+        if reason == "abort":
+            sessions.close(program)
+        stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
+        return Generation(
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason=reason,  # type: ignore[arg-type]
+            prompt_tokens=len(prompt_ids),
+            # A continued session recomputes only the chunk; a new one what the prefix cache missed.
+            cached_tokens=int(last.num_cached_tokens or 0) if fresh else len(prompt_ids) - len(chunk),
+            weight_version=version,
+            stop_token_id=stop_tok,
+            latency_s=time.perf_counter() - start,
+            token_versions=versions if any(v != version for v in versions) else None,
+        )
+
+    async def _open_stream(self, s: Any, streaming_input: Any, sp: Any, lora_request: Any, priority: int) -> Any:
+        from .vllm_sessions import _feed
+
+        stream = _feed(s.inputs, streaming_input)
+        try:
+            return self.llm.generate(stream, sp, s.request_id, lora_request=lora_request,
+                                     priority=priority if self.priority_scheduling else 0)
+        except Exception:
+            await stream.aclose()
+            raise
+
     async def abort(self, request_id: str) -> None:
         await self.llm.abort(request_id)
 
@@ -350,16 +486,33 @@ class VLLMEngine(Engine):
                 await self.llm.resume_generation()
         return self._version
 
+    def release(self, program: str) -> None:
+        """The program ended or was paused: close its session (its KV goes to the prefix
+        cache, where the engine may evict it)."""
+        self._sessions.close(program)
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
+            self._sessions.close_all()
+            await self._sessions.reap()
             await anyio.to_thread.run_sync(self.llm.shutdown)
         # Drop the engine now, while the interpreter is whole: vLLM's __del__ calls shutdown
         # again and fails noisily if it only runs at interpreter exit.
         self.llm = None
         gc.collect()
+
+
+def _session_limit(config: Any) -> int:
+    """Streaming-input sessions this engine may keep open: none where a finished turn may leave
+    more than its last sampled token uncomputed (async scheduling, speculative decoding: see
+    ``vllm_sessions``), else vLLM's request slots less a few for plain requests."""
+    if getattr(config.scheduler_config, "async_scheduling", False) or getattr(config, "speculative_config", None):
+        return 0
+    slots = int(config.scheduler_config.max_num_seqs)
+    return max(0, slots - max(4, slots // 8))
 
 
 def _span_versions(spans: Any, n: int, admitted: int) -> list[int]:

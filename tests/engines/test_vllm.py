@@ -69,10 +69,87 @@ async def test_weight_update_changes_outputs_version_and_cache_salt(vengine, mod
         await vengine.load_weights({"model.norm.weight": norm})
 
 
-async def test_reactor_on_vllm(vengine):
+async def _no_requests_left(engine) -> None:
+    with anyio.fail_after(10):
+        while engine.llm.output_processor.get_num_unfinished_requests():
+            await anyio.sleep(0.05)
+
+
+@pytest.fixture
+def sessions(vengine):
+    yield lambda on: setattr(vengine, "sessions", on)
+    vengine.sessions = False
+
+
+async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(vengine, sessions):
+    prompt = testing.chat_prompt(vengine, "Compute 77 * 3.", system="Solve the problem with Python. " * 6)
+    tok = vengine.tokenizer
+    spliced = [tok.encode(x) for x in ("\n<interpreter>\n231\n</interpreter>\n", "\nok\n", "7")]
+    params = SamplingParams(max_tokens=20, temperature=0.0)
+
+    async def turns(turn):
+        ids, out = list(prompt), []
+        for t in range(4):
+            g = await turn(ids, t)
+            out.append(g)
+            ids += g.token_ids + (spliced[t] if t < 3 else [])
+        return out
+
+    plain = await turns(lambda ids, t: vengine.generate_turn("plain", ids, params, f"plain-{t}"))
+    assert not vengine._sessions.open  # sessions are off by default: a request per turn
+    sessions(True)
+    assert vengine.sessions
+    kept = await turns(lambda ids, t: vengine.generate_turn("prog", ids, params, f"prog-{t}"))
+    # vLLM drops a turn's last sampled token from a session; were it not sent again, the
+    # context would differ from the trajectory's and greedy tokens would diverge.
+    assert [g.token_ids for g in kept] == [g.token_ids for g in plain]
+    for a, b in zip(plain, kept):
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    for t in range(1, 4):  # the spliced tokens and the one sampled last, nothing more
+        assert kept[t].prompt_tokens - kept[t].cached_tokens == len(spliced[t - 1]) + 1
+    assert list(vengine._sessions.open) == ["prog"]
+    vengine.release("prog")
+    assert not vengine._sessions.open
+    await vengine._sessions.reap()
+    await _no_requests_left(vengine)
+
+
+async def test_a_cancelled_session_turn_leaves_no_session_and_no_request(vengine, sessions):
+    sessions(True)
+    prompt = testing.chat_prompt(vengine, "Compute 5 * 5.")
+    with anyio.move_on_after(0.3) as scope:
+        await vengine.generate_turn("gone", prompt, SamplingParams(max_tokens=600), "gone-0")
+    assert scope.cancelled_caught
+    assert "gone" not in vengine._sessions.open
+    await _no_requests_left(vengine)
+    g = await vengine.generate_turn("gone", prompt, SamplingParams(max_tokens=4), "gone-1")
+    assert len(g.token_ids) == 4
+    vengine.release("gone")
+    await vengine._sessions.reap()
+    await _no_requests_left(vengine)
+
+
+async def test_a_weight_update_ends_a_session_so_old_kv_is_not_reused(vengine, model_dir, sessions):
+    from safetensors.torch import load_file
+
+    sessions(True)
+    norm = load_file(f"{model_dir}/model.safetensors")["model.norm.weight"]
+    prompt = testing.chat_prompt(vengine, "Compute 9 * 9.", system="Solve the problem with Python. " * 6)
+    g = await vengine.generate_turn("upd", prompt, SamplingParams(max_tokens=8), "upd-0")
+    assert "upd" in vengine._sessions.open
+    v = await vengine.load_weights({"model.norm.weight": norm})  # the same weights, a new version
+    g2 = await vengine.generate_turn("upd", prompt + g.token_ids + [5], SamplingParams(max_tokens=8), "upd-1")
+    assert g2.weight_version == v == g.weight_version + 1
+    assert g2.cached_tokens == 0  # a new session under the new salt, not the old one continued
+    vengine.release("upd")
+
+
+@pytest.mark.parametrize("with_sessions", [False, True])
+async def test_reactor_on_vllm(vengine, sessions, with_sessions):
     from agentenv import Reactor, RolloutConfig, make
     from agentenv.sandboxes.local import LocalSandbox
 
+    sessions(with_sessions)
     env = make("retool-math", extra_digits=0)
     async with LocalSandbox() as sb:
         reactor = Reactor(vengine, env, sb, RolloutConfig(concurrency=8, max_new_tokens=200))
@@ -82,6 +159,13 @@ async def test_reactor_on_vllm(vengine):
     assert reactor.stats.resume_reuse > 0.9
     for t in trajs:
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
+        assert not t.finish_reason.startswith("error"), t.error
+    # Every program's session was closed when it ended (the reactor releases it).
+    await vengine._sessions.reap()
+    assert not vengine._sessions.open
+    if with_sessions:
+        assert vengine._sessions.continued > 0
+    await _no_requests_left(vengine)
 
 
 async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(vengine):
