@@ -415,7 +415,10 @@ class VLLMEngine(Engine):
         except BaseException as exc:
             sessions.drop(s)  # its request is aborted (now, or when reaped); nothing reuses it
             with anyio.CancelScope(shield=True):
-                await self.llm.abort(s.request_id)
+                try:
+                    await self.llm.abort(s.request_id)
+                except Exception:  # noqa: BLE001 - a dead engine has nothing left to abort
+                    pass
                 await sessions.reap()
             if isinstance(exc, (EngineError, anyio.get_cancelled_exc_class())):
                 raise
