@@ -297,11 +297,7 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        room = self._room(prompt_ids)
-        async with self._update_lock:  # admitted between weight updates, never during one
-            version = self._version
-            if lora is None and self._active_lora is not None:
-                lora = self._active_lora  # the trained adapter: fixed for this request's life
+        room, version, lora = await self._admission(prompt_ids, lora)
         pinned = lora is not None
         sp = self._sampling(params, min(params.max_tokens, room))
         # Only the final output when the engine labels tokens with weight versions (the per-step
@@ -318,14 +314,9 @@ class VLLMEngine(Engine):
             async for out in self.llm.generate(prompt, sp, request_id, lora_request=lora_request,
                                                priority=priority if self.priority_scheduling else 0):
                 last = out
-                c = out.outputs[0]
-                new = list(c.token_ids)
-                if c.logprobs is None or len(c.logprobs) != len(new):
-                    raise EngineError("vLLM returned tokens without one logprob each")
-                tokens += new
-                logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
+                n = _take(out, tokens, logprobs)
                 if not self._labels:  # deltas: stamped with the version current on arrival
-                    versions += [version if pinned else self._version] * len(new)
+                    versions += [version if pinned else self._version] * n
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self.llm.abort(request_id)
@@ -343,19 +334,17 @@ class VLLMEngine(Engine):
             # request's life: all its tokens carry the version it was admitted with.
             versions = ([version] * len(tokens) if pinned
                         else _span_versions(getattr(c, "weight_versions", None), len(tokens), version))
-        reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
-        stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
-        return Generation(
-            token_ids=tokens,
-            logprobs=logprobs,
-            finish_reason=reason,  # type: ignore[arg-type]
-            prompt_tokens=len(prompt_ids),
-            cached_tokens=int(last.num_cached_tokens or 0),
-            weight_version=version,
-            stop_token_id=stop_tok,
-            latency_s=time.perf_counter() - start,
-            token_versions=versions if any(v != version for v in versions) else None,
-        )
+        return _generation(c, tokens, logprobs, versions, params, len(prompt_ids), int(last.num_cached_tokens or 0),
+                           version, start)
+
+    async def _admission(self, prompt_ids: list[int], lora: str | None) -> tuple[int, int, str | None]:
+        """A request's room to generate, its weight version and adapter: taken between weight
+        updates, never during one; the trained adapter, if any, is fixed for its life."""
+        room = self._room(prompt_ids)
+        async with self._update_lock:
+            if lora is None and self._active_lora is not None:
+                lora = self._active_lora
+            return room, self._version, lora
 
     async def _session_turn(self, program: str, prompt_ids: list[int], params: SamplingParams, request_id: str,
                             priority: int, lora: str | None) -> Generation:
@@ -364,11 +353,8 @@ class VLLMEngine(Engine):
         from vllm.sampling_params import RequestOutputKind
 
         await self._sessions.reap()
-        room = self._room(prompt_ids)
-        async with self._update_lock:  # admitted between weight updates, never during one
-            version = self._version
-            if lora is None and self._active_lora is not None:
-                lora = self._active_lora
+        room, version, lora = await self._admission(prompt_ids, lora)
+        pinned = lora is not None
         sessions = self._sessions
         s = sessions.get(program)
         chunk = None
@@ -402,15 +388,10 @@ class VLLMEngine(Engine):
                 except StopAsyncIteration:
                     raise EngineError("vLLM ended the session before the turn did") from None
                 last = out
-                c = out.outputs[0]
-                new = list(c.token_ids)
-                if c.logprobs is None or len(c.logprobs) != len(new):
-                    raise EngineError("vLLM returned tokens without one logprob each")
-                tokens += new
-                logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
+                n = _take(out, tokens, logprobs)
                 if not self._labels:
-                    versions += [version] * len(new)
-                if c.finish_reason is not None:
+                    versions += [version if pinned else self._version] * n
+                if out.outputs[0].finish_reason is not None:
                     break
         except BaseException as exc:
             sessions.drop(s)  # its request is aborted (now, or when reaped); nothing reuses it
@@ -428,27 +409,16 @@ class VLLMEngine(Engine):
         s.busy = False
         c = last.outputs[0]
         if self._labels:  # spans index the session's sampled tokens, every turn's so far
-            spans = _span_versions(getattr(c, "weight_versions", None), s.sampled + len(tokens), version)
-            versions = spans[s.sampled:]
+            versions = ([version] * len(tokens) if pinned else _span_versions(
+                getattr(c, "weight_versions", None), s.sampled + len(tokens), version)[s.sampled:])
         s.sampled += len(tokens)
         s.seq = [*prompt_ids, *tokens]
         sessions.touch(s)
-        reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
-        if reason == "abort":
+        if c.finish_reason not in ("stop", "length"):
             sessions.close(program)
-        stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
-        return Generation(
-            token_ids=tokens,
-            logprobs=logprobs,
-            finish_reason=reason,  # type: ignore[arg-type]
-            prompt_tokens=len(prompt_ids),
-            # A continued session recomputes only the chunk; a new one what the prefix cache missed.
-            cached_tokens=int(last.num_cached_tokens or 0) if fresh else len(prompt_ids) - len(chunk),
-            weight_version=version,
-            stop_token_id=stop_tok,
-            latency_s=time.perf_counter() - start,
-            token_versions=versions if any(v != version for v in versions) else None,
-        )
+        # A continued session recomputes only the chunk; a new one what the prefix cache missed.
+        cached = int(last.num_cached_tokens or 0) if fresh else len(prompt_ids) - len(chunk)
+        return _generation(c, tokens, logprobs, versions, params, len(prompt_ids), cached, version, start)
 
     async def _open_stream(self, s: Any, streaming_input: Any, sp: Any, lora_request: Any, priority: int) -> Any:
         from .vllm_sessions import _feed
@@ -506,6 +476,34 @@ class VLLMEngine(Engine):
         # again and fails noisily if it only runs at interpreter exit.
         self.llm = None
         gc.collect()
+
+
+def _take(out: Any, tokens: list[int], logprobs: list[float]) -> int:
+    """Append one output's new tokens and their sampled logprobs; return how many came."""
+    c = out.outputs[0]
+    new = list(c.token_ids)
+    if c.logprobs is None or len(c.logprobs) != len(new):
+        raise EngineError("vLLM returned tokens without one logprob each")
+    tokens += new
+    logprobs += [float(lp[t].logprob) for lp, t in zip(c.logprobs, new)]
+    return len(new)
+
+
+def _generation(c: Any, tokens: list[int], logprobs: list[float], versions: list[int], params: SamplingParams,
+                prompt_tokens: int, cached: int, version: int, start: float) -> Generation:
+    reason = {"stop": "stop", "length": "length"}.get(c.finish_reason or "", "abort")
+    stop_tok = tokens[-1] if reason == "stop" and tokens and tokens[-1] in params.stop_token_ids else None
+    return Generation(
+        token_ids=tokens,
+        logprobs=logprobs,
+        finish_reason=reason,  # type: ignore[arg-type]
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached,
+        weight_version=version,
+        stop_token_id=stop_tok,
+        latency_s=time.perf_counter() - start,
+        token_versions=versions if any(v != version for v in versions) else None,
+    )
 
 
 def _session_limit(config: Any) -> int:
