@@ -168,14 +168,18 @@ async def test_reactor_on_vllm(vengine, sessions, with_sessions):
     await _no_requests_left(vengine)
 
 
-async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(vengine):
+@pytest.mark.parametrize("with_sessions", [False, True])
+async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(vengine, sessions, with_sessions):
     """SIGKILL vLLM's engine core while programs are mid-flight: the engine starts a new core
-    and resubmits what the dead one lost; every program finishes from its last completed turn."""
+    and resubmits what the dead one lost; every program finishes from its last completed turn
+    (with sessions: in a new session on the new core)."""
     import psutil
 
     from agentenv import Reactor, RolloutConfig, Trajectory, make
     from agentenv.sandboxes.local import LocalSandbox
 
+    sessions(with_sessions)
+    opened = vengine._sessions.opened
     env = make("retool-math", extra_digits=0)
     tasks, restarts, trajs, at_kill = env.tasks(6, seed=2), vengine.restarts, [], None
     async with LocalSandbox() as sb:
@@ -200,6 +204,10 @@ async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(ve
     for t in trajs:
         t.validate()
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
+    await vengine._sessions.reap()
+    assert not vengine._sessions.open
+    assert (vengine._sessions.opened > opened) == with_sessions
+    await _no_requests_left(vengine)
 
 
 def make_lora_adapter(model_dir: str, out: str, rank: int = 8) -> str:
