@@ -46,7 +46,7 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 from ..errors import ConfigError, EngineError
 from .base import Engine, Generation, SamplingParams
 from .embedded import check_model_dir, load_tokenizer
-from .vllm_sessions import Sessions
+from .vllm_sessions import Sessions, feed
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "agentenv.engines.vllm_worker.WeightSyncExtension"
@@ -379,9 +379,10 @@ class VLLMEngine(Engine):
         versions: list[int] = []
         last = None
         try:
-            if fresh:
-                lora_request = self._loras[lora] if lora is not None else None
-                s.outputs = await self._open_stream(s, StreamingInput, sp, lora_request, priority)
+            if fresh:  # the request starts when vLLM pulls the first chunk from ``inputs``
+                s.outputs = self.llm.generate(feed(s.inputs, StreamingInput), sp, s.request_id,
+                                              lora_request=self._loras[lora] if lora is not None else None,
+                                              priority=priority if self.priority_scheduling else 0)
             while True:
                 try:
                     out = await s.outputs.__anext__()
@@ -419,17 +420,6 @@ class VLLMEngine(Engine):
         # A continued session recomputes only the chunk; a new one what the prefix cache missed.
         cached = int(last.num_cached_tokens or 0) if fresh else len(prompt_ids) - len(chunk)
         return _generation(c, tokens, logprobs, versions, params, len(prompt_ids), cached, version, start)
-
-    async def _open_stream(self, s: Any, streaming_input: Any, sp: Any, lora_request: Any, priority: int) -> Any:
-        from .vllm_sessions import _feed
-
-        stream = _feed(s.inputs, streaming_input)
-        try:
-            return self.llm.generate(stream, sp, s.request_id, lora_request=lora_request,
-                                     priority=priority if self.priority_scheduling else 0)
-        except Exception:
-            await stream.aclose()
-            raise
 
     async def abort(self, request_id: str) -> None:
         await self.llm.abort(request_id)

@@ -55,7 +55,7 @@ class Session:
         return [self.seq[-1], *prompt_ids[n:]]
 
 
-async def _feed(queue: asyncio.Queue, make: Any) -> AsyncIterator[Any]:
+async def feed(queue: asyncio.Queue, make: Any) -> AsyncIterator[Any]:
     """The session's input stream: each queued chunk as a ``StreamingInput``; None ends it."""
     while (item := await queue.get()) is not None:
         yield make(*item)
@@ -97,13 +97,12 @@ class Sessions:
     def close(self, program: str) -> None:
         """End the program's session: the engine finishes its request (the KV goes to the
         prefix cache); the Python side is cleaned up by ``reap``."""
-        s = self.open.pop(program, None)
+        s = self.open.get(program)
         if s is not None:
-            s.inputs.put_nowait(None)
-            self._closing.append(s)
+            self.drop(s)
 
     def drop(self, s: Session) -> None:
-        """Forget a session whose request is gone (aborted, failed, the engine died)."""
+        """End this session (its program may have a newer one, which stays)."""
         if self.open.get(s.program) is s:
             del self.open[s.program]
         s.inputs.put_nowait(None)
