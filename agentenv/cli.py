@@ -49,7 +49,8 @@ def _non_negative(kind: type):
 ENGINE_ARG_HELP = ("engine setting, repeatable; VALUE is parsed as JSON when it can be. embedded: kv_cache_tokens, "
                    "page_size, max_batch_tokens, max_model_len; vllm: any AsyncEngineArgs field (block_size=32, "
                    "kv_cache_memory_bytes=268435456, tensor_parallel_size=2, max_model_len=4096), max_restarts, and "
-                   "sessions=true (a streaming-input session per program: a turn prefills only its new tokens)")
+                   "sessions=true (a streaming-input session per program: a turn prefills only its new tokens), nice=N "
+                   "(the engine core's niceness; 10 on CPU, 0 leaves it be)")
 ENV_MODULE_HELP = ("a module or path/to/file.py to import first, so the environments it register()s can be named "
                    "by id; repeatable (also AGENTENV_ENV_MODULES, separated by ':')")
 

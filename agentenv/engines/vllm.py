@@ -22,6 +22,13 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
 * with ``sessions=True`` a program's turns go through one streaming-input request
   (``generate_turn``, ``vllm_sessions``): a turn prefills only its new tokens; off by default
   (per-token deltas cost this process more CPU than the prefill they save on 2 cores);
+* on CPU the engine core process runs at ``nice`` 10 (``nice=``; 0 leaves it be; its workers,
+  which compute the model, keep their priority). It busy-polls between steps, and at equal
+  priority whatever shares the machine waits for its slice, including kernel work that
+  sandbox sessions wait on: a session's fork or exit waits for its template's anon_vma lock
+  while a reclaim walk holding it is preempted, and a cgroup join for an RCU grace period.
+  With vLLM decoding beside a churn of sessions, session starts took p99 1.6-9.1 s at equal
+  priority and 0.4 s with the engine core at nice 10 (README, "Sandboxes beside the engine");
 * a dead engine core (killed, crashed: vLLM's ``EngineDeadError``) is restarted, at most
   ``max_restarts`` times in the engine's life, with the weights it last served (the last
   update is kept on the host for this; LoRA adapters are registered again), and every
@@ -35,6 +42,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -78,6 +86,9 @@ class VLLMEngine(Engine):
         self._lora_dir: Path | None = None
         self.priority_scheduling = False
         self._sessions = Sessions(0)  # streaming-input sessions (``vllm_sessions``); set by ``create``
+        self._nice = 0
+        #: The pids of the engine's own processes (engine core, workers), where it found them.
+        self.engine_pids: list[int] = []
 
     @classmethod
     async def create(
@@ -96,6 +107,7 @@ class VLLMEngine(Engine):
         seed: int = 0,
         max_restarts: int = 3,
         sessions: bool = False,
+        nice: int | None = None,
         **engine_args: Any,
     ) -> "VLLMEngine":
         try:
@@ -140,6 +152,8 @@ class VLLMEngine(Engine):
         llm = await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
         engine = cls(llm, load_tokenizer(path), max_model_len, args.get("block_size", 16))
         engine._args, engine.max_restarts = args, max_restarts
+        engine._nice = (10 if on_cpu else 0) if nice is None else int(nice)
+        engine.engine_pids = _set_priority(llm, engine._nice)
         engine.lora_enabled, engine.model_path = enable_lora, path
         engine.priority_scheduling = args["scheduling_policy"] == "priority"
         # vLLM that labels sampled tokens with the weight version (``weight_versions`` spans).
@@ -151,6 +165,17 @@ class VLLMEngine(Engine):
         engine.kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size) or None
         engine._sessions = Sessions(_session_limit(llm.vllm_config) if sessions else 0)
         return engine
+
+    @property
+    def nice(self) -> int:
+        """The niceness of the engine's processes (``create``'s ``nice``). Settable: raising it
+        needs no privilege, lowering it again needs CAP_SYS_NICE (``PermissionError``)."""
+        return self._nice
+
+    @nice.setter
+    def nice(self, value: int) -> None:
+        self.engine_pids = _set_priority(self.llm, int(value), force=True)
+        self._nice = int(value)
 
     @property
     def weight_version(self) -> int:
@@ -283,6 +308,7 @@ class VLLMEngine(Engine):
                         await llm.update_weight_version(str(self._version))
                     for req in self._loras.values():
                         await llm.add_lora(req)
+                    self.engine_pids = _set_priority(llm, self._nice)
                 except Exception as start_exc:  # noqa: BLE001
                     raise EngineError(f"{exc}; restarting the engine failed: {type(start_exc).__name__}: "
                                       f"{start_exc}") from start_exc
@@ -517,3 +543,27 @@ def _span_versions(spans: Any, n: int, admitted: int) -> list[int]:
             continue  # a label we did not set ("default"): the admission version
         out[span.start:span.end] = [v] * (min(span.end, n) - span.start)
     return out
+
+
+def _set_priority(llm: Any, nice: int, force: bool = False) -> list[int]:
+    """Set ``nice`` on every thread of the engine core processes ``llm`` started (not their
+    workers: they compute the model); returns their pids. Raising one's own processes'
+    niceness needs no privilege. ``nice`` 0 changes nothing unless ``force``."""
+    import psutil
+
+    manager = getattr(getattr(getattr(llm, "engine_core", None), "resources", None), "engine_manager", None)
+    procs = []
+    for proc in getattr(manager, "processes", None) or []:
+        try:
+            procs.append(psutil.Process(proc.pid))
+        except psutil.NoSuchProcess:
+            continue
+    if not procs:
+        log.debug("no local vLLM engine processes found (another executor?): their priority is left as is")
+    for p in procs if nice or force else []:
+        try:
+            for t in p.threads():  # niceness is per thread on Linux
+                os.setpriority(os.PRIO_PROCESS, t.id, nice)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+    return [p.pid for p in procs]

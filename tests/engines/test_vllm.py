@@ -33,6 +33,37 @@ async def test_engine_contract(vengine):
     await testing.engine_contract(vengine)
 
 
+def _thread_nices(pid: int) -> set[int]:
+    import os
+
+    import psutil
+
+    return {os.getpriority(os.PRIO_PROCESS, t.id) for t in psutil.Process(pid).threads()}
+
+
+async def test_the_engine_core_yields_the_cpu_and_its_workers_do_not(vengine):
+    """On CPU every thread of the engine core (it busy-polls between steps) runs at nice 10,
+    so sandbox sessions and the kernel work they wait on are not queued behind it; the
+    workers, which compute the model, keep their priority. Settable at runtime."""
+    import os
+
+    import psutil
+
+    assert vengine.nice == 10 and vengine.engine_pids
+    for pid in vengine.engine_pids:
+        assert _thread_nices(pid) == {10}
+        workers = psutil.Process(pid).children(recursive=True)
+        assert workers and all(_thread_nices(w.pid) == {0} for w in workers)
+    vengine.nice = 12
+    assert vengine.nice == 12 and all(_thread_nices(pid) == {12} for pid in vengine.engine_pids)
+    if os.geteuid() == 0:  # lowering it again needs CAP_SYS_NICE
+        vengine.nice = 10
+    else:
+        with pytest.raises(PermissionError):
+            vengine.nice = 10
+    await testing.engine_contract(vengine)  # still serves at whatever priority
+
+
 async def test_resume_is_served_from_the_prefix_cache(vengine):
     prompt = testing.chat_prompt(vengine, "Compute 4364 + 83 * 54.", system="Solve the problem with Python. " * 6)
     tok = vengine.tokenizer
@@ -198,6 +229,7 @@ async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(ve
                             except psutil.NoSuchProcess:
                                 pass
     assert vengine.restarts == restarts + 1
+    assert vengine.engine_pids and all(_thread_nices(pid) == {vengine.nice} for pid in vengine.engine_pids)
     assert at_kill < 12 and len(trajs) == 12
     assert sorted((t.task_id, t.sample_index) for t in trajs) == sorted((t.id, i) for t in tasks for i in range(2))
     assert not [t.error for t in trajs if t.finish_reason.startswith("error")]
