@@ -60,8 +60,8 @@ class _Control:
                 async with self._reading:
                     if not mine.done:
                         await self._read_one()
-        except OSError as exc:
-            raise _ServerGone(f"the sandbox fork server is gone: {exc}") from exc
+        except (OSError, anyio.ClosedResourceError) as exc:
+            raise _ServerGone(f"the sandbox fork server is gone: {exc!r}") from exc
         except BaseException:
             mine.abandoned = True
             for fd in mine.fds:
@@ -92,6 +92,14 @@ class _Control:
         answer.msg, answer.fds, answer.done = msg, fds, True
 
     def close(self) -> None:
+        """Close the channel. Every request still waiting on it ends with ``_ServerGone`` (a
+        start waits inside a shielded scope: a waiter left on a closed socket would never
+        wake, and the start would hang for good)."""
+        for a in self._answers:
+            a.done = True  # no message: the server is gone
+        self._answers.clear()
+        if self.sock.fileno() >= 0:
+            anyio.notify_closing(self.sock)  # the task reading it raises ClosedResourceError
         try:
             self.sock.close()
         except OSError:
