@@ -87,7 +87,7 @@ class VLLMEngine(Engine):
         self.priority_scheduling = False
         self._sessions = Sessions(0)  # streaming-input sessions (``vllm_sessions``); set by ``create``
         self._nice = 0
-        #: The pids of the engine's own processes (engine core, workers), where it found them.
+        #: The pids of the engine core processes (``nice`` applies to them), where found.
         self.engine_pids: list[int] = []
 
     @classmethod
@@ -168,8 +168,8 @@ class VLLMEngine(Engine):
 
     @property
     def nice(self) -> int:
-        """The niceness of the engine's processes (``create``'s ``nice``). Settable: raising it
-        needs no privilege, lowering it again needs CAP_SYS_NICE (``PermissionError``)."""
+        """The niceness of the engine core's threads (``create``'s ``nice``). Settable: raising
+        it needs no privilege, lowering it again needs CAP_SYS_NICE (``PermissionError``)."""
         return self._nice
 
     @nice.setter
