@@ -78,6 +78,19 @@ async def test_sysfs_and_cgroup_release_agent_are_read_only(sandbox):
     assert r.status == "ok" and "WROTE" not in r.value
 
 
+async def test_the_hosts_cgroup_tree_is_hidden(sandbox):
+    """It would name every cgroup on the machine, list the pids in each (host processes',
+    other sessions') and show their memory and CPU use."""
+    if not os.listdir("/sys/fs/cgroup"):
+        pytest.skip("the host has no cgroup tree to hide")
+    mine = (await hostile(sandbox, "open('/proc/self/cgroup').read()")).value
+    assert "agentenv-" in mine  # the session is in its own cgroups all the same
+    code = ("import glob, os\n(os.listdir('/sys/fs/cgroup'), "
+            "glob.glob('/sys/fs/cgroup/**/cgroup.procs', recursive=True)[:3])")
+    r = await hostile(sandbox, code)
+    assert r.status == "ok" and r.value == "([], [])", r
+
+
 # -- 2. capabilities regained through a new user namespace ----------------------------------
 @x86_64
 @pytest.mark.parametrize("flag", [0x10000000, 0x00020000, 0x40000000, 0x20000000, 0x02000000, 0x00000080],

@@ -46,6 +46,7 @@ SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/dev", "/proc", "/sys")
 # Root-owned files under the system dirs that must read as empty even so.
 HIDE_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+CGROUP_FS = "/sys/fs/cgroup"
 # The whole private /dev: character devices a Python notebook uses, bound from the host's.
 DEVICES = ("null", "zero", "full", "random", "urandom")
 DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
@@ -135,7 +136,7 @@ def enter_template_view() -> None:
     """Run once in an isolated template fork server (as root, after the environment's setup
     code): a new mount namespace with the session's filesystem view, read-only throughout: the
     host's system dirs, everything else hidden behind empty tmpfs or empty files, the Python
-    installation kept, a private minimal /dev. Each session forked from the template copies
+    installation kept, a private minimal /dev, an empty /sys/fs/cgroup. Each session forked from the template copies
     this view (``enter_session``) instead of building it again."""
     _check(libc.unshare(CLONE_NEWNS), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -161,6 +162,11 @@ def enter_template_view() -> None:
     for k, fd in keeps.items():
         os.makedirs(k, exist_ok=True)
         _attach(fd, k)
+    # The host's cgroup tree names every cgroup on the machine and lists the pids in each (host
+    # processes', other sessions'), with their memory and CPU use: an empty directory instead.
+    # Sessions join their own cgroups through a handle the template opened before this.
+    if os.path.isdir(CGROUP_FS):
+        _mount("tmpfs", CGROUP_FS, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
     _setattr("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
 
 
