@@ -19,7 +19,11 @@ tool-call tag, and ``usage.prompt_tokens_details.cached_tokens`` reports the pre
   keeps retrying a server it cannot connect to (down, restarting) for ``reconnect_s`` seconds:
   a restarted server's programs go on from their last completed turn. A server that came
   back gets the weights pushed to it so far again (a restart reloads the checkpoint) before
-  any request is sent to it.
+  any request is sent to it. One that restarted while nothing was in flight is caught by the
+  engine id on its responses (``--middleware agentenv.engines.vllm_worker.instance_header``):
+  a response from an engine the weights were not pushed to is discarded, the weights are
+  pushed, and the request is sent again. Without the middleware that case is not detected
+  (a warning says so once weights have been pushed).
 * Weight updates (optional) go through vLLM's dev endpoint ``/collective_rpc`` (server
   started with ``VLLM_SERVER_DEV_MODE=1`` and
   ``--worker-extension-cls agentenv.engines.vllm_worker.WeightSyncExtension``); the prefix
@@ -29,6 +33,7 @@ tool-call tag, and ``usage.prompt_tokens_details.cached_tokens`` reports the pre
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from typing import Any, Iterable
 
@@ -39,6 +44,14 @@ from ..retry import retry_async
 from .base import Engine, Generation, SamplingParams
 from .embedded import load_tokenizer
 from .routing import Router
+from .vllm_worker import INSTANCE_HEADER, instance_id
+
+log = logging.getLogger(__name__)
+
+
+class _Restarted(EngineError):
+    """A response came from an engine the weights were not pushed to: it was restarted and
+    serves its checkpoint. Retried after the weights are pushed again."""
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -54,7 +67,7 @@ def _unreachable(exc: BaseException) -> bool:
 def _retryable(exc: BaseException) -> bool:
     import openai
 
-    if _unreachable(exc):
+    if _unreachable(exc) or isinstance(exc, _Restarted):
         return True
 
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError,
@@ -97,6 +110,9 @@ class OpenAIEngine(Engine):
         self.reconnect_s = reconnect_s
         self._pushed: dict[str, torch.Tensor] = {}  # every weight update so far (for a restarted server)
         self._lost = [False] * len(self.urls)  # a server we lost the connection to
+        self._instance: list[str | None] = [None] * len(self.urls)  # the engine each push reached
+        self._unidentified_warned = False
+        self._resync = [anyio.Lock() for _ in self.urls]
         #: Send each request's priority (the server must run ``--scheduling-policy priority``;
         #: vLLM rejects a non-zero priority otherwise).
         self.priority = priority
@@ -154,7 +170,9 @@ class OpenAIEngine(Engine):
     async def _retry(self, fn: Any, *args: Any, server: int = 0, reconnect: bool = True, **kwargs: Any) -> Any:
         async def call() -> Any:
             if self._lost[server] and self._pushed:  # it came back (or is back soon): resync
-                await self._push(self.urls[server], self._pushed)
+                async with self._resync[server]:  # once, however many requests found it gone
+                    if self._lost[server]:
+                        await self._push(server)
             self._lost[server] = False
             try:
                 return await fn(*args, **kwargs)
@@ -175,7 +193,8 @@ class OpenAIEngine(Engine):
         start = time.perf_counter()
         try:
             resp = await self._retry(
-                self.clients[idx].completions.create,
+                self._complete,
+                idx,
                 server=idx,
                 model=self.model,
                 prompt=list(prompt_ids),
@@ -216,6 +235,25 @@ class OpenAIEngine(Engine):
         return Generation(list(tokens), logprobs, reason, len(prompt_ids), cached, version, stop_tok,  # type: ignore[arg-type]
                           time.perf_counter() - start, {"server": self.urls[idx]})
 
+    async def _complete(self, idx: int, **kwargs: Any) -> Any:
+        """One completion from server ``idx``, checked to come from the engine our weights are on."""
+        pushed_to = self._instance[idx]  # as the request leaves: a push after it may be too late for it
+        raw = await self.clients[idx].completions.with_raw_response.create(**kwargs)
+        if pushed_to is not None:  # weights were pushed before it was sent (else any engine has the checkpoint)
+            served_by = raw.headers.get(INSTANCE_HEADER)
+            if served_by is None:
+                if not self._unidentified_warned:
+                    self._unidentified_warned = True
+                    log.warning("%s does not name its engine on responses: if it restarts while no request is "
+                                "in flight, it will serve its checkpoint's weights unnoticed (start it with "
+                                "--middleware agentenv.engines.vllm_worker.instance_header)", self.urls[idx])
+            elif served_by != pushed_to:
+                if self._instance[idx] == pushed_to:
+                    self._lost[idx] = True  # not pushed again since: the retry does it first
+                raise _Restarted(f"{self.urls[idx]} was restarted (engine {served_by}, weights pushed to "
+                                 f"{pushed_to}): sent again once the weights are there")
+        return raw.parse()
+
     async def abort(self, request_id: str) -> None:
         """Cancelling the caller closes the HTTP request, which makes vLLM abort it."""
 
@@ -224,22 +262,35 @@ class OpenAIEngine(Engine):
         items = weights.items() if isinstance(weights, dict) else weights
         host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
         async with self._update_lock:
-            for i, url in enumerate(self.urls):
-                await self._retry(self._push, url, host, server=i)
+            for i in range(len(self.urls)):
+                await self._retry(self._push, i, host, server=i)
             self._pushed.update(host)  # kept for a server that restarts (it reloads its checkpoint)
             self._version = self._version + 1 if version is None else int(version)
         return self._version
 
-    async def _push(self, url: str, tensors: dict[str, torch.Tensor]) -> None:
+    async def _push(self, idx: int, delta: dict[str, torch.Tensor] | None = None) -> None:
+        """Push ``delta`` (None: every tensor pushed so far) to server ``idx``. A server whose
+        engine changed since its last push (restarted: it has only its checkpoint) gets
+        everything pushed so far with it."""
+        before = self._instance[idx]
+        now = await self._post_weights(idx, self._pushed if delta is None else delta)
+        if delta is not None and self._pushed and now != before:
+            now = await self._post_weights(idx, {**self._pushed, **delta})
+        self._instance[idx] = now
+
+    async def _post_weights(self, idx: int, tensors: dict[str, torch.Tensor]) -> str:
+        """One ``agentenv_load_weights`` call; returns the id of the engine that loaded them."""
         import httpx
         from safetensors.torch import save
 
+        url = self.urls[idx]
         blob = base64.b64encode(save(tensors)).decode()
         async with httpx.AsyncClient(timeout=600) as http:
             r = await http.post(f"{url}/collective_rpc", json={"method": "agentenv_load_weights", "args": [blob]})
         if r.status_code != 200:
             raise EngineError(f"{url}/collective_rpc failed ({r.status_code}): {r.text[:300]} "
                               "(start the server with VLLM_SERVER_DEV_MODE=1 and the agentenv worker extension)")
+        return instance_id(r.json()["results"])
 
     async def aclose(self) -> None:
         if self._closed:

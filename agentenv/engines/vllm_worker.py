@@ -1,12 +1,49 @@
-"""Runs inside vLLM's worker processes (named by ``worker_extension_cls``): weight updates.
+"""Runs inside vLLM's processes: weight updates in its workers (named by
+``worker_extension_cls``), and a server middleware that names the engine behind each response.
 
 Weights travel as one safetensors blob: vLLM's RPC serialiser does not round-trip tensors
 nested in lists on every version, bytes always do.
+
+A server that restarts reloads its checkpoint. With requests in flight the client sees the
+connection drop and pushes its weights again; with none in flight it would not notice, and the
+next requests would be served by the checkpoint's weights under the trained version's label.
+So each worker process has an id (``agentenv_instance``; a restart makes new ones), a weight
+push answers with it, and ``instance_header`` (``vllm serve --middleware
+agentenv.engines.vllm_worker.instance_header``) puts the serving engine's id on every HTTP
+response: a response from an engine the weights were not pushed to is discarded, the weights
+are pushed, and the request is sent again (``engines/openai.py``).
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
+
+#: The response header that names the engine (its workers' ids) that served a request.
+INSTANCE_HEADER = "x-agentenv-instance"
+_WORKER_ID = uuid.uuid4().hex  # this process's; only a worker's is ever reported
+_served_by: str | None = None  # the API server's engine, as its workers name it (asked once)
+
+
+def instance_id(results: list[Any]) -> str:
+    """One engine's id from its workers' answers (one per tensor-parallel rank)."""
+    return ",".join(sorted(str(r["instance"] if isinstance(r, dict) else r) for r in results))
+
+
+async def instance_header(request: Any, call_next: Any) -> Any:
+    """HTTP middleware for ``vllm serve --middleware``: every response carries
+    ``x-agentenv-instance``, the id of the engine behind this server (its workers' ids, asked
+    once per server process). Without the worker extension the header is left out."""
+    global _served_by
+    response = await call_next(request)
+    if _served_by is None:
+        try:
+            _served_by = instance_id(await request.app.state.engine_client.collective_rpc("agentenv_instance"))
+        except Exception:  # noqa: BLE001 - no worker extension: nothing to report
+            _served_by = ""
+    if _served_by:
+        response.headers[INSTANCE_HEADER] = _served_by
+    return response
 
 
 class WeightSyncExtension:
@@ -14,7 +51,12 @@ class WeightSyncExtension:
 
     model_runner: Any
 
-    def agentenv_load_weights(self, blob: bytes | str) -> int:
+    def agentenv_instance(self) -> str:
+        """This worker process's id: a restarted server's workers have new ones."""
+        return _WORKER_ID
+
+    def agentenv_load_weights(self, blob: bytes | str) -> dict[str, Any]:
+        """Load the tensors; answers how many, and this worker's id (``agentenv_instance``)."""
         import base64
 
         from safetensors.torch import load
@@ -28,7 +70,7 @@ class WeightSyncExtension:
         # processed parameters fails), and works under LoRA wrappers.
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         self._refresh_tied_heads()
-        return len(weights)
+        return {"tensors": len(weights), "instance": _WORKER_ID}
 
     def _refresh_tied_heads(self) -> None:
         """A head tied to the embeddings shares their weight, but its kernel-side copy (the

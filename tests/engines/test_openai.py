@@ -42,7 +42,8 @@ def start_server(model_dir: str, port: int, log) -> subprocess.Popen:
            "--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(256 * 1024**2),
            "--enforce-eager", "--max-model-len", "1024", "--host", "127.0.0.1", "--port", str(port),
            "--enable-prompt-tokens-details", "--logprobs-mode", "processed_logprobs",
-           "--worker-extension-cls", "agentenv.engines.vllm_worker.WeightSyncExtension"]
+           "--worker-extension-cls", "agentenv.engines.vllm_worker.WeightSyncExtension",
+           "--middleware", "agentenv.engines.vllm_worker.instance_header"]
     with open(log, "a") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, start_new_session=True)
@@ -218,6 +219,44 @@ async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(serv
         for g in results.values():
             assert len(g.token_ids) == 900 and g.weight_version == 1
             assert all(abs(lp + math.log(vocab)) < 1e-3 for lp in g.logprobs), "served without the pushed weights"
+    finally:
+        with contextlib.suppress(Exception):  # the shared server gets its own weights back
+            await eng.load_weights({"model.norm.weight": norm})
+        await eng.aclose()
+
+
+async def test_a_server_restarted_with_nothing_in_flight_gets_the_weights_before_it_serves(server, model_dir):
+    """Killed and started again between two requests, the server reloads its checkpoint and no
+    request sees the connection drop. Its next response names a new engine: the engine
+    discards it, pushes the weights again and sends the request again."""
+    import httpx
+    import torch
+    from safetensors.torch import load_file
+
+    from agentenv.engines.openai import OpenAIEngine
+
+    eng = await OpenAIEngine.create(server.url, model_dir)
+    weights = load_file(f"{model_dir}/model.safetensors")
+    norm, vocab = weights["model.norm.weight"], weights["model.embed_tokens.weight"].shape[0]
+
+    def pushed(logprobs: list[float]) -> bool:  # a zero final norm: every logprob exactly -log(V)
+        return all(abs(lp + math.log(vocab)) < 1e-3 for lp in logprobs)
+
+    try:
+        await eng.load_weights({"model.norm.weight": torch.zeros_like(norm)})
+        prompt = testing.chat_prompt(eng, "Compute 3 + 4.")
+        first = await eng.generate(prompt, SamplingParams(max_tokens=16), "idle-0")
+        assert pushed(first.logprobs) and sum(eng.router.inflight) == 0
+        server.kill(signal.SIGKILL)
+        await anyio.to_thread.run_sync(server.start)
+        # What a request to the restarted server gets unless the weights are pushed again:
+        async with httpx.AsyncClient(timeout=120) as http:
+            r = await http.post(f"{server.url}/v1/completions", json={
+                "model": eng.model, "prompt": prompt, "max_tokens": 16, "logprobs": 0})
+        assert not pushed(r.json()["choices"][0]["logprobs"]["token_logprobs"]), "the restart kept the weights"
+        again = await eng.generate(prompt, SamplingParams(max_tokens=16), "idle-1")
+        assert again.weight_version == 1
+        assert pushed(again.logprobs), "the restarted server served its checkpoint under the pushed version"
     finally:
         with contextlib.suppress(Exception):  # the shared server gets its own weights back
             await eng.load_weights({"model.norm.weight": norm})
