@@ -33,8 +33,9 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
   ``max_restarts`` times in the engine's life, with the weights it last served (the last
   update is kept on the host for this; LoRA adapters are registered again), and every
   request it lost is submitted again: the caller's program goes on from its last completed
-  turn (the engine re-prefills it once). Only when restarts are exhausted or the new engine
-  fails to start does ``generate`` raise ``EngineError``.
+  turn (the engine re-prefills it once). A weight update or ``add_lora`` that finds the core
+  dead restarts it the same way and is then made on the new one. Only when restarts are
+  exhausted or the new engine fails to start do they raise ``EngineError``.
 """
 
 from __future__ import annotations
@@ -203,9 +204,39 @@ class VLLMEngine(Engine):
         if not Path(path, "adapter_config.json").is_file():
             raise ConfigError(f"{path} is not a PEFT adapter directory (no adapter_config.json)")
         req = LoRARequest(name, len(self._loras) + 1, str(path))
-        await self.llm.add_lora(req)
+        await self._restarting(self._on_engine, "add_lora", lambda llm: llm.add_lora(req))
         self._loras[name] = req
         return name
+
+    async def _on_engine(self, what: str, call: Any) -> Any:
+        """``call(self.llm)``, a vLLM failure raised as ``EngineError`` (its cause tells
+        ``_restarting`` whether the engine core died). vLLM answers a utility call (pause,
+        ``collective_rpc``, ``add_lora``) sent just as its core died with nothing, ever: the
+        call is watched, and ends with ``EngineDeadError`` when the core's process is gone."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        llm, dead, result = self.llm, False, None
+
+        async def watch(scope: anyio.CancelScope) -> None:
+            nonlocal dead
+            while not (dead := not _core_alive(llm)):
+                await anyio.sleep(0.5)
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, tg.cancel_scope)
+                try:
+                    result = await call(llm)
+                finally:
+                    tg.cancel_scope.cancel()
+        except (EngineError, anyio.get_cancelled_exc_class()):
+            raise
+        except Exception as exc:  # noqa: BLE001 - engine failures surface as EngineError
+            raise EngineError(f"vLLM {what} failed: {type(exc).__name__}: {exc}") from exc
+        if dead:
+            raise EngineError(f"vLLM {what} failed: the engine core died") from EngineDeadError()
+        return result
 
     async def enable_lora(self, spec: Any) -> None:
         """Train-time LoRA: after this, ``load_weights`` with adapter tensors (names holding
@@ -261,7 +292,7 @@ class VLLMEngine(Engine):
             return await self.generate(prompt_ids, params, request_id, priority=priority, lora=lora)
         return await self._restarting(self._session_turn, program, prompt_ids, params, request_id, priority, lora)
 
-    async def _restarting(self, fn: Any, *args: Any) -> Generation:
+    async def _restarting(self, fn: Any, *args: Any) -> Any:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         while True:
@@ -291,7 +322,7 @@ class VLLMEngine(Engine):
             old, args = self.llm, self._args
             with anyio.CancelScope(shield=True):
                 try:
-                    await anyio.to_thread.run_sync(old.shutdown)
+                    await anyio.to_thread.run_sync(_shut_down, old)
                 except Exception:  # noqa: BLE001 - it is dead already
                     pass
                 try:
@@ -461,18 +492,23 @@ class VLLMEngine(Engine):
         blob = save(host)
         # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
         self._served_weights.update(host)
+        # A dead engine core is restarted (with every update so far, this one included) and
+        # the update made again on the new one.
+        return await self._restarting(self._on_engine, "weight update", lambda llm: self._install(llm, blob, version))
+
+    async def _install(self, llm: Any, blob: bytes, version: int | None) -> int:
         async with self._update_lock:
             # In-flight requests are frozen (not aborted), keep their KV, and go on with the
             # new weights after resume; their later tokens carry the new version.
-            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            await llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                await self.llm.collective_rpc("agentenv_load_weights", args=(blob,))
+                await llm.collective_rpc("agentenv_load_weights", args=(blob,))
                 new = self._version + 1 if version is None else int(version)
                 if self._labels:
-                    await self.llm.update_weight_version(str(new))  # tokens sampled from now on
+                    await llm.update_weight_version(str(new))  # tokens sampled from now on
                 self._version = new
             finally:
-                await self.llm.resume_generation()
+                await llm.resume_generation()
         return self._version
 
     def release(self, program: str) -> None:
@@ -487,11 +523,34 @@ class VLLMEngine(Engine):
         with anyio.CancelScope(shield=True):
             self._sessions.close_all()
             await self._sessions.reap()
-            await anyio.to_thread.run_sync(self.llm.shutdown)
-        # Drop the engine now, while the interpreter is whole: vLLM's __del__ calls shutdown
-        # again and fails noisily if it only runs at interpreter exit.
+            await _stop_output_handler(self.llm)
+            await anyio.to_thread.run_sync(_shut_down, self.llm)
         self.llm = None
         gc.collect()
+
+
+def _shut_down(llm: Any) -> None:
+    """``llm.shutdown()``, once. vLLM's ``__del__`` calls it again, and when that runs only at
+    interpreter exit (something still holds the engine: a stored traceback's frame is
+    enough) it fails with a traceback ("Exception ignored in AsyncLLM.__del__")."""
+    llm.shutdown()
+    llm.shutdown = _nothing  # an instance attribute: __del__'s self.shutdown() finds it first
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+async def _stop_output_handler(llm: Any) -> None:
+    """vLLM's ``shutdown`` stops the engine core before the task that reads its outputs, which
+    then logs the core's death as an error (``EngineDeadError``, with a traceback) at every
+    clean shutdown. Stop that task first: nothing is in flight by now."""
+    import asyncio
+
+    handler = getattr(llm, "output_handler", None)
+    if isinstance(handler, asyncio.Task) and not handler.done():
+        handler.cancel()
+        await asyncio.wait([handler], timeout=5)  # waits without raising the task's cancellation
 
 
 def _take(out: Any, tokens: list[int], logprobs: list[float]) -> int:
@@ -545,15 +604,30 @@ def _span_versions(spans: Any, n: int, admitted: int) -> list[int]:
     return out
 
 
+def _core_processes(llm: Any) -> list[Any]:
+    """The engine core processes ``llm`` started (``multiprocessing`` handles), if local."""
+    manager = getattr(getattr(getattr(llm, "engine_core", None), "resources", None), "engine_manager", None)
+    return list(getattr(manager, "processes", None) or [])
+
+
+def _core_alive(llm: Any) -> bool:
+    """False once vLLM has marked ``llm`` dead or one of its engine core processes has exited."""
+    if getattr(llm, "errored", False):
+        return False
+    try:
+        return all(p.is_alive() for p in _core_processes(llm))
+    except (AssertionError, ValueError):  # a handle of another process, or closed: cannot tell
+        return True
+
+
 def _set_priority(llm: Any, nice: int, force: bool = False) -> list[int]:
     """Set ``nice`` on every thread of the engine core processes ``llm`` started (not their
     workers: they compute the model); returns their pids. Raising one's own processes'
     niceness needs no privilege. ``nice`` 0 changes nothing unless ``force``."""
     import psutil
 
-    manager = getattr(getattr(getattr(llm, "engine_core", None), "resources", None), "engine_manager", None)
     procs = []
-    for proc in getattr(manager, "processes", None) or []:
+    for proc in _core_processes(llm):
         try:
             procs.append(psutil.Process(proc.pid))
         except psutil.NoSuchProcess:

@@ -242,6 +242,64 @@ async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(ve
     await _no_requests_left(vengine)
 
 
+async def test_a_weight_update_on_a_dead_engine_core_restarts_it_and_lands(vengine, model_dir):
+    """The core dies between requests: the next weight update finds it dead, starts a new one
+    and makes the update there; the next request is sampled with the new weights."""
+    import math
+
+    import psutil
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(f"{model_dir}/model.safetensors")
+    norm, vocab = weights["model.norm.weight"], weights["model.embed_tokens.weight"].shape[0]
+    restarts, version = vengine.restarts, vengine.weight_version
+    vengine.max_restarts = max(vengine.max_restarts, restarts + 1)
+    cores = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in p.name()]
+    assert cores
+    for p in cores:
+        p.kill()
+    psutil.wait_procs(cores, timeout=30)
+    try:
+        # A zero final norm: every logit 0, every sampled token's logprob exactly -log(V).
+        v = await vengine.load_weights({"model.norm.weight": torch.zeros_like(norm)})
+        assert vengine.restarts == restarts + 1 and v == version + 1
+        g = await vengine.generate(testing.chat_prompt(vengine, "Compute 2 + 2."), SamplingParams(max_tokens=8),
+                                   "after-dead-update")
+        assert g.weight_version == v
+        assert all(abs(lp + math.log(vocab)) < 1e-3 for lp in g.logprobs), "the update did not reach the new core"
+    finally:
+        await vengine.load_weights({"model.norm.weight": norm})
+
+
+def test_a_clean_shutdown_logs_no_error(model_dir, tmp_path):
+    """Create, generate, close, exit: vLLM's shutdown order used to make its output handler log
+    the engine core's death (EngineDeadError with a traceback) every time, and its __del__ to
+    fail at interpreter exit."""
+    import subprocess
+    import sys
+
+    script = f"""if __name__ == "__main__":
+    import anyio
+    from agentenv import testing
+    from agentenv.engines.base import SamplingParams
+    from agentenv.engines.vllm import VLLMEngine
+
+    async def main():
+        eng = await VLLMEngine.create({model_dir!r}, max_model_len=512)
+        g = await eng.generate(testing.chat_prompt(eng, "Compute 1 + 1."), SamplingParams(max_tokens=4), "x")
+        await eng.aclose()
+        print("generated", len(g.token_ids))
+
+    anyio.run(main)
+"""
+    (tmp_path / "run.py").write_text(script)
+    out = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "generated 4" in out.stdout, out.stderr[-3000:]
+    for bad in ("EngineDeadError", "Traceback", "Exception ignored"):
+        assert bad not in out.stderr, out.stderr[-3000:]
+
+
 def make_lora_adapter(model_dir: str, out: str, rank: int = 8) -> str:
     """A PEFT-format LoRA adapter on q_proj/v_proj with strong random weights."""
     import json
