@@ -523,7 +523,6 @@ class VLLMEngine(Engine):
         with anyio.CancelScope(shield=True):
             self._sessions.close_all()
             await self._sessions.reap()
-            await _stop_output_handler(self.llm)
             await anyio.to_thread.run_sync(_shut_down, self.llm)
         self.llm = None
         gc.collect()
@@ -539,18 +538,6 @@ def _shut_down(llm: Any) -> None:
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
-
-
-async def _stop_output_handler(llm: Any) -> None:
-    """vLLM's ``shutdown`` stops the engine core before the task that reads its outputs, which
-    then logs the core's death as an error (``EngineDeadError``, with a traceback) at every
-    clean shutdown. Stop that task first: nothing is in flight by now."""
-    import asyncio
-
-    handler = getattr(llm, "output_handler", None)
-    if isinstance(handler, asyncio.Task) and not handler.done():
-        handler.cancel()
-        await asyncio.wait([handler], timeout=5)  # waits without raising the task's cancellation
 
 
 def _take(out: Any, tokens: list[int], logprobs: list[float]) -> int:
