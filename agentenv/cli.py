@@ -716,6 +716,8 @@ def _summary(console: Any, s: dict, out: Path, written: int, total_s: float) -> 
         ("prefix-cache hits (all prompt tokens)", f"{s['prefix_cache_hit_pct']}%"),
         ("engine occupancy (mean requests in flight)", s["mean_requests_in_flight"]),
         ("engine idle (no request in flight)", f"{s['engine_idle_pct']}%"),
+        *((("engine under half its decode slots (the run's tail, mostly)", f"{s['engine_under_half_pct']}%"),)
+          if s.get("engine_under_half_pct") is not None else ()),
         ("pauses / restores (KV pressure)", f"{s['pauses']} / {s['restores']}"),
         *((("sandbox sessions (started, p50 / p90 start)",
             f"{s['env_starts']}, {s['env_start_p50_ms']} / {s['env_start_p90_ms']} ms"),) if s["env_starts"] else ()),

@@ -163,7 +163,7 @@ class Reactor:
         )
         self._needs_env = any(isinstance(t, PythonTool) for t in tools.values())
         self._setup = env.sandbox_setup() if self._needs_env else None
-        self.stats = RunStats(block_size=getattr(engine, "page_size", 1))
+        self.stats = RunStats(block_size=getattr(engine, "page_size", 1), slots=self.config.concurrency)
         c = self.config
         policy = Policy(c.scheduling)
         self._sched = Scheduler(SchedulerConfig(

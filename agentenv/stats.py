@@ -55,9 +55,14 @@ class RunStats:
     reprefilled: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
     # Engine occupancy, integrated over time from the reactor's submit/return events.
+    #: Decode slots (the reactor's ``concurrency``); 0 when unknown.
+    slots: int = 0
     in_flight: int = 0
     in_flight_area: float = 0.0
     idle_s: float = 0.0
+    #: Time with fewer than half the decode slots busy (idle included): where a run starves
+    #: the engine, typically its tail, when the programs left are fewer than the slots.
+    under_half_s: float = 0.0
     pauses: int = 0
     restores: int = 0
     env_waits: int = 0
@@ -82,6 +87,8 @@ class RunStats:
             self.in_flight_area += self.in_flight * dt
             if self.in_flight == 0:
                 self.idle_s += dt
+            if 2 * self.in_flight < self.slots:
+                self.under_half_s += dt
         self._t_last = now
 
     def requests_changed(self, delta: int) -> None:
@@ -137,6 +144,13 @@ class RunStats:
         return self.idle_s / self.elapsed if self.elapsed > 0 else 0.0
 
     @property
+    def under_half_fraction(self) -> float | None:
+        """Share of the wall time with fewer than half the decode slots busy (None: slots unknown)."""
+        if not self.slots:
+            return None
+        return self.under_half_s / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
     def mean_reward(self) -> float | None:
         return self.reward_sum / self.rewarded if self.rewarded else None
 
@@ -156,6 +170,8 @@ class RunStats:
             "reprefilled_tokens": self.reprefilled,
             "mean_requests_in_flight": round(self.mean_in_flight, 2),
             "engine_idle_pct": round(100 * self.idle_fraction, 1),
+            "engine_under_half_pct": (None if self.under_half_fraction is None
+                                      else round(100 * self.under_half_fraction, 1)),
             "pauses": self.pauses,
             "restores": self.restores,
             "env_waits": self.env_waits,

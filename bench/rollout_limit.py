@@ -8,8 +8,9 @@ per ``--scheduling`` policy on one engine, after a warm-up. Right after each run
 same engine, it measures pure decode: ``--concurrency`` closed-loop requests with that run's
 mean prompt length and mean turn length (no tools, prefixes cached); the policy's ratio is
 to that (this VM's speed drifts over minutes, and the model's turn lengths from run to run).
-Prints each policy's generated tok/s, mean requests in flight, engine idle fraction and time
-waiting for sandbox sessions, and last
+Prints each policy's generated tok/s, mean requests in flight, engine idle fraction, the share
+of the time with under half the decode slots busy (the run's tail, mostly) and time waiting
+for sandbox sessions, and last
 ``rollout_limit_ratio: <first policy tok/s / pure-decode tok/s>``.
 """
 
@@ -58,7 +59,8 @@ async def main_async(args) -> None:
             d = s.summary()
             rate = s.sampled_tokens / wall
             print(f"{policy:8s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
-                  f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, session waits "
+                  f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, under half the slots "
+                  f"{100 * s.under_half_fraction:.1f}%, session waits "
                   f"{s.env_waits} ({s.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
                   f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.resume_reuse:.1f}%", flush=True)
             # Right after each run (this VM's speed drifts over minutes), at that run's own mean

@@ -21,8 +21,9 @@ own settings). For each KV setting the engine's pure-decode rate is measured in 
 prefixes cached, measured before the first policy and again after each one; a policy's
 reference is the mean of the two measurements around its run (the VM's speed drifts over a
 long run). Per policy it prints wall time, generated tok/s, the ratio to that pure decode,
-mean requests in flight, engine idle fraction, resume prefix-cache reuse, re-prefilled tokens,
-pauses and restores; then the speedups, and last ``limit_ratio: <program tok/s / pure-decode
+mean requests in flight, engine idle fraction, the share of the time under half the decode
+slots (mostly the run's tail), resume prefix-cache reuse, re-prefilled tokens, pauses and
+restores; then the speedups, and last ``limit_ratio: <program tok/s / pure-decode
 tok/s>`` for the first KV setting (the working set fits).
 
 The simulator (``agentenv.simulator``) then runs the same traces through the same scheduler,
@@ -121,6 +122,7 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
     bad = [t.finish_reason for g in groups for t in g.trajectories if t.finish_reason != "stop"]
     return {"policy": policy, "programs": n, "wall_s": wall, "tokens": s.sampled_tokens,
             "tok_s": s.sampled_tokens / wall, "in_flight": s.mean_in_flight, "idle": s.idle_fraction,
+            "under_half": s.under_half_fraction,
             "reuse": s.resume_reuse, "reprefilled": s.reprefilled, "pauses": s.pauses, "restores": s.restores,
             "not_stop": len(bad), "peak_ws": reactor.scheduler.peak_working_set,
             "max_programs": reactor.scheduler.config.max_programs,
@@ -194,7 +196,8 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
             results.append(r)
             print(f"[{label}] {policy:9s} wall {r['wall_s']:6.1f}s  {r['tok_s']:7.0f} tok/s  ratio {r['ratio']:.2f} "
                   f"(pure decode {around[-2]:.0f} before, {around[-1]:.0f} after)  "
-                  f"in flight {r['in_flight']:5.1f}  idle {100 * r['idle']:4.1f}%  reuse {100 * r['reuse']:5.1f}%  "
+                  f"in flight {r['in_flight']:5.1f}  idle {100 * r['idle']:4.1f}%  under half the slots "
+                  f"{100 * r['under_half']:4.1f}%  reuse {100 * r['reuse']:5.1f}%  "
                   f"re-prefilled {r['reprefilled']:6d}  pauses {r['pauses']:4d}  restores {r['restores']:4d}  "
                   f"peak working set {r['peak_ws']}  client CPU {r['client_cpu_us_per_token']:.0f} us/token",
                   flush=True)

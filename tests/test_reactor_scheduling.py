@@ -58,6 +58,9 @@ async def test_every_policy_yields_the_trace_exactly(engine, policy):
     check_against_trace(env, trajs, engine.tokenizer)
     s = reactor.stats
     assert s.in_flight == 0 and 0 < s.mean_in_flight <= (12 if policy == "lockstep" else 4)
+    # Idle time is part of the time under half the slots (the last program's tail at least).
+    assert s.slots == 4 and s.idle_fraction <= s.under_half_fraction < 1
+    assert s.summary()["engine_under_half_pct"] == round(100 * s.under_half_fraction, 1)
     assert reactor.scheduler.done and not reactor.scheduler.programs
 
 

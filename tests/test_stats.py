@@ -1,0 +1,48 @@
+"""RunStats: occupancy integrated over time (a fake clock drives the reactor's events)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv import stats as stats_mod
+from agentenv.stats import RunStats
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: now[0])
+    return now
+
+
+def test_occupancy_idle_and_time_under_half_the_slots(clock):
+    s = RunStats(slots=4)
+    s.start(total=4)
+    for _ in range(4):
+        s.requests_changed(+1)
+    clock[0] += 5.0  # 4 of 4 slots busy
+    for _ in range(2):
+        s.requests_changed(-1)
+    clock[0] += 1.0  # exactly half busy: not under half
+    s.requests_changed(-1)
+    clock[0] += 3.0  # 1 of 4: under half
+    s.requests_changed(-1)
+    clock[0] += 1.0  # idle: under half too
+    s.stop()
+    assert s.elapsed == pytest.approx(10.0)
+    assert s.mean_in_flight == pytest.approx((4 * 5 + 2 * 1 + 1 * 3) / 10)
+    assert s.idle_fraction == pytest.approx(0.1)
+    assert s.under_half_fraction == pytest.approx(0.4)
+    summary = s.summary()
+    assert summary["engine_under_half_pct"] == 40.0 and summary["engine_idle_pct"] == 10.0
+
+
+def test_time_under_half_is_unknown_without_a_slot_count(clock):
+    s = RunStats()
+    s.start(total=1)
+    s.requests_changed(+1)
+    clock[0] += 2.0
+    s.requests_changed(-1)
+    s.stop()
+    assert s.under_half_fraction is None and s.summary()["engine_under_half_pct"] is None
+    assert s.mean_in_flight == pytest.approx(1.0)
