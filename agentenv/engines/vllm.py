@@ -41,6 +41,7 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -544,13 +545,19 @@ def _token_prompt(ids: list[int], salt: str) -> Any:
     vLLM has it). ``AsyncLLM`` sends a plain ``TokensPrompt`` through its renderer on a thread
     pool first, a thread hop per request for nothing: token ids need no rendering, and the
     prompt's length is checked either way. Earlier vLLMs get the ``TokensPrompt``."""
+    return _prompt_form()(ids, salt)
+
+
+@functools.cache
+def _prompt_form() -> Any:
+    """The prompt constructor this vLLM has, looked up once (``_token_prompt`` is per request)."""
     try:
         from vllm.inputs.engine import tokens_input
     except ImportError:
         from vllm.inputs import TokensPrompt
 
-        return TokensPrompt(prompt_token_ids=ids, cache_salt=salt)
-    return tokens_input(ids, cache_salt=salt)
+        return lambda ids, salt: TokensPrompt(prompt_token_ids=ids, cache_salt=salt)
+    return lambda ids, salt: tokens_input(ids, cache_salt=salt)
 
 
 def _take(out: Any, tokens: list[int], logprobs: list[float]) -> int:
