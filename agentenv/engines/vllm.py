@@ -41,6 +41,7 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import json
@@ -523,9 +524,22 @@ class VLLMEngine(Engine):
         with anyio.CancelScope(shield=True):
             self._sessions.close_all()
             await self._sessions.reap()
+            await _stop_output_handler(self.llm)
             await anyio.to_thread.run_sync(_shut_down, self.llm)
         self.llm = None
         gc.collect()
+
+
+async def _stop_output_handler(llm: Any) -> None:
+    """Cancel ``AsyncLLM``'s output handler before its shutdown. vLLM stops the engine core
+    first and cancels the handler only afterwards; in between, the handler (on this loop,
+    which runs while the shutdown waits in a worker thread) finds the core gone and logs an
+    ``EngineDeadError`` traceback for a clean close. Nothing is in flight by now."""
+    task = getattr(llm, "output_handler", None)
+    if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+        return
+    task.cancel()
+    await asyncio.wait({task})
 
 
 def _shut_down(llm: Any) -> None:
