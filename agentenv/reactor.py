@@ -164,6 +164,7 @@ class Reactor:
         self._needs_env = any(isinstance(t, PythonTool) for t in tools.values())
         self._setup = env.sandbox_setup() if self._needs_env else None
         self.stats = RunStats(block_size=getattr(engine, "page_size", 1), slots=self.config.concurrency)
+        self._counted: set[str] = set()  # trajectories in ``stats`` whose group is not scored yet
         c = self.config
         policy = Policy(c.scheduling)
         self._sched = Scheduler(SchedulerConfig(
@@ -377,6 +378,7 @@ class Reactor:
         # The program no longer occupies the engine; the (possibly slow) reward runs now.
         await score_program(self.env, slot.task, traj, self.config.reward_timeout)
         self.stats.add(traj)
+        self._counted.add(traj.id)
         if self._ctx.journal is not None:
             self._ctx.journal.finished(traj)
         group = slot.group
@@ -394,8 +396,12 @@ class Reactor:
     async def _finish_group(self, group: Group) -> None:
         group.trajectories.sort(key=lambda t: t.sample_index)
         scored = [t for t in group.trajectories if t.reward is not None]
+        counted = [t for t in scored if t.id in self._counted]  # not those a snapshot brought back
+        self._counted.difference_update(t.id for t in group.trajectories)
         if not scored:
             return
+        for t in counted:  # the run's stats count the rewards the group ends with
+            self.stats.count_reward(t, -1)
         try:
             with anyio.fail_after(self.config.reward_timeout):
                 values = await self.env.group_reward(group.task, scored)
@@ -409,3 +415,6 @@ class Reactor:
         except Exception as exc:  # noqa: BLE001
             for t in scored:
                 reward_failed(t, exc)
+        finally:
+            for t in counted:
+                self.stats.count_reward(t)

@@ -115,13 +115,22 @@ class RunStats:
         self.resume_cached += c
         self.resume_eligible += e
         self.reprefilled += e - c
+        self.count_reward(t)
+
+    def count_reward(self, t: Trajectory, sign: int = 1) -> None:
+        """Count ``t``'s reward, components and finish reason (``sign=-1``: take them back,
+        before a group reward replaces them; ``add`` counts them once)."""
         if t.reward is not None:
-            self.reward_sum += t.reward
-            self.rewarded += 1
+            self.reward_sum += sign * t.reward
+            self.rewarded += sign
         for name, value in t.reward_components.items():
-            self.component_sums[name] += value
-            self.component_counts[name] += 1
-        self.finish_reasons[t.finish_reason] += 1
+            self.component_sums[name] += sign * value
+            self.component_counts[name] += sign
+            if not self.component_counts[name]:
+                del self.component_counts[name], self.component_sums[name]
+        self.finish_reasons[t.finish_reason] += sign
+        if not self.finish_reasons[t.finish_reason]:
+            del self.finish_reasons[t.finish_reason]
 
     @property
     def elapsed(self) -> float:

@@ -113,13 +113,30 @@ async def test_reward_exception_is_recorded_not_raised(engine):
 
 class GroupRanked(RetoolMathEnv):
     async def group_reward(self, task, trajectories):
-        return [float(i) for i, _ in enumerate(trajectories)]
+        return [{"rank": float(i), "bonus": 10.0} for i, _ in enumerate(trajectories)]
 
 
-async def test_group_reward_hook(engine):
-    groups = await run(engine, GroupRanked(), n_tasks=2, group_size=3)
+class GroupBroken(RetoolMathEnv):
+    async def group_reward(self, task, trajectories):
+        raise RuntimeError("group grader crashed")
+
+
+async def test_group_reward_hook_and_the_run_stats_count_the_group_rewards(engine):
+    config = RolloutConfig(max_turns=4, max_new_tokens=256, concurrency=8)
+    async with LocalSandbox() as sb:
+        reactor = Reactor(engine, GroupRanked(), sb, config)
+        groups = await reactor.collect(GroupRanked().tasks(2), 3)
     for g in groups:
-        assert g.rewards == [0.0, 1.0, 2.0]
+        assert g.rewards == [10.0, 11.0, 12.0]
+    s = reactor.stats.summary()  # the group's rewards replaced the per-sample ones, once each
+    assert s["mean_reward"] == 11.0 and s["reward_components"] == {"rank": 1.0, "bonus": 10.0}
+    assert sum(s["finish_reasons"].values()) == 6 and reactor._counted == set()
+    async with LocalSandbox() as sb:
+        reactor = Reactor(engine, GroupBroken(), sb, config)
+        groups = await reactor.collect(GroupBroken().tasks(2), 2)
+    assert all(t.finish_reason == "error:reward" and "group grader crashed" in t.error for t in flat(groups))
+    s = reactor.stats.summary()
+    assert s["mean_reward"] is None and s["finish_reasons"] == {"error:reward": 4}
 
 
 async def test_max_turns_ends_the_program(engine):
