@@ -477,6 +477,13 @@ def _open_out(out: Path, append: bool) -> Any:
     return open(out, "ab" if append else "wb", buffering=0)
 
 
+def _has_group_reward(env: Any) -> bool:
+    """Whether ``env`` rewards whole groups (overrides ``Environment.group_reward``)."""
+    from .env import Environment
+
+    return getattr(type(env), "group_reward", Environment.group_reward) is not Environment.group_reward
+
+
 def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
     """One trajectory as one JSONL line, written whole; a write error is one clear line (a
     line cut short by it is dropped by --resume)."""
@@ -635,7 +642,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
 
     from .checker import check_env
     from .engines import open_engine
-    from .reactor import Reactor
+    from .reactor import Group, Reactor
     from .trajectory import Trajectory
     from agentenv.sandboxes import default_sandbox
 
@@ -661,24 +668,36 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                 Reactor(engine, env, sandbox, config, journal=log) as reactor:
             with progress, _open_out(args.out, args.resume) as f:
                 bar = progress.add_task("rollouts", total=total, info="")
+                # An environment with a group reward rewards a group's samples only once the
+                # whole group is done: their lines are written then, a group at a time (as a Ray
+                # run writes them), so every line carries the reward the trainer would see.
+                by_group = _has_group_reward(env)
+
+                def write(traj: Trajectory) -> None:
+                    nonlocal written
+                    if traj.finish_reason == "error:reward":
+                        reward_errors.append(traj.error)
+                    _write_line(f, traj, args.out, "; the lines before this one are intact (--resume continues)")
+                    log.done(traj)
+                    written += 1
+
                 async with reactor.rollouts(tasks, args.group_size, resume=resume) as results:
                     async for item in results:
-                        if isinstance(item, Trajectory) and item.finish_reason == "error:engine":
+                        if isinstance(item, Group):
+                            for traj in item.trajectories if by_group else ():
+                                if traj.finish_reason != "error:engine":
+                                    write(traj)
+                            continue
+                        if item.finish_reason == "error:engine":
                             # The engine failed for good (restarts/reconnects exhausted): not a
                             # result. Its log records stay, so --resume continues it.
                             held_back.append(item)
-                            progress.update(bar, advance=1)
-                        elif isinstance(item, Trajectory):
-                            if item.finish_reason == "error:reward":
-                                reward_errors.append(item.error)
-                            _write_line(f, item, args.out,
-                                        "; the lines before this one are intact (--resume continues)")
-                            log.done(item)
-                            written += 1
-                            s = reactor.stats
-                            mr = s.mean_reward
-                            progress.update(bar, advance=1, info=f"{s.tokens_per_s:.0f} tok/s  reward "
-                                            f"{'-' if mr is None else f'{mr:.2f}'}")
+                        elif not by_group:
+                            write(item)
+                        s = reactor.stats  # the bar counts finished programs
+                        mr = s.mean_reward
+                        progress.update(bar, advance=1, info=f"{s.tokens_per_s:.0f} tok/s  reward "
+                                        f"{'-' if mr is None else f'{mr:.2f}'}")
             _summary(console, reactor.stats.summary(), args.out, written, time.perf_counter() - args.t_start)
         if reward_errors:
             console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "

@@ -118,6 +118,29 @@ def test_an_environment_from_the_users_own_file(tmp_path, model_dir):
     assert '"env_args":{"digits":4,"shout":true}' in log.replace(" ", "")
 
 
+GROUP_ENV = USER_ENV.replace('register("digit-sum", DigitSum)', """
+class RankedDigitSum(DigitSum):
+    async def group_reward(self, task, trajectories):
+        return [100.0 + t.sample_index for t in trajectories]
+""")
+
+
+def test_rollout_lines_carry_the_group_reward(tmp_path, model_dir):
+    """An environment with ``group_reward``: every line is written once its group is scored,
+    with the group's reward (not the per-sample one), and the summary agrees."""
+    (tmp_path / "ranked_env.py").write_text(GROUP_ENV)
+    out = tmp_path / "r.jsonl"
+    r = agentenv("rollout", "--env", "ranked_env:RankedDigitSum", "--tasks", "3", "--group-size", "3",
+                 "--max-new-tokens", "32", "--model", model_dir, "--no-progress", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 9 and {x["task_id"] for x in rows} == {"ds3/0/0", "ds3/0/1", "ds3/0/2"}
+    assert all(x["reward"] == 100.0 + x["sample_index"] for x in rows)
+    for i in range(0, 9, 3):  # a group's lines together, in sample order
+        assert [x["sample_index"] for x in rows[i:i + 3]] == [0, 1, 2] and len({x["group_id"] for x in rows[i:i + 3]}) == 1
+    assert "101.0" in r.stderr  # the summary's mean reward
+
+
 def test_eval_on_a_dataset_file_reports_pass_at_k_consistent_with_its_trajectories(tmp_path, model_dir):
     data = tmp_path / "mini.jsonl"
     rows = [{"q": f"Compute {a} * {b}.", "a": a * b, "src": "mini"} for a, b in ((12, 34), (56, 78), (91, 23))]
