@@ -111,7 +111,7 @@ class Engine(abc.ABC):
         """Install new weights (in-flight requests keep going); return the new version."""
 
     async def enable_lora(self, spec: Any) -> None:
-        """Serve a trainable LoRA adapter (``agentenv.train.LoraSpec``) so that
+        """Serve a trainable LoRA adapter (``agentenv.models.lora.LoraSpec``, also ``agentenv.train.LoraSpec``) so that
         ``load_weights`` can move only the adapter. Engines that cannot say so."""
         from ..errors import ConfigError
 

@@ -225,14 +225,14 @@ class EmbeddedEngine(Engine):
         return self._version
 
     def _enable_lora_sync(self, spec: Any) -> None:
-        from ..train.policy import inject_lora
+        from ..models.lora import inject_lora
 
         with self._weights_lock, self._mgr.pause():
             inject_lora(self.model, spec)  # B = 0: outputs unchanged until the first sync
             self.model.eval()
 
     async def enable_lora(self, spec: Any) -> None:
-        """Inject a LoRA adapter (``agentenv.train.LoraSpec``) into the served model; later
+        """Inject a LoRA adapter (``agentenv.models.lora.LoraSpec``, also ``agentenv.train.LoraSpec``) into the served model; later
         ``load_weights`` calls may then carry only the adapter's tensors."""
         await anyio.to_thread.run_sync(self._enable_lora_sync, spec)
 

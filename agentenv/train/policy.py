@@ -12,41 +12,17 @@ import contextlib
 import copy
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
 from ..models import quiet_loading
+from ..models.lora import LoraSpec, inject_lora
 from .batch import Batch, micro_batches
 from .loss import LossConfig, grpo_loss
 from .sharding import full
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True, slots=True)
-class LoraSpec:
-    rank: int = 8
-    alpha: float = 16.0
-    target_modules: tuple[str, ...] = LORA_TARGETS
-
-    def peft_config(self):
-        from peft import LoraConfig
-
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0,
-                          target_modules=list(self.target_modules), bias="none")
-
-
-def inject_lora(model: torch.nn.Module, spec: LoraSpec) -> None:
-    """Add the adapter (B = 0, so outputs are unchanged) and freeze everything else."""
-    from peft import inject_adapter_in_model
-
-    inject_adapter_in_model(spec.peft_config(), model)
-    for name, p in model.named_parameters():
-        p.requires_grad_("lora_" in name)
-
 
 def nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
