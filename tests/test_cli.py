@@ -137,7 +137,8 @@ def test_rollout_lines_carry_the_group_reward(tmp_path, model_dir):
     assert len(rows) == 9 and {x["task_id"] for x in rows} == {"ds3/0/0", "ds3/0/1", "ds3/0/2"}
     assert all(x["reward"] == 100.0 + x["sample_index"] for x in rows)
     for i in range(0, 9, 3):  # a group's lines together, in sample order
-        assert [x["sample_index"] for x in rows[i:i + 3]] == [0, 1, 2] and len({x["group_id"] for x in rows[i:i + 3]}) == 1
+        group = rows[i:i + 3]
+        assert [x["sample_index"] for x in group] == [0, 1, 2] and len({x["group_id"] for x in group}) == 1
     assert "101.0" in r.stderr  # the summary's mean reward
 
 

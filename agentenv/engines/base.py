@@ -111,8 +111,9 @@ class Engine(abc.ABC):
         """Install new weights (in-flight requests keep going); return the new version."""
 
     async def enable_lora(self, spec: Any) -> None:
-        """Serve a trainable LoRA adapter (``agentenv.models.lora.LoraSpec``, also ``agentenv.train.LoraSpec``) so that
-        ``load_weights`` can move only the adapter. Engines that cannot say so."""
+        """Serve a trainable LoRA adapter (``agentenv.models.lora.LoraSpec``, also exported as
+        ``agentenv.train.LoraSpec``) so that ``load_weights`` can move only the adapter. Engines
+        that cannot say so."""
         from ..errors import ConfigError
 
         raise ConfigError(f"{type(self).__name__} does not support LoRA weight sync; train without --lora-rank")

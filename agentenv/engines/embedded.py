@@ -232,8 +232,9 @@ class EmbeddedEngine(Engine):
             self.model.eval()
 
     async def enable_lora(self, spec: Any) -> None:
-        """Inject a LoRA adapter (``agentenv.models.lora.LoraSpec``, also ``agentenv.train.LoraSpec``) into the served model; later
-        ``load_weights`` calls may then carry only the adapter's tensors."""
+        """Inject a LoRA adapter (``agentenv.models.lora.LoraSpec``, also exported as
+        ``agentenv.train.LoraSpec``) into the served model; later ``load_weights`` calls may
+        then carry only the adapter's tensors."""
         await anyio.to_thread.run_sync(self._enable_lora_sync, spec)
 
     async def load_weights(self, weights, version: int | None = None) -> int:
