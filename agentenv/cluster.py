@@ -16,7 +16,8 @@ Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` 
 * **Faults.** A worker that dies (node lost, process killed) is replaced by a new actor; the
   groups it had in flight continue on the live workers from their latest snapshot: every
   ``snapshot_interval`` seconds the driver asks each worker for its in-flight programs as of
-  their last completed turn (the same in-memory log a trainer checkpoint saves), so the
+  their last completed turn (the same in-memory log a trainer checkpoint saves; the worker
+  sends only the turns and finished programs the driver lacks, merged into what it holds), so the
   programs resume there (the notebook rebuilt by replaying their logged tool calls) and the
   group's finished programs are kept; a group with no snapshot yet runs again from the start.
   Only complete groups are ever yielded, so nothing is lost and nothing appears twice.
@@ -42,6 +43,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from .config import RolloutConfig
 from .env import Task
 from .errors import ConfigError, EngineError
+from .journal import holding, merge_snapshot
 from .raycluster import actor_options, connect, cpu_share, died_errors
 from .raycluster import ray_module as _ray
 from .trajectory import Trajectory
@@ -116,9 +118,10 @@ class RolloutWorker:
             self.log.forget(task["id"])
         return [t.to_dict() for t in group.trajectories]
 
-    async def snapshot(self, task_ids: list[str]) -> dict[str, Any]:
-        """The tasks' programs as of their last completed turn (see ``journal.InFlight``)."""
-        return self.log.snapshot(set(task_ids))
+    async def snapshot(self, task_ids: list[str], have: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The tasks' programs as of their last completed turn (see ``journal.InFlight``); with
+        ``have`` (what the driver holds), only what it lacks."""
+        return self.log.snapshot(set(task_ids), have)
 
     async def stop(self) -> None:
         if self._stop is not None:
@@ -266,14 +269,17 @@ class RayRollouts:
                 by_actor: dict[Any, list[str]] = {}
                 for _, actor, task in list(inflight.values()):
                     by_actor.setdefault(actor, []).append(task.id)
-                replies = await asyncio.gather(*(a.snapshot.remote(ids) for a, ids in by_actor.items()),
+                # Each worker sends only what the driver lacks (``journal.InFlight.snapshot``):
+                # new turns and newly finished programs, not every program's whole prefix.
+                have = {a: {tid: holding(self.snapshots.get(tid)) for tid in ids} for a, ids in by_actor.items()}
+                replies = await asyncio.gather(*(a.snapshot.remote(ids, have[a]) for a, ids in by_actor.items()),
                                                return_exceptions=True)
                 running = {task.id for _, _, task in inflight.values()}
                 for reply in replies:
                     if isinstance(reply, dict):
-                        for tid, snap in reply.items():
+                        for tid, part in reply.items():
                             if tid in running:
-                                self.snapshots[tid] = snap
+                                snap = self.snapshots[tid] = merge_snapshot(self.snapshots.get(tid), part)
                                 if on_snapshot is not None:
                                     on_snapshot(tid, snap)
 

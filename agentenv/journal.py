@@ -268,20 +268,71 @@ class InFlight:
         self._live.pop(task_id, None)
         self._finished.pop(task_id, None)
 
-    def snapshot(self, task_ids: set[str]) -> dict[str, Any]:
-        """JSON-ready: for each task, its programs' logged prefixes and its finished trajectories."""
+    def snapshot(self, task_ids: set[str], have: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """JSON-ready: for each task, its programs' logged prefixes and its finished trajectories.
+
+        ``have`` (task id -> :func:`holding` of the snapshot the caller keeps): only what the
+        caller lacks, a *delta* (each program's segments, tool calls and stats past what it
+        holds; finished trajectories it does not hold, with the ids of all of them), which
+        :func:`merge_snapshot` turns back into the whole snapshot. A Ray driver polls its
+        workers so: the same state, without sending every program's whole prefix each time."""
         out: dict[str, Any] = {}
         for tid in task_ids:
-            partial = [{"k": t.id, "task": t.task_id, "sample": t.sample_index, "group": t.group_id,
-                        "prompt": t.prompt_ids,
-                        "segments": [asdict(x) for x in t.segments[:m[0]]],
-                        "tools": [asdict(x) for x in t.tool_calls[:m[1]]],
-                        "stats": [asdict(x) for x in t.turns[:m[2]]]}
-                       for t, m in self._live.get(tid, {}).values()]
-            done = [t.to_dict() for t in self._finished.get(tid, [])]
-            if partial or done:
-                out[tid] = {"partial": partial, "finished": done}
+            held = None if have is None else have.get(tid, {"partial": {}, "finished": []})
+            partial = []
+            for t, m in self._live.get(tid, {}).values():
+                base = None if held is None else held["partial"].get(t.id)
+                start = base if base is not None and all(b <= x for b, x in zip(base, m)) else (0, 0, 0)
+                entry = {"k": t.id, "task": t.task_id, "sample": t.sample_index, "group": t.group_id,
+                         "segments": [asdict(x) for x in t.segments[start[0]:m[0]]],
+                         "tools": [asdict(x) for x in t.tool_calls[start[1]:m[1]]],
+                         "stats": [asdict(x) for x in t.turns[start[2]:m[2]]]}
+                if base is None:  # new to the caller
+                    entry["prompt"] = t.prompt_ids
+                if held is not None:
+                    entry["base"] = list(start)
+                partial.append(entry)
+            finished = self._finished.get(tid, [])
+            if held is None:
+                if partial or finished:
+                    out[tid] = {"partial": partial, "finished": [t.to_dict() for t in finished]}
+            elif partial or finished:
+                known = set(held["finished"])
+                out[tid] = {"delta": True, "partial": partial,
+                            "finished": [t.to_dict() for t in finished if t.id not in known],
+                            "finished_ids": [t.id for t in finished]}
         return out
+
+
+def holding(snapshot: dict[str, Any] | None) -> dict[str, Any]:
+    """What one task's snapshot (whole, as :meth:`InFlight.snapshot` or :func:`merge_snapshot`
+    gives it) holds: each program's (segments, tool calls, stats) counts and the finished
+    trajectories' ids. The ``have`` entry for :meth:`InFlight.snapshot`."""
+    if not snapshot:
+        return {"partial": {}, "finished": []}
+    return {"partial": {p["k"]: (len(p["segments"]), len(p["tools"]), len(p["stats"])) for p in snapshot["partial"]},
+            "finished": [d["id"] for d in snapshot["finished"]]}
+
+
+def merge_snapshot(held: dict[str, Any] | None, reply: dict[str, Any]) -> dict[str, Any]:
+    """The whole snapshot of one task from the one held before and a worker's reply to a
+    poll with ``have=holding(held)`` (a whole snapshot is returned as it is). Programs the
+    reply does not list any more (finished, or gone) are dropped, as a whole snapshot would."""
+    if not reply.get("delta"):
+        return reply
+    before = {p["k"]: p for p in (held or {}).get("partial", [])}
+    partial = []
+    for e in reply["partial"]:
+        old, (seg, tools, stats) = before.get(e["k"]), e["base"]
+        p = {k: e[k] for k in ("k", "task", "sample", "group")}
+        p["prompt"] = e["prompt"] if "prompt" in e else old["prompt"]
+        p["segments"] = (old["segments"][:seg] if old else []) + e["segments"]
+        p["tools"] = (old["tools"][:tools] if old else []) + e["tools"]
+        p["stats"] = (old["stats"][:stats] if old else []) + e["stats"]
+        partial.append(p)
+    finished = {d["id"]: d for d in (held or {}).get("finished", [])}
+    finished.update((d["id"], d) for d in reply["finished"])
+    return {"partial": partial, "finished": [finished[i] for i in reply["finished_ids"]]}
 
 
 def log_snapshot(log: Journal, snapshot: dict[str, Any], written: dict[str, tuple[int, int, int]]) -> None:

@@ -243,3 +243,50 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
         assert t.metadata["resumed"]["from_turn"] == len(p.turns) and t.segments[: len(p.segments)] == p.segments
         assert t.reward is not None and not t.finish_reason.startswith("error")
         t.validate()
+
+
+def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whole():
+    """``InFlight.snapshot(have=...)`` (how a Ray driver polls its workers) sends each
+    program's new turns and newly finished programs only; merged into what the driver held it
+    equals the whole snapshot, poll after poll, while programs advance, finish and start."""
+    import pickle
+
+    from agentenv.journal import InFlight, holding, merge_snapshot
+    from agentenv.trajectory import ToolCall, TurnStats
+
+    log = InFlight()
+    progs = [Trajectory(f"p{i}", "env", "t", "t#g", i, list(range(300))) for i in range(4)]
+    marks = {p.id: [0, 0, 0] for p in progs}
+
+    def turn(p: Trajectory, n: int) -> None:
+        p.add_model(list(range(n, n + 200)), [-0.5] * 200, 3)
+        p.add_env(list(range(40)))
+        p.tool_calls.append(ToolCall(len(p.turns), "python", {"code": "1+1"}, "2", "ok", 0.01))
+        p.turns.append(TurnStats(300, 288, 200, "stop", 0.5, 3))
+        log.turn(p, marks[p.id])
+
+    for p in progs[:3]:
+        log.start(p)
+    held, sizes = None, []
+    for step in range(6):
+        for p in progs[:3]:
+            if p.id in marks and not p.finish_reason:
+                turn(p, step)
+        if step == 2:
+            progs[0].finish_reason, progs[0].reward = "stop", 1.0
+            log.finished(progs[0])
+        if step == 3:
+            log.start(progs[3])
+            turn(progs[3], step)
+        whole = log.snapshot({"t"})["t"]
+        reply = log.snapshot({"t"}, {"t": holding(held)})["t"]
+        held = merge_snapshot(held, reply)
+        assert held == whole, step
+        sizes.append((len(pickle.dumps(reply)), len(pickle.dumps(whole))))
+    # Each reply carries one turn per live program (and a finished program once, at step 2),
+    # not every prefix: from step 3 on a fraction of the whole.
+    assert all(d < w / 4 for d, w in sizes[3:]) and sizes[2][0] < sizes[2][1], sizes
+    assert merge_snapshot(held, whole) == whole  # a whole snapshot replaces what was held
+    empty = log.snapshot({"t"}, {"t": holding(held)})["t"]
+    assert all(not e["segments"] and "prompt" not in e for e in empty["partial"]) and not empty["finished"]
+    assert merge_snapshot(held, empty) == whole
