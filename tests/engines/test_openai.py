@@ -209,9 +209,13 @@ async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(serv
                 tg.start_soon(one, i)
             # Kill once all four are at the server (a fixed 1 s wait was once longer than the
             # whole batch took on a loaded machine), a moment into their decoding.
-            with anyio.fail_after(60):
-                while sum(eng.router.inflight) < 4:
+            seen = 0
+            with anyio.move_on_after(60) as waited:
+                while (seen := max(seen, sum(eng.router.inflight))) < 4:
                     await anyio.sleep(0.01)
+            # A CI run once timed out here; say what the engine had, to tell why next time.
+            assert not waited.cancelled_caught, (f"never 4 requests in flight in 60 s: at most {seen}, now "
+                                                 f"{eng.router.inflight}, finished {sorted(results)}")
             await anyio.sleep(0.2)
             assert len(results) < 4, "the requests finished before the server was killed"
             server.kill(signal.SIGKILL)
