@@ -484,6 +484,15 @@ def _has_group_reward(env: Any) -> bool:
     return type(env).group_reward is not Environment.group_reward  # as the checker tests overrides
 
 
+def _unfinished_groups(out: Path, done: set, tasks: list, group_size: int) -> dict[str, list]:
+    """The trajectories in ``out`` of each task whose group is only partly there."""
+    from . import journal
+    from .trajectory import Trajectory
+
+    ids = {t.id for t in tasks if 0 < sum((t.id, i) in done for i in range(group_size)) < group_size}
+    return {tid: [Trajectory.from_dict(d) for d in lines] for tid, lines in journal.lines_of(out, ids).items()}
+
+
 def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
     """One trajectory as one JSONL line, written whole; a write error is one clear line (a
     line cut short by it is dropped by --resume)."""
@@ -520,13 +529,7 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
     saved: dict[str, Any] = {}
     if resume is not None:  # unfinished groups continue: their finished lines and their programs' logged turns
         ids = {t.id for t in todo}
-        finished: dict[str, list] = {}
-        if args.out.exists():
-            with args.out.open(encoding="utf-8") as f:
-                for line in f:
-                    d = json.loads(line)
-                    if d["task_id"] in ids:
-                        finished.setdefault(d["task_id"], []).append(d)
+        finished = journal.lines_of(args.out, ids)
         with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
         saved = {tid: journal.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
         console.print(f"resuming: {len(done)} trajectories done; {len(todo)} tasks unfinished, {len(resume.partial)} "
@@ -672,6 +675,8 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                 # whole group is done: their lines are written then, a group at a time (as a Ray
                 # run writes them), so every line carries the reward the trainer would see.
                 by_group = _has_group_reward(env)
+                if by_group and resume is not None:  # a group cut short mid-write is scored whole again
+                    resume.finished = _unfinished_groups(args.out, resume.done, tasks, args.group_size)
 
                 def write(traj: Trajectory) -> None:
                     nonlocal written
@@ -685,7 +690,8 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                     async for item in results:
                         if isinstance(item, Group):
                             for traj in item.trajectories if by_group else ():
-                                if traj.finish_reason != "error:engine":
+                                if traj.finish_reason != "error:engine" and (
+                                        resume is None or (traj.task_id, traj.sample_index) not in resume.done):
                                     write(traj)
                             continue
                         if item.finish_reason == "error:engine":

@@ -109,7 +109,9 @@ class Environment:
     async def group_reward(
         self, task: Task, trajectories: list["Trajectory"]
     ) -> list[float | dict[str, float]] | None:
-        """Rewards for a whole GRPO group, or None to keep the per-sample rewards."""
+        """Rewards for a whole GRPO group, or None to keep the per-sample rewards. Each
+        trajectory's ``reward`` here is its per-sample one, also when a resumed group is scored
+        again (the per-sample reward is kept in ``metadata["sample_reward"]``)."""
         return None
 
     async def aclose(self) -> None:

@@ -78,6 +78,9 @@ class LogState:
     partial: dict[tuple[str, int], Partial]  # (task id, sample index) -> its last state
     done: set[tuple[str, int]]
     groups: dict[str, str] = field(default_factory=dict)  # task id -> its group's id (resumed groups keep it)
+    # task id -> the trajectories of its unfinished group that are in the output already: a
+    # resumed group is scored whole (its group reward sees every sample, not only the new ones)
+    finished: dict[str, list[Trajectory]] = field(default_factory=dict)
 
 
 def replay(records: list[dict[str, Any]]) -> LogState:
@@ -125,6 +128,18 @@ def finished_lines(out: Path) -> tuple[set[tuple[str, int]], int]:
             done.add(key)
             good += len(line)
     return done, good
+
+
+def lines_of(out: Path, task_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """The trajectory lines in ``out`` of the tasks in ``task_ids``, as dicts, by task."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    if out.exists():
+        with out.open(encoding="utf-8") as f:
+            for line in f:
+                d = json.loads(line)
+                if d["task_id"] in task_ids:
+                    found.setdefault(d["task_id"], []).append(d)
+    return found
 
 
 def settings_difference(logged: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -374,4 +389,7 @@ def restore(snapshot: dict[str, Any]) -> tuple[LogState, list[Trajectory]]:
         partial[(p.task_id, p.sample_index)] = p
     groups = {r["task"]: r["group"] for r in snapshot["partial"] if r.get("group")}
     groups.update({t.task_id: t.group_id for t in finished})
-    return LogState({}, partial, {(t.task_id, t.sample_index) for t in finished}, groups), finished
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in finished:
+        by_task.setdefault(t.task_id, []).append(t)
+    return LogState({}, partial, {(t.task_id, t.sample_index) for t in finished}, groups, by_task), finished

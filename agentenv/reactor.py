@@ -266,7 +266,9 @@ class Reactor:
                     continue
                 # Not kept here: a finished group is referenced only until it is sent, so a long
                 # run's memory does not grow with the programs it has finished.
-                group = groups.get(task.id) or Group(task, id=resume.groups.get(task.id, "") if resume else "")
+                group = groups.get(task.id) or Group(
+                    task, list(resume.finished.get(task.id, ())) if resume else [],
+                    id=resume.groups.get(task.id, "") if resume else "")
                 pending = [len(samples)]
                 for i in samples:
                     pid = self._next_pid
@@ -402,6 +404,10 @@ class Reactor:
             return
         for t in counted:  # the run's stats count the rewards the group ends with
             self.stats.count_reward(t, -1)
+        for t in scored:  # a group reward is computed from the per-sample ones, also when a group runs again
+            per_sample = t.metadata.get("sample_reward")
+            if per_sample is not None:
+                t.reward, t.reward_components = per_sample["reward"], dict(per_sample["components"])
         try:
             with anyio.fail_after(self.config.reward_timeout):
                 values = await self.env.group_reward(group.task, scored)
@@ -409,6 +415,7 @@ class Reactor:
                 if len(values) != len(scored):
                     raise ValueError(f"group_reward returned {len(values)} values for {len(scored)} samples")
                 for t, v in zip(scored, values):
+                    t.metadata["sample_reward"] = {"reward": t.reward, "components": dict(t.reward_components)}
                     apply_reward(t, v)
         except anyio.get_cancelled_exc_class():
             raise

@@ -142,6 +142,47 @@ def test_rollout_lines_carry_the_group_reward(tmp_path, model_dir):
     assert "101.0" in r.stderr  # the summary's mean reward
 
 
+WHOLE_GROUP_ENV = USER_ENV.replace('register("digit-sum", DigitSum)', """
+class WholeGroupSum(DigitSum):
+    async def group_reward(self, task, trajectories):
+        total = sum(t.reward for t in trajectories)
+        return [1000.0 * len(trajectories) + total + t.sample_index for t in trajectories]
+""")
+
+
+def test_a_group_cut_short_mid_write_is_scored_whole_on_resume(tmp_path, model_dir):
+    """A crash between a group's lines leaves part of the group in the output: --resume runs
+    the rest and scores the whole group again, from its per-sample rewards, so every line
+    carries the reward of the full group (not of the samples that ran again)."""
+    (tmp_path / "whole_env.py").write_text(WHOLE_GROUP_ENV)
+    out, log = tmp_path / "r.jsonl", tmp_path / "r.jsonl.log"
+    cmd = ["rollout", "--env", "whole_env:WholeGroupSum", "--tasks", "2", "--group-size", "3",
+           "--max-new-tokens", "32", "--model", model_dir, "--no-progress", "--out", str(out)]
+    r = agentenv(*cmd, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    def check(rows):
+        assert len(rows) == 6 and sorted((x["task_id"], x["sample_index"]) for x in rows) == sorted(
+            (f"ds3/0/{t}", i) for t in range(2) for i in range(3))
+        for tid in {x["task_id"] for x in rows}:
+            group = [x for x in rows if x["task_id"] == tid]
+            total = sum(x["metadata"]["sample_reward"]["reward"] for x in group)
+            assert all(x["reward"] == 3000.0 + total + x["sample_index"] for x in group), group
+
+    lines = out.read_text().splitlines(keepends=True)
+    check([json.loads(x) for x in lines])
+    # The crash: the last group's first line is out, its other two (and their "done" records) are not.
+    cut = [json.loads(x)["id"] for x in lines[-2:]]
+    out.write_text("".join(lines[:-2]))
+    records = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(x for x in records if not ('"e":"done"' in x and json.loads(x[9:])["k"] in cut)))
+    r = agentenv(*cmd, "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    after = out.read_text().splitlines(keepends=True)
+    assert after[:4] == lines[:4]  # the lines there are kept as they were, not written twice
+    check([json.loads(x) for x in after])
+
+
 def test_eval_on_a_dataset_file_reports_pass_at_k_consistent_with_its_trajectories(tmp_path, model_dir):
     data = tmp_path / "mini.jsonl"
     rows = [{"q": f"Compute {a} * {b}.", "a": a * b, "src": "mini"} for a, b in ((12, 34), (56, 78), (91, 23))]
