@@ -133,7 +133,7 @@ def finished_lines(out: Path) -> tuple[set[tuple[str, int]], int]:
 def lines_of(out: Path, task_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
     """The trajectory lines in ``out`` of the tasks in ``task_ids``, as dicts, by task."""
     found: dict[str, list[dict[str, Any]]] = {}
-    if out.exists():
+    if task_ids and out.exists():  # none asked for: the output is not read
         with out.open(encoding="utf-8") as f:
             for line in f:
                 d = json.loads(line)
