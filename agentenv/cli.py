@@ -657,26 +657,34 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                                    seed=args.seed, base_urls=args.base_url, **args.engine_kwargs)
         check_env(env, tokenizer=engine.tokenizer)
         total = len(tasks) * args.group_size
-        written, held_back, reward_errors = 0, [], []
+        written, held_back, waiting, reward_errors = 0, [], [], []
         progress = Progress(
             TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
         )
         log, resume = args.log, args.resume_state
+        # An environment with a group reward rewards a group's samples only once the
+        # whole group is done: their lines are written then, a group at a time (as a Ray
+        # run writes them), so every line carries the reward the trainer would see.
+        by_group = _has_group_reward(env)
+        in_out = set(resume.done) if resume is not None else set()  # lines in --out already
+        held: dict = {}
+        if by_group and resume is not None:
+            # A group cut short mid-write, or held back (below), is scored whole again:
+            # with its lines in the output and its held samples, which do not run again.
+            resume.finished = _unfinished_groups(args.out, in_out, tasks, args.group_size)
+            held = {k: d for k, d in resume.held.items() if k not in in_out}
+            for (tid, _), d in held.items():
+                resume.finished.setdefault(tid, []).append(Trajectory.from_dict(d))
+            resume.done |= held.keys()
         if resume is not None:
-            console.print(f"resuming: {len(resume.done)} trajectories done, {len(resume.partial)} in flight continue "
-                          f"from their last turn")
+            console.print(f"resuming: {len(in_out)} trajectories done, {len(resume.partial)} in flight continue "
+                          f"from their last turn" + (f", {len(held)} finished wait for their groups" if held else ""))
             total -= len(resume.done)
         async with engine, default_sandbox(args.sandbox) as sandbox, \
                 Reactor(engine, env, sandbox, config, journal=log) as reactor:
             with progress, _open_out(args.out, args.resume) as f:
                 bar = progress.add_task("rollouts", total=total, info="")
-                # An environment with a group reward rewards a group's samples only once the
-                # whole group is done: their lines are written then, a group at a time (as a Ray
-                # run writes them), so every line carries the reward the trainer would see.
-                by_group = _has_group_reward(env)
-                if by_group and resume is not None:  # a group cut short mid-write is scored whole again
-                    resume.finished = _unfinished_groups(args.out, resume.done, tasks, args.group_size)
 
                 def write(traj: Trajectory) -> None:
                     nonlocal written
@@ -689,10 +697,19 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                 async with reactor.rollouts(tasks, args.group_size, resume=resume) as results:
                     async for item in results:
                         if isinstance(item, Group):
-                            for traj in item.trajectories if by_group else ():
-                                if traj.finish_reason != "error:engine" and (
-                                        resume is None or (traj.task_id, traj.sample_index) not in resume.done):
-                                    write(traj)
+                            new = [t for t in item.trajectories if (t.task_id, t.sample_index) not in in_out]
+                            if not by_group:
+                                continue
+                            if any(t.finish_reason == "error:engine" for t in new):
+                                # Not scored whole: its finished samples wait in the log, and
+                                # --resume writes them with the rest, all scored together.
+                                for t in new:
+                                    if t.finish_reason != "error:engine":
+                                        log.held(t)
+                                        waiting.append(t)
+                                continue
+                            for traj in new:
+                                write(traj)
                             continue
                         if item.finish_reason == "error:engine":
                             # The engine failed for good (restarts/reconnects exhausted): not a
@@ -710,8 +727,10 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                           f"trajectories (reward None, finish_reason error:reward); first error: {reward_errors[0]}")
         if held_back:
             console.print(f"[bold red]{len(held_back)} programs stopped because the engine failed[/] "
-                          f"(first: {held_back[0].error}); they are not in {args.out}. Run the same command "
-                          "with --resume to finish them from their last completed turn.")
+                          f"(first: {held_back[0].error}); they are not in {args.out}"
+                          + (f", nor are the {len(waiting)} finished samples of their groups, held in the log so "
+                             "that each group is scored whole" if waiting else "")
+                          + ". Run the same command with --resume to finish them from their last completed turn.")
             args.log.close()
             return 1
     except BaseException:

@@ -10,6 +10,9 @@ the file there. Records (``"e"`` names the event):
   {"e": "turn", "k": key, "turn": n, "segments": [...], "tools": [...], "stats": [...]}
         a turn completed: the segments (model ids with logprobs and weight versions, env ids),
         tool calls and engine stats it added, exactly as in the trajectory
+  {"e": "held", "k": key, "task": id, "sample": i, "traj": {...}}
+        it finished, but its line waits: its group (an environment with a group reward) has a
+        sample the engine failed on, and a group's lines are written together, scored whole
   {"e": "done", "k": key, "task": id, "sample": i}  its trajectory is in the output
 
 A program is resumed from its last ``turn`` record: the state at the start of a turn is the
@@ -81,6 +84,8 @@ class LogState:
     # task id -> the trajectories of its unfinished group that are in the output already: a
     # resumed group is scored whole (its group reward sees every sample, not only the new ones)
     finished: dict[str, list[Trajectory]] = field(default_factory=dict)
+    # (task id, sample index) -> a finished trajectory (as a dict) held back with its group
+    held: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
 
 def replay(records: list[dict[str, Any]]) -> LogState:
@@ -92,12 +97,14 @@ def replay(records: list[dict[str, Any]]) -> LogState:
     partial: dict[tuple[str, int], Partial] = {}
     done: set[tuple[str, int]] = set()
     groups: dict[str, str] = {}
+    held: dict[tuple[str, int], dict[str, Any]] = {}
     for r in records[1:]:
         e = r.get("e")
         if e == "start":
             p = Partial(r["k"], r["task"], r["sample"], r["prompt"])
             by_key[p.key] = p
             partial[(p.task_id, p.sample_index)] = p  # a later start of the same sample wins
+            held.pop((p.task_id, p.sample_index), None)
             if r.get("group"):
                 groups[p.task_id] = r["group"]
         elif e == "turn" and r["k"] in by_key:
@@ -105,10 +112,14 @@ def replay(records: list[dict[str, Any]]) -> LogState:
             p.segments += [Segment(**s) for s in r["segments"]]
             p.tool_calls += [ToolCall(**t) for t in r["tools"]]
             p.turns += [TurnStats(**t) for t in r["stats"]]
+        elif e == "held":
+            held[(r["task"], r["sample"])] = r["traj"]
+            partial.pop((r["task"], r["sample"]), None)
         elif e == "done":
             done.add((r["task"], r["sample"]))
             partial.pop((r["task"], r["sample"]), None)
-    return LogState(records[0]["settings"], partial, done, groups)
+            held.pop((r["task"], r["sample"]), None)
+    return LogState(records[0]["settings"], partial, done, groups, held=held)
 
 
 def finished_lines(out: Path) -> tuple[set[tuple[str, int]], int]:
@@ -218,6 +229,11 @@ class Journal:
 
     def finished(self, traj: Trajectory) -> None:
         """A program ended; ``done`` is logged once its line is in the output, not before."""
+
+    def held(self, traj: Trajectory) -> None:
+        """A finished program whose line waits for its group (see the module's ``held``)."""
+        self.write({"e": "held", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index,
+                    "traj": traj.to_dict()})
 
     def done(self, traj: Trajectory) -> None:
         self.write({"e": "done", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index})

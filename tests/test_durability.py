@@ -142,6 +142,33 @@ def test_a_torn_log_record_is_ignored(tmp_path):
     assert len(journal.read(path)[0]) == 1
 
 
+def test_a_held_trajectory_replays_as_held_until_its_line_is_done(tmp_path):
+    """``held``: a finished trajectory waiting for its group. It is no longer in flight; a
+    ``done`` for it (its line written) or a new ``start`` of the sample ends the wait."""
+    from agentenv.trajectory import Trajectory
+
+    path = tmp_path / "x.log"
+    j = journal.Journal.create(path, {"a": 1})
+    t0 = Trajectory(id="k0", env="e", task_id="t", group_id="g", sample_index=0, prompt_ids=[1, 2],
+                    finish_reason="stop")
+    t0.add_model([3, 4], [-0.5, -0.25], [0, 0])
+    for k, i in (("k0", 0), ("k1", 1), ("k2", 2)):
+        j.write({"e": "start", "k": k, "task": "t", "sample": i, "group": "g", "prompt": [1, 2]})
+    j.held(t0)
+    j.held(Trajectory(id="k1", env="e", task_id="t", group_id="g", sample_index=1, prompt_ids=[1, 2],
+                      finish_reason="stop"))
+    j.close()
+    state = journal.replay(journal.read(path)[0])
+    assert set(state.partial) == {("t", 2)} and set(state.held) == {("t", 0), ("t", 1)}
+    assert Trajectory.from_dict(state.held[("t", 0)]).segments == t0.segments
+    j = journal.Journal(path)
+    j.done(t0)
+    j.write({"e": "start", "k": "k3", "task": "t", "sample": 1, "group": "g", "prompt": [1, 2]})
+    j.close()
+    state = journal.replay(journal.read(path)[0])
+    assert state.held == {} and state.done == {("t", 0)} and set(state.partial) == {("t", 1), ("t", 2)}
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_is_a_clear_error_and_earlier_lines_survive(tmp_path):
     mnt = tmp_path / "small"

@@ -307,3 +307,66 @@ def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_t
     for line in lines:
         t = Trajectory.from_dict(json.loads(line))
         assert not t.finish_reason.startswith("error"), t.error
+
+
+GROUP_ENV = """
+from agentenv.env import TurnPlan
+from agentenv.envs.retool_math import RetoolMathEnv
+
+
+class WholeGroup(RetoolMathEnv):
+    max_turns = 16
+
+    def plan_turn(self, task, trajectory, turn):
+        # Sample 0 ends after one short turn; sample 1 runs 15 40-token turns, so
+        # the server dies with every group's sample 0 finished and its sample 1 under way.
+        if trajectory.sample_index == 0:
+            return TurnPlan(max_tokens=8, stop=False, last=True)
+        return TurnPlan(max_tokens=40, stop=False)
+
+    async def group_reward(self, task, trajectories):
+        total = sum(t.reward for t in trajectories)
+        return [1000.0 * len(trajectories) + total + t.sample_index for t in trajectories]
+"""
+
+
+def test_a_group_with_a_sample_the_engine_failed_on_is_written_whole_after_resume(server, tmp_path):
+    """An environment with a group reward, and a server that dies for good mid-run: a group
+    whose sample 1 the engine failed on does not write its finished sample 0 with a reward
+    scored without sample 1. Sample 0 waits in the log (not run again), and ``--resume``
+    writes both, every line scored by the whole group."""
+    import json
+
+    (tmp_path / "whole_group_env.py").write_text(GROUP_ENV)
+    out = tmp_path / "r.jsonl"
+    args = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", "whole_group_env:WholeGroup", "--engine",
+            "openai", "--base-url", server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4",
+            "--group-size", "2", "--concurrency", "4", "--max-new-tokens", "600", "--no-progress", "--out", str(out)]
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.time() + 300
+    while time.time() < deadline and cli.poll() is None:
+        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 4:
+            break
+        time.sleep(0.05)
+    server.kill(signal.SIGKILL)
+    _, err = cli.communicate(timeout=300)
+    assert cli.returncode == 1, err[-2000:]
+    assert out.read_text() == ""  # no group was complete: no line
+    records = [json.loads(x[9:]) for x in open(f"{out}.log")]
+    held = {(r["task"], r["sample"]): r["traj"] for r in records if r["e"] == "held"}
+    assert held and {i for _, i in held} == {0}, sorted(held)
+    assert f"nor are the {len(held)} finished samples of their groups" in " ".join(err.split())
+    server.start()
+    r = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted((x["task_id"], x["sample_index"]) for x in rows) == sorted(
+        (t, i) for t in {x["task_id"] for x in rows} for i in (0, 1)) and len(rows) == 8
+    for x in rows:
+        assert not x["finish_reason"].startswith("error"), x["error"]
+        if (x["task_id"], x["sample_index"]) in held:  # it did not run again: the very tokens
+            assert x["segments"] == held[(x["task_id"], x["sample_index"])]["segments"]
+    for tid in {x["task_id"] for x in rows}:
+        group = [x for x in rows if x["task_id"] == tid]
+        total = sum(x["metadata"]["sample_reward"]["reward"] for x in group)
+        assert all(x["reward"] == 2000.0 + total + x["sample_index"] for x in group), group
