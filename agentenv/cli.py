@@ -530,16 +530,20 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
     if resume is not None:  # unfinished groups continue: their finished lines and their programs' logged turns
         ids = {t.id for t in todo}
         finished = journal.lines_of(args.out, ids)
+        for (tid, i), d in sorted(resume.held.items()):  # finished, held back with its group (below)
+            if (tid, i) not in done:
+                finished.setdefault(tid, []).append(d)
         with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
         saved = {tid: journal.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
         console.print(f"resuming: {len(done)} trajectories done; {len(todo)} tasks unfinished, {len(resume.partial)} "
                       "programs continue from their last logged turn")
     logged: dict[str, tuple[int, int, int]] = {}  # program -> how far its records in the log go
     stats, written = RunStats(), 0
+    by_group, held_back, waiting, arrived = _has_group_reward(env), [], [], {}
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress)
     try:
-        async with RayRollouts(env.id, workers=args.workers, env_args=env_args, engine=args.engine, model=str(model),
+        async with RayRollouts(env, workers=args.workers, env_args=env_args, engine=args.engine, model=str(model),
                                engine_kwargs=args.engine_kwargs, base_urls=args.base_url, sandbox=args.sandbox,
                                config=config, seed=args.seed, engines=args.engines,
                                engine_options={"num_gpus": args.engine_gpus} if args.engine_gpus else None) as cluster:
@@ -549,13 +553,28 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
                 async for traj in cluster.rollouts(
                         todo, args.group_size, saved=saved,
                         on_snapshot=lambda tid, snap: journal.log_snapshot(log, snap, logged)):
-                    if (traj.task_id, traj.sample_index) in done:
-                        continue  # its line is in the output already
-                    _write_line(f, traj, args.out, "; the lines before this one are intact (--resume continues)")
-                    log.done(traj)
-                    stats.add(traj)
-                    written += 1
-                    progress.update(bar, advance=1, info=f"{stats.tokens_per_s:.0f} tok/s")
+                    # A group's trajectories come together, all of them: written as the local
+                    # run writes them (what the engine failed on is held back, see _run).
+                    group = arrived.setdefault(traj.task_id, [])
+                    group.append(traj)
+                    if len(group) < args.group_size:
+                        continue
+                    del arrived[traj.task_id]
+                    new = [t for t in group if (t.task_id, t.sample_index) not in done]  # not in the output yet
+                    failed = [t for t in new if t.finish_reason == "error:engine"]
+                    held_back += failed
+                    for t in new:
+                        stats.add(t)  # the summary counts every finished program, as a local run's
+                        if t.finish_reason == "error:engine":
+                            continue
+                        if failed and by_group:
+                            log.held(t)
+                            waiting.append(t)
+                            continue
+                        _write_line(f, t, args.out, "; the lines before this one are intact (--resume continues)")
+                        log.done(t)
+                        written += 1
+                    progress.update(bar, advance=len(new), info=f"{stats.tokens_per_s:.0f} tok/s")
             stats.stop()
             s = stats.summary()
             t = Table(title=f"{written} trajectories -> {args.out}", show_header=False)
@@ -570,6 +589,9 @@ async def _run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks
                                        "start-up (cluster, workers)")):
                 t.add_row(k, str(v))
             console.print(t)
+        if held_back:
+            _say_held_back(console, held_back, waiting, args.out)
+            return 1
     finally:
         try:
             log.close()
@@ -726,11 +748,7 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
             console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "
                           f"trajectories (reward None, finish_reason error:reward); first error: {reward_errors[0]}")
         if held_back:
-            console.print(f"[bold red]{len(held_back)} programs stopped because the engine failed[/] "
-                          f"(first: {held_back[0].error}); they are not in {args.out}"
-                          + (f", nor are the {len(waiting)} finished samples of their groups, held in the log so "
-                             "that each group is scored whole" if waiting else "")
-                          + ". Run the same command with --resume to finish them from their last completed turn.")
+            _say_held_back(console, held_back, waiting, args.out)
             args.log.close()
             return 1
     except BaseException:
@@ -742,6 +760,14 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
     finally:
         await env.aclose()
     return 0
+
+
+def _say_held_back(console: Any, held_back: list, waiting: list, out: Path) -> None:
+    console.print(f"[bold red]{len(held_back)} programs stopped because the engine failed[/] "
+                  f"(first: {held_back[0].error}); they are not in {out}"
+                  + (f", nor are the {len(waiting)} finished samples of their groups, held in the log so "
+                     "that each group is scored whole" if waiting else "")
+                  + ". Run the same command with --resume to finish them from their last completed turn.")
 
 
 def _summary(console: Any, s: dict, out: Path, written: int, total_s: float) -> None:

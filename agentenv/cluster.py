@@ -5,6 +5,8 @@ and local sandbox pool on its node; the driver keeps the global queue of groups.
         async for traj in cluster.rollouts(env.tasks(64), group_size=4):
             ...   # the same Trajectory objects a one-machine run yields
 
+``env`` is an id or spec string, or an :class:`~agentenv.env.Environment` instance (the workers
+then make its class, imported with the driver's ``sys.path``, and give it the instance's id).
 Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` or
 ``RAY_ADDRESS``; with neither, a local one is started for the run and shut down after.
 
@@ -36,12 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections import deque
 from dataclasses import asdict
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from .config import RolloutConfig
-from .env import Task
+from .env import Environment, Task
 from .errors import ConfigError, EngineError
 from .journal import holding, merge_snapshot
 from .raycluster import actor_options, connect, cpu_share, died_errors
@@ -80,7 +83,10 @@ class RolloutWorker:
 
         s = self.spec
         try:
+            sys.path.extend(p for p in s.get("sys_path", ()) if p not in sys.path)
             env = make(s["env"], **s["env_args"])
+            if s.get("env_id"):
+                env.id = s["env_id"]
             config = RolloutConfig(**s["config"])
             if s.get("engine_actors"):  # the driver's engine actors, shared by every worker
                 from .engines.actors import RayEngine
@@ -133,7 +139,7 @@ class RolloutWorker:
 class RayRollouts:
     """Rollout workers on a Ray cluster behind one async iterator (see the module doc)."""
 
-    def __init__(self, env: str, *, workers: int = 2, env_args: dict[str, Any] | None = None,
+    def __init__(self, env: "str | Environment", *, workers: int = 2, env_args: dict[str, Any] | None = None,
                  engine: str = "embedded", model: str | None = None, engine_kwargs: dict[str, Any] | None = None,
                  base_urls: Sequence[str] | None = None, sandbox: str = "local", config: RolloutConfig | None = None,
                  seed: int = 0, groups_per_worker: int | None = None, address: str | None = None,
@@ -146,7 +152,13 @@ class RayRollouts:
 
             model = str(default_model())
         self.config = config or RolloutConfig()
-        self.spec = {"env": env, "env_args": dict(env_args or {}), "engine": engine, "model": str(model),
+        env_id = None
+        if not isinstance(env, str):  # an instance: the workers make its class, under its id
+            from .registry import class_spec
+
+            env, env_id = class_spec(env), env.id
+        # The workers import what this process can (a user's module beside it included).
+        self.spec = {"env": env, "env_id": env_id, "sys_path": list(sys.path), "env_args": dict(env_args or {}), "engine": engine, "model": str(model),
                      "engine_kwargs": dict(engine_kwargs or {}), "base_urls": list(base_urls or []) or None,
                      "sandbox": sandbox, "config": asdict(self.config), "seed": seed, "workers": workers}
         if engines < 0:

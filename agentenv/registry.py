@@ -57,6 +57,9 @@ def registered() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+_FROM_FILE: dict[str, str] = {}  # module name -> the file load_module imported it from
+
+
 def load_module(spec: str) -> ModuleType:
     """Import a user's module: a dotted name (importable, or found in the current directory)
     or the path of a ``.py`` file (its directory joins ``sys.path``, as for a script)."""
@@ -70,6 +73,7 @@ def load_module(spec: str) -> ModuleType:
         name = path.stem if path.stem.isidentifier() else "agentenv_user_" + str(abs(hash(path)))
         if name in sys.modules:
             name = f"{name}_{abs(hash(path))}"
+        _FROM_FILE[name] = str(path)  # class_spec names the file: its name may find another elsewhere
         importer = importlib.util.spec_from_file_location(name, path)
         assert importer is not None and importer.loader is not None
         module = importlib.util.module_from_spec(importer)
@@ -97,6 +101,16 @@ def load_module(spec: str) -> ModuleType:
                                    f"and in {cwd})") from exc2
     except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
         raise EnvNotFoundError(f"cannot import {spec!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def class_spec(env: Any) -> str:
+    """A ``make`` spec of ``env``'s own class that another process (a Ray worker) can import
+    given this process's ``sys.path``: ``path/to/file.py:Class`` for a module imported from a
+    file (two files may share a name), else ``module:Class``. Not the env's id: a subclass
+    that keeps its parent's id is made as itself."""
+    cls = type(env)
+    file = _FROM_FILE.get(cls.__module__)
+    return f"{file if file else cls.__module__}:{cls.__qualname__}"
 
 
 def load_env_modules(specs: list[str] = ()) -> None:  # type: ignore[assignment]

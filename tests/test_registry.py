@@ -181,3 +181,29 @@ def test_the_trace_env_shows_and_checks_its_workload_fields():
     assert env_kwargs("trace", ["mean_turns=3", "sandbox=no"]) == {"mean_turns": 3.0, "sandbox": False}
     with pytest.raises(ConfigError, match="has no argument 'nosuch'"):
         env_kwargs("trace", ["nosuch=1"])
+
+
+def test_class_spec_makes_the_very_class_in_a_fresh_process(tmp_path):
+    """What a Ray worker is told to make: the env's own class (a subclass that keeps its
+    parent's id included), importable from a process given this one's sys.path; a module
+    imported from a file is named by its file (two files here share a name)."""
+    import subprocess
+    import sys
+
+    from agentenv import registry
+
+    (tmp_path / "sub_env.py").write_text(
+        "from agentenv.envs.retool_math import RetoolMathEnv\n\nclass Sub(RetoolMathEnv):\n    pass\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "sub_env.py").write_text("from agentenv.workload import TraceEnv\n\n"
+                                                   "class Sub(TraceEnv):\n    pass\n")
+    first = make(f"{tmp_path / 'sub_env.py'}:Sub")
+    second = make(f"{tmp_path / 'other' / 'sub_env.py'}:Sub")  # the same stem, another module
+    assert first.id == "retool-math" and registry.class_spec(first) == f"{(tmp_path / 'sub_env.py').resolve()}:Sub"
+    assert registry.class_spec(second) == f"{(tmp_path / 'other' / 'sub_env.py').resolve()}:Sub"
+    assert registry.class_spec(make("retool-math")) == "agentenv.envs.retool_math:RetoolMathEnv"
+    for env, base in ((first, "RetoolMathEnv"), (second, "TraceEnv")):
+        code = (f"import sys; sys.path.extend({sys.path!r}); from agentenv import make; "
+                f"e = make({registry.class_spec(env)!r}); print(type(e).__name__, type(e).__mro__[1].__name__)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+        assert r.returncode == 0 and r.stdout.split() == ["Sub", base], r.stderr[-2000:]

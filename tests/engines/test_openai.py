@@ -370,3 +370,46 @@ def test_a_group_with_a_sample_the_engine_failed_on_is_written_whole_after_resum
         group = [x for x in rows if x["task_id"] == tid]
         total = sum(x["metadata"]["sample_reward"]["reward"] for x in group)
         assert all(x["reward"] == 2000.0 + total + x["sample_index"] for x in group), group
+
+
+def test_on_ray_what_the_engine_failed_on_is_held_back_and_resume_writes_groups_whole(server, tmp_path):
+    """The same on a local Ray cluster (two rollout workers, each with its own client of the
+    server): nothing the engine failed on is written, the run exits 1, sample 0 of each cut
+    group waits in the log, and ``--resume`` writes every group whole."""
+    import json
+
+    (tmp_path / "whole_group_env.py").write_text(GROUP_ENV)
+    out = tmp_path / "r.jsonl"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)  # the CLI starts a local cluster for the run, and stops it
+    args = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", "whole_group_env:WholeGroup", "--engine",
+            "openai", "--base-url", server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4",
+            "--group-size", "2", "--concurrency", "4", "--max-new-tokens", "600", "--no-progress", "--out", str(out),
+            "--cluster", "ray", "--workers", "2"]
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    deadline = time.time() + 300
+    while time.time() < deadline and cli.poll() is None:
+        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 4:
+            break
+        time.sleep(0.05)
+    server.kill(signal.SIGKILL)
+    _, err = cli.communicate(timeout=300)
+    assert cli.returncode == 1, err[-3000:]
+    assert "stopped because the engine failed" in err
+    assert out.read_text() == ""
+    records = [json.loads(x[9:]) for x in open(f"{out}.log")]
+    held = {(r["task"], r["sample"]): r["traj"] for r in records if r["e"] == "held"}
+    assert held and {i for _, i in held} == {0}, sorted(held)
+    server.start()
+    r = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 8 and len({(x["task_id"], x["sample_index"]) for x in rows}) == 8
+    for x in rows:
+        assert not x["finish_reason"].startswith("error"), x["error"]
+        if (x["task_id"], x["sample_index"]) in held:
+            assert x["segments"] == held[(x["task_id"], x["sample_index"])]["segments"]
+    for tid in {x["task_id"] for x in rows}:
+        group = [x for x in rows if x["task_id"] == tid]
+        total = sum(x["metadata"]["sample_reward"]["reward"] for x in group)
+        assert all(x["reward"] == 2000.0 + total + x["sample_index"] for x in group), group
