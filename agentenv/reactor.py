@@ -98,13 +98,14 @@ class _Hooks:
     """``ProgramHooks`` for one program: each event goes to the scheduler, whose decision the
     reactor carries out at once."""
 
-    __slots__ = ("reactor", "slot")
+    __slots__ = ("reactor", "slot", "tokens")
 
     def __init__(self, reactor: "Reactor", slot: _Slot) -> None:
-        self.reactor, self.slot = reactor, slot
+        self.reactor, self.slot, self.tokens = reactor, slot, 0
 
     async def before_turn(self, tokens: int, max_tokens: int) -> int:
         r, slot = self.reactor, self.slot
+        self.tokens = tokens
         slot.grant = anyio.Event()
         r._sched.want_turn(slot.pid, tokens, max_tokens)
         r._step()
@@ -115,6 +116,7 @@ class _Hooks:
     def after_turn(self, tokens: int) -> None:
         r = self.reactor
         r.stats.requests_changed(-1)
+        r.stats.turn_sampled(tokens - self.tokens)
         r._sched.turn_done(self.slot.pid, tokens)
         r._step()
 

@@ -63,6 +63,10 @@ class RunStats:
     #: Time with fewer than half the decode slots busy (idle included): where a run starves
     #: the engine, typically its tail, when the programs left are fewer than the slots.
     under_half_s: float = 0.0
+    #: Per ``bin_s`` second of the run: [sampled tokens (counted when their turn ends),
+    #: request-seconds in flight], the timeline behind :meth:`full_and_tail`.
+    bin_s: float = 1.0
+    bins: list = field(default_factory=list)
     pauses: int = 0
     restores: int = 0
     env_waits: int = 0
@@ -89,7 +93,23 @@ class RunStats:
                 self.idle_s += dt
             if 2 * self.in_flight < self.slots:
                 self.under_half_s += dt
+            t = self._t_last
+            while t < now:  # the in-flight area, split at bin edges
+                i = int((t - self.t0) / self.bin_s)
+                end = min(now, self.t0 + (i + 1) * self.bin_s)
+                self._bin(i)[1] += self.in_flight * (end - t)
+                t = end if end > t else now
         self._t_last = now
+
+    def _bin(self, i: int) -> list:
+        while len(self.bins) <= i:
+            self.bins.append([0, 0.0])
+        return self.bins[i]
+
+    def turn_sampled(self, n: int) -> None:
+        """A turn ended with ``n`` sampled tokens (the timeline's token count)."""
+        if self.t0 and not self.t1:
+            self._bin(max(0, int((time.perf_counter() - self.t0) / self.bin_s)))[0] += n
 
     def requests_changed(self, delta: int) -> None:
         """A request entered (+1) or left (-1) the engine."""
@@ -158,6 +178,22 @@ class RunStats:
         if not self.slots:
             return None
         return self.under_half_s / self.elapsed if self.elapsed > 0 else 0.0
+
+    def full_and_tail(self, full: float = 0.9) -> dict[str, float] | None:
+        """Where a run's time goes, from its timeline: the seconds with at least ``full`` of
+        the decode slots busy on average and the tokens sampled in them (the run's body), and
+        the time and tokens after the last such second (its tail). None: slots unknown or
+        the run not stopped."""
+        if not self.slots or not self.t1 or not self.bins:
+            return None
+        n = len(self.bins) - 1  # the last bin is cut short by the run's end
+        busy = [i for i in range(n) if self.bins[i][1] >= full * self.slots * self.bin_s]
+        full_tokens = sum(self.bins[i][0] for i in busy)
+        after = busy[-1] + 1 if busy else 0
+        return {"full_s": len(busy) * self.bin_s, "full_tokens": full_tokens,
+                "full_tok_s": full_tokens / (len(busy) * self.bin_s) if busy else 0.0,
+                "tail_s": max(0.0, self.elapsed - after * self.bin_s),
+                "tail_tokens": sum(b[0] for b in self.bins[after:])}
 
     @property
     def mean_reward(self) -> float | None:

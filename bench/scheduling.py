@@ -125,6 +125,8 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
             "under_half": s.under_half_fraction,
             "reuse": s.resume_reuse, "reprefilled": s.reprefilled, "pauses": s.pauses, "restores": s.restores,
             "not_stop": len(bad), "peak_ws": reactor.scheduler.peak_working_set,
+            # Body and tail: the seconds with >= 90 % of the slots busy, and what follows the last.
+            "full_and_tail": s.full_and_tail(), "timeline": [[b[0], round(b[1], 2)] for b in s.bins],
             "max_programs": reactor.scheduler.config.max_programs,
             # This process's CPU (reactor, sandbox client, engine client; vLLM's engine core is
             # another process) per generated token.
@@ -201,6 +203,12 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
                   f"re-prefilled {r['reprefilled']:6d}  pauses {r['pauses']:4d}  restores {r['restores']:4d}  "
                   f"peak working set {r['peak_ws']}  client CPU {r['client_cpu_us_per_token']:.0f} us/token",
                   flush=True)
+            ft = r["full_and_tail"]
+            if ft is not None:
+                print(f"[{label}] {policy:9s} body: {ft['full_s']:.0f} s with >= 90% of the slots busy at "
+                      f"{ft['full_tok_s']:.0f} tok/s ({ft['full_tok_s'] / r['pure_decode_tok_s']:.2f} of pure decode, "
+                      f"{ft['full_tokens'] / max(1, r['tokens']):.0%} of the tokens); tail: {ft['tail_s']:.1f} s after "
+                      f"the last such second, {ft['tail_tokens'] / max(1, r['tokens']):.0%} of the tokens", flush=True)
         sim = []
         if args.simulate:
             # The same traces through the same scheduler, in simulated time.

@@ -46,3 +46,30 @@ def test_time_under_half_is_unknown_without_a_slot_count(clock):
     s.stop()
     assert s.under_half_fraction is None and s.summary()["engine_under_half_pct"] is None
     assert s.mean_in_flight == pytest.approx(1.0)
+
+
+def test_the_timeline_splits_a_run_into_its_full_body_and_its_tail(clock):
+    """Per-second bins of in-flight request-seconds (split at bin edges) and sampled tokens;
+    the body is the seconds with >= 90 % of the slots busy, the tail what follows the last."""
+    s = RunStats(slots=4)
+    s.start(total=4)
+    for _ in range(4):
+        s.requests_changed(+1)
+    clock[0] += 1.5
+    s.turn_sampled(300)  # in second 1
+    clock[0] += 1.0  # 2.5 s with all 4 busy
+    s.requests_changed(-1)
+    s.turn_sampled(100)  # in second 2, which is 0.5 s of 4 and 0.5 s of 3: 3.5 of 4, not full
+    clock[0] += 0.5
+    s.requests_changed(-1)
+    s.requests_changed(-1)
+    clock[0] += 2.2  # 1 of 4 to 5.2 s
+    s.turn_sampled(50)  # in second 5, the last (cut short)
+    s.requests_changed(-1)
+    s.stop()
+    assert [round(b[1], 6) for b in s.bins] == [4.0, 4.0, 3.5, 1.0, 1.0, 0.2]
+    assert [b[0] for b in s.bins] == [0, 300, 100, 0, 0, 50]
+    ft = s.full_and_tail()
+    assert ft["full_s"] == 2.0 and ft["full_tokens"] == 300 and ft["full_tok_s"] == 150.0
+    assert ft["tail_s"] == pytest.approx(3.2) and ft["tail_tokens"] == 150
+    assert RunStats().full_and_tail() is None  # no slot count: no body to speak of
