@@ -158,9 +158,10 @@ class RayRollouts:
 
             env, env_id = class_spec(env), env.id
         # The workers import what this process can (a user's module beside it included).
-        self.spec = {"env": env, "env_id": env_id, "sys_path": list(sys.path), "env_args": dict(env_args or {}), "engine": engine, "model": str(model),
-                     "engine_kwargs": dict(engine_kwargs or {}), "base_urls": list(base_urls or []) or None,
-                     "sandbox": sandbox, "config": asdict(self.config), "seed": seed, "workers": workers}
+        self.spec = {"env": env, "env_id": env_id, "sys_path": list(sys.path), "env_args": dict(env_args or {}),
+                     "engine": engine, "model": str(model), "engine_kwargs": dict(engine_kwargs or {}),
+                     "base_urls": list(base_urls or []) or None, "sandbox": sandbox, "config": asdict(self.config),
+                     "seed": seed, "workers": workers}
         if engines < 0:
             raise ConfigError(f"engines must be >= 0, got {engines}")
         self.engines_wanted = engines
