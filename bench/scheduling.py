@@ -208,7 +208,8 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
                 print(f"[{label}] {policy:9s} body: {ft['full_s']:.0f} s with >= 90% of the slots busy at "
                       f"{ft['full_tok_s']:.0f} tok/s ({ft['full_tok_s'] / r['pure_decode_tok_s']:.2f} of pure decode, "
                       f"{ft['full_tokens'] / max(1, r['tokens']):.0%} of the tokens); tail: {ft['tail_s']:.1f} s after "
-                      f"the last such second, {ft['tail_tokens'] / max(1, r['tokens']):.0%} of the tokens", flush=True)
+                      f"the last such second, {ft['tail_tokens'] / max(1, r['tokens']):.0%} of the tokens; "
+                      f"{max(0.0, r['wall_s'] - ft['full_s'] - ft['tail_s']):.0f} s less busy before it", flush=True)
         sim = []
         if args.simulate:
             # The same traces through the same scheduler, in simulated time.
