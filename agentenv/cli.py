@@ -662,6 +662,7 @@ def _open_log(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Namespace) -> int:
+    import anyio
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -716,7 +717,19 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                     log.done(traj)
                     written += 1
 
-                async with reactor.rollouts(tasks, args.group_size, resume=resume) as results:
+                def info() -> str:
+                    s, mr = reactor.stats, reactor.stats.mean_reward
+                    return (f"{s.live_tokens_per_s:.0f} tok/s  {s.in_flight} in flight  reward "
+                            f"{'-' if mr is None else f'{mr:.2f}'}")
+
+                async def tick() -> None:  # the rate moves while long programs are under way
+                    while True:
+                        await anyio.sleep(1.0)
+                        progress.update(bar, info=info())
+
+                async with anyio.create_task_group() as ticker, \
+                        reactor.rollouts(tasks, args.group_size, resume=resume) as results:
+                    ticker.start_soon(tick)
                     async for item in results:
                         if isinstance(item, Group):
                             new = [t for t in item.trajectories if (t.task_id, t.sample_index) not in in_out]
@@ -739,10 +752,8 @@ async def _run(env: Any, model: Path, config: Any, tasks: list, args: argparse.N
                             held_back.append(item)
                         elif not by_group:
                             write(item)
-                        s = reactor.stats  # the bar counts finished programs
-                        mr = s.mean_reward
-                        progress.update(bar, advance=1, info=f"{s.tokens_per_s:.0f} tok/s  reward "
-                                        f"{'-' if mr is None else f'{mr:.2f}'}")
+                        progress.update(bar, advance=1, info=info())  # the bar counts finished programs
+                    ticker.cancel_scope.cancel()
             _summary(console, reactor.stats.summary(), args.out, written, time.perf_counter() - args.t_start)
         if reward_errors:
             console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "

@@ -67,6 +67,9 @@ class RunStats:
     #: request-seconds in flight], the timeline behind :meth:`full_and_tail`.
     bin_s: float = 1.0
     bins: list = field(default_factory=list)
+    #: Tokens sampled in this run's turns so far (``sampled_tokens`` counts finished programs,
+    #: a resumed one's earlier turns included): the live rate a progress bar shows.
+    turn_tokens: int = 0
     pauses: int = 0
     restores: int = 0
     env_waits: int = 0
@@ -110,6 +113,7 @@ class RunStats:
         """A turn ended with ``n`` sampled tokens (the timeline's token count)."""
         if self.t0 and not self.t1:
             self._bin(max(0, int((time.perf_counter() - self.t0) / self.bin_s)))[0] += n
+            self.turn_tokens += n
 
     def requests_changed(self, delta: int) -> None:
         """A request entered (+1) or left (-1) the engine."""
@@ -159,6 +163,10 @@ class RunStats:
     @property
     def tokens_per_s(self) -> float:
         return self.sampled_tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def live_tokens_per_s(self) -> float:
+        return self.turn_tokens / self.elapsed if self.elapsed > 0 else 0.0
 
     @property
     def resume_reuse(self) -> float:

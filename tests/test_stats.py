@@ -69,6 +69,7 @@ def test_the_timeline_splits_a_run_into_its_full_body_and_its_tail(clock):
     s.stop()
     assert [round(b[1], 6) for b in s.bins] == [4.0, 4.0, 3.5, 1.0, 1.0, 0.2]
     assert [b[0] for b in s.bins] == [0, 300, 100, 0, 0, 50]
+    assert s.turn_tokens == 450 and s.live_tokens_per_s == pytest.approx(450 / 5.2)  # the bar's live rate
     ft = s.full_and_tail()
     assert ft["full_s"] == 2.0 and ft["full_tokens"] == 300 and ft["full_tok_s"] == 150.0
     assert ft["tail_s"] == pytest.approx(3.2) and ft["tail_tokens"] == 150
