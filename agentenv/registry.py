@@ -110,7 +110,9 @@ def class_spec(env: Any) -> str:
     that keeps its parent's id is made as itself."""
     cls = type(env)
     file = _FROM_FILE.get(cls.__module__)
-    return f"{file if file else cls.__module__}:{cls.__qualname__}"
+    if cls.__module__ == "__main__":  # a class in the user's script: its file, imported under its
+        file = getattr(sys.modules["__main__"], "__file__", None)  # own name (``__main__`` code skipped)
+    return f"{Path(file).resolve() if file else cls.__module__}:{cls.__qualname__}"
 
 
 def load_env_modules(specs: list[str] = ()) -> None:  # type: ignore[assignment]

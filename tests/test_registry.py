@@ -207,3 +207,20 @@ def test_class_spec_makes_the_very_class_in_a_fresh_process(tmp_path):
                 f"e = make({registry.class_spec(env)!r}); print(type(e).__name__, type(e).__mro__[1].__name__)")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
         assert r.returncode == 0 and r.stdout.split() == ["Sub", base], r.stderr[-2000:]
+
+
+def test_class_spec_of_a_class_in_the_users_script_names_the_script(tmp_path):
+    """A class defined in the script being run (``__main__``): named by the script's file,
+    which another process imports under its own name, so the script's main block stays put."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "my_script.py"
+    script.write_text("from agentenv import registry\nfrom agentenv.envs.retool_math import RetoolMathEnv\n\n"
+                      "class Mine(RetoolMathEnv):\n    pass\n\nif __name__ == '__main__':\n"
+                      "    print(registry.class_spec(Mine()))\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"{script.resolve()}:Mine", r.stderr[-2000:]
+    code = f"from agentenv import make; e = make({r.stdout.strip()!r}); print(type(e).__name__, e.id)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert r.returncode == 0 and r.stdout.split() == ["Mine", "retool-math"], r.stderr[-2000:]
