@@ -273,6 +273,20 @@ async def test_a_server_restarted_with_nothing_in_flight_gets_the_weights_before
         await eng.aclose()
 
 
+def kill_the_server_mid_run(server, args: list, out, turns: int, **popen) -> tuple[int, str]:
+    """Run the CLI (``args``); SIGKILL the server once the event log has ``turns`` turn
+    records; return the CLI's exit status and stderr."""
+    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.time() + 300
+    while time.time() < deadline and cli.poll() is None:
+        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= turns:
+            break
+        time.sleep(0.05)
+    server.kill(signal.SIGKILL)
+    _, err = cli.communicate(timeout=300)
+    return cli.returncode, err
+
+
 def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_them(server, tmp_path):
     """The CLI against a server that dies for good mid-run: once reconnecting gives up, the
     in-flight programs are not written as results (exit 1, one message); with the server back,
@@ -285,15 +299,8 @@ def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_t
     args = [sys.executable, "-m", "agentenv.cli", "rollout", "--engine", "openai", "--base-url",
             server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4", "--group-size", "2",
             "--concurrency", "4", "--max-new-tokens", "300", "--no-progress", "--out", str(out)]
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and cli.poll() is None:
-        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 2:
-            break
-        time.sleep(0.05)
-    server.kill(signal.SIGKILL)
-    _, err = cli.communicate(timeout=300)
-    assert cli.returncode == 1, err[-2000:]
+    rc, err = kill_the_server_mid_run(server, args, out, turns=2)
+    assert rc == 1, err[-2000:]
     assert "stopped because the engine failed" in err and "--resume" in err
     first = out.read_text().splitlines()
     assert len(first) < 8
@@ -330,52 +337,14 @@ class WholeGroup(RetoolMathEnv):
 """
 
 
-def test_a_group_with_a_sample_the_engine_failed_on_is_written_whole_after_resume(server, tmp_path):
+@pytest.mark.parametrize("cluster", [[], ["--cluster", "ray", "--workers", "2"]], ids=["local", "ray"])
+def test_a_group_with_a_sample_the_engine_failed_on_is_written_whole_after_resume(server, tmp_path, cluster):
     """An environment with a group reward, and a server that dies for good mid-run: a group
     whose sample 1 the engine failed on does not write its finished sample 0 with a reward
-    scored without sample 1. Sample 0 waits in the log (not run again), and ``--resume``
-    writes both, every line scored by the whole group."""
-    import json
-
-    (tmp_path / "whole_group_env.py").write_text(GROUP_ENV)
-    out = tmp_path / "r.jsonl"
-    args = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", "whole_group_env:WholeGroup", "--engine",
-            "openai", "--base-url", server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4",
-            "--group-size", "2", "--concurrency", "4", "--max-new-tokens", "600", "--no-progress", "--out", str(out)]
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    deadline = time.time() + 300
-    while time.time() < deadline and cli.poll() is None:
-        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 4:
-            break
-        time.sleep(0.05)
-    server.kill(signal.SIGKILL)
-    _, err = cli.communicate(timeout=300)
-    assert cli.returncode == 1, err[-2000:]
-    assert out.read_text() == ""  # no group was complete: no line
-    records = [json.loads(x[9:]) for x in open(f"{out}.log")]
-    held = {(r["task"], r["sample"]): r["traj"] for r in records if r["e"] == "held"}
-    assert held and {i for _, i in held} == {0}, sorted(held)
-    assert f"nor are the {len(held)} finished samples of their groups" in " ".join(err.split())
-    server.start()
-    r = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert sorted((x["task_id"], x["sample_index"]) for x in rows) == sorted(
-        (t, i) for t in {x["task_id"] for x in rows} for i in (0, 1)) and len(rows) == 8
-    for x in rows:
-        assert not x["finish_reason"].startswith("error"), x["error"]
-        if (x["task_id"], x["sample_index"]) in held:  # it did not run again: the very tokens
-            assert x["segments"] == held[(x["task_id"], x["sample_index"])]["segments"]
-    for tid in {x["task_id"] for x in rows}:
-        group = [x for x in rows if x["task_id"] == tid]
-        total = sum(x["metadata"]["sample_reward"]["reward"] for x in group)
-        assert all(x["reward"] == 2000.0 + total + x["sample_index"] for x in group), group
-
-
-def test_on_ray_what_the_engine_failed_on_is_held_back_and_resume_writes_groups_whole(server, tmp_path):
-    """The same on a local Ray cluster (two rollout workers, each with its own client of the
-    server): nothing the engine failed on is written, the run exits 1, sample 0 of each cut
-    group waits in the log, and ``--resume`` writes every group whole."""
+    scored without sample 1 (nor sample 1: exit 1). Sample 0 waits in the log, and
+    ``--resume`` writes both, sample 0 not run again, every line scored by the whole group.
+    The same on a local Ray cluster (two rollout workers, each a client of the server; the
+    workers make the driver's env class, a subclass that keeps retool-math's id)."""
     import json
 
     (tmp_path / "whole_group_env.py").write_text(GROUP_ENV)
@@ -385,21 +354,14 @@ def test_on_ray_what_the_engine_failed_on_is_held_back_and_resume_writes_groups_
     args = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", "whole_group_env:WholeGroup", "--engine",
             "openai", "--base-url", server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4",
             "--group-size", "2", "--concurrency", "4", "--max-new-tokens", "600", "--no-progress", "--out", str(out),
-            "--cluster", "ray", "--workers", "2"]
-    cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
-    deadline = time.time() + 300
-    while time.time() < deadline and cli.poll() is None:
-        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= 4:
-            break
-        time.sleep(0.05)
-    server.kill(signal.SIGKILL)
-    _, err = cli.communicate(timeout=300)
-    assert cli.returncode == 1, err[-3000:]
-    assert "stopped because the engine failed" in err
-    assert out.read_text() == ""
+            *cluster]
+    rc, err = kill_the_server_mid_run(server, args, out, turns=4, cwd=tmp_path, env=env)
+    assert rc == 1, err[-3000:]
+    assert out.read_text() == ""  # no group was complete: no line
     records = [json.loads(x[9:]) for x in open(f"{out}.log")]
     held = {(r["task"], r["sample"]): r["traj"] for r in records if r["e"] == "held"}
     assert held and {i for _, i in held} == {0}, sorted(held)
+    assert f"nor are the {len(held)} finished samples of their groups" in " ".join(err.split())
     server.start()
     r = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -407,7 +369,7 @@ def test_on_ray_what_the_engine_failed_on_is_held_back_and_resume_writes_groups_
     assert len(rows) == 8 and len({(x["task_id"], x["sample_index"]) for x in rows}) == 8
     for x in rows:
         assert not x["finish_reason"].startswith("error"), x["error"]
-        if (x["task_id"], x["sample_index"]) in held:
+        if (x["task_id"], x["sample_index"]) in held:  # it did not run again: the very tokens
             assert x["segments"] == held[(x["task_id"], x["sample_index"])]["segments"]
     for tid in {x["task_id"] for x in rows}:
         group = [x for x in rows if x["task_id"] == tid]
