@@ -283,18 +283,23 @@ async def test_a_server_restarted_with_nothing_in_flight_gets_the_weights_before
         await eng.aclose()
 
 
-def kill_the_server_mid_run(server, args: list, out, turns: int, **popen) -> tuple[int, str]:
-    """Run the CLI (``args``); SIGKILL the server once the event log has ``turns`` turn
-    records; return the CLI's exit status and stderr."""
+def kill_the_server_mid_run(server, args: list, ready, **popen) -> tuple[int, str]:
+    """Run the CLI (``args``); SIGKILL the server once ``ready()`` is true; return the CLI's
+    exit status and stderr. The CLI must still be running at the kill (asserted here)."""
     cli = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
     deadline = time.time() + 300
-    while time.time() < deadline and cli.poll() is None:
-        if os.path.exists(f"{out}.log") and open(f"{out}.log").read().count('"e":"turn"') >= turns:
-            break
+    while time.time() < deadline and cli.poll() is None and not ready():
         time.sleep(0.05)
+    alive = cli.poll() is None
     server.kill(signal.SIGKILL)
     _, err = cli.communicate(timeout=300)
+    assert alive, f"the run ended before the server was killed (exit {cli.returncode}): {err[-3000:]}"
     return cli.returncode, err
+
+
+def logged_turns(out) -> int:
+    log = f"{out}.log"
+    return open(log).read().count('"e":"turn"') if os.path.exists(log) else 0
 
 
 def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_them(server, tmp_path):
@@ -309,7 +314,7 @@ def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_t
     args = [sys.executable, "-m", "agentenv.cli", "rollout", "--engine", "openai", "--base-url",
             server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4", "--group-size", "2",
             "--concurrency", "4", "--max-new-tokens", "300", "--no-progress", "--out", str(out)]
-    rc, err = kill_the_server_mid_run(server, args, out, turns=2)
+    rc, err = kill_the_server_mid_run(server, args, lambda: logged_turns(out) >= 2)
     assert rc == 1, err[-2000:]
     assert "stopped because the engine failed" in err and "--resume" in err
     first = out.read_text().splitlines()
@@ -327,18 +332,27 @@ def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_t
 
 
 GROUP_ENV = """
+from pathlib import Path
+
 from agentenv.env import TurnPlan
 from agentenv.envs.retool_math import RetoolMathEnv
+
+MARKS = Path(__file__).parent / "marks"
 
 
 class WholeGroup(RetoolMathEnv):
     max_turns = 16
 
     def plan_turn(self, task, trajectory, turn):
-        # Sample 0 ends after one short turn; sample 1 runs 15 40-token turns, so
-        # the server dies with every group's sample 0 finished and its sample 1 under way.
+        # Sample 0 ends after one short turn; sample 1 runs 15 40-token turns, so the
+        # server dies (the test kills it once a sample 1 plans its turn 2: a file, written
+        # here in the worker, not the driver's event log, which a Ray run writes from its
+        # one-second polls) with its group's sample 0 finished and sample 1 under way.
         if trajectory.sample_index == 0:
             return TurnPlan(max_tokens=8, stop=False, last=True)
+        if turn == 2:
+            MARKS.mkdir(exist_ok=True)
+            (MARKS / task.id.replace("/", "-")).touch()
         return TurnPlan(max_tokens=40, stop=False)
 
     async def group_reward(self, task, trajectories):
@@ -365,7 +379,7 @@ def test_a_group_with_a_sample_the_engine_failed_on_is_written_whole_after_resum
             "openai", "--base-url", server.url, "--engine-arg", "reconnect_s=2", "--tasks", "4",
             "--group-size", "2", "--concurrency", "4", "--max-new-tokens", "600", "--no-progress", "--out", str(out),
             *cluster]
-    rc, err = kill_the_server_mid_run(server, args, out, turns=4, cwd=tmp_path, env=env)
+    rc, err = kill_the_server_mid_run(server, args, lambda: (tmp_path / "marks").is_dir(), cwd=tmp_path, env=env)
     assert rc == 1, err[-3000:]
     assert out.read_text() == ""  # no group was complete: no line
     records = [json.loads(x[9:]) for x in open(f"{out}.log")]
