@@ -338,7 +338,7 @@ class Reactor:
         try:
             t0 = time.perf_counter()
             slot.session = await self.sandbox.session(self._setup)
-            self.stats.env_starts.append(time.perf_counter() - t0)
+            self.stats.env_started(time.perf_counter() - t0)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # noqa: BLE001 - the program meets it at its first tool call

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -64,8 +65,11 @@ class RunStats:
     #: the engine, typically its tail, when the programs left are fewer than the slots.
     under_half_s: float = 0.0
     #: Per ``bin_s`` second of the run: [sampled tokens (counted when their turn ends),
-    #: request-seconds in flight], the timeline behind :meth:`full_and_tail`.
+    #: request-seconds in flight], the timeline behind :meth:`full_and_tail`. At most
+    #: ``max_bins`` of them: a longer run (a trainer's reactor lives for days) merges them in
+    #: pairs and doubles ``bin_s``, so the timeline's memory stays bounded.
     bin_s: float = 1.0
+    max_bins: int = 4096
     bins: list = field(default_factory=list)
     #: Tokens sampled in this run's turns so far (``sampled_tokens`` counts finished programs,
     #: a resumed one's earlier turns included): the live rate a progress bar shows.
@@ -74,7 +78,12 @@ class RunStats:
     restores: int = 0
     env_waits: int = 0
     env_wait_s: float = 0.0
-    env_starts: list = field(default_factory=list)  # seconds each sandbox session took to start
+    #: Sandbox sessions started, and the seconds each took: all of them up to
+    #: ``max_samples``, then a uniform sample of that many (reservoir), for the percentiles.
+    env_starts: int = 0
+    env_start_s: list = field(default_factory=list)
+    max_samples: int = 10_000
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
     _t_last: float = 0.0
     t0: float = 0.0
     t1: float = 0.0
@@ -98,22 +107,39 @@ class RunStats:
                 self.under_half_s += dt
             t = self._t_last
             while t < now:  # the in-flight area, split at bin edges
-                i = int((t - self.t0) / self.bin_s)
-                end = min(now, self.t0 + (i + 1) * self.bin_s)
-                self._bin(i)[1] += self.in_flight * (end - t)
+                b, edge = self._bin(t)
+                end = min(now, edge)
+                b[1] += self.in_flight * (end - t)
                 t = end if end > t else now
         self._t_last = now
 
-    def _bin(self, i: int) -> list:
+    def _bin(self, t: float) -> tuple[list, float]:
+        """The timeline's bin holding time ``t`` (``perf_counter``), and where it ends."""
+        i = max(0, int((t - self.t0) / self.bin_s))
+        while i >= self.max_bins:  # coarser: pairs merge, each bin twice as long
+            self.bins = [[sum(b[0] for b in pair), sum(b[1] for b in pair)]
+                         for pair in zip(self.bins[0::2], self.bins[1::2] + [[0, 0.0]])]
+            self.bin_s *= 2
+            i = int((t - self.t0) / self.bin_s)
         while len(self.bins) <= i:
             self.bins.append([0, 0.0])
-        return self.bins[i]
+        return self.bins[i], self.t0 + (i + 1) * self.bin_s
 
     def turn_sampled(self, n: int) -> None:
         """A turn ended with ``n`` sampled tokens (the timeline's token count)."""
         if self.t0 and not self.t1:
-            self._bin(max(0, int((time.perf_counter() - self.t0) / self.bin_s)))[0] += n
+            self._bin(time.perf_counter())[0][0] += n
             self.turn_tokens += n
+
+    def env_started(self, seconds: float) -> None:
+        """A sandbox session took ``seconds`` to start."""
+        self.env_starts += 1
+        if len(self.env_start_s) < self.max_samples:
+            self.env_start_s.append(seconds)
+        else:  # reservoir sampling: each start kept with the same chance
+            j = self._rng.randrange(self.env_starts)
+            if j < self.max_samples:
+                self.env_start_s[j] = seconds
 
     def requests_changed(self, delta: int) -> None:
         """A request entered (+1) or left (-1) the engine."""
@@ -229,9 +255,9 @@ class RunStats:
             "restores": self.restores,
             "env_waits": self.env_waits,
             "env_wait_s": round(self.env_wait_s, 2),
-            "env_starts": len(self.env_starts),
-            "env_start_p50_ms": _ms(self.env_starts, 0.5),
-            "env_start_p90_ms": _ms(self.env_starts, 0.9),
+            "env_starts": self.env_starts,
+            "env_start_p50_ms": _ms(self.env_start_s, 0.5),
+            "env_start_p90_ms": _ms(self.env_start_s, 0.9),
             "mean_reward": None if self.mean_reward is None else round(self.mean_reward, 4),
             "reward_components": {k: round(v / self.component_counts[k], 4) for k, v in self.component_sums.items()},
             "finish_reasons": dict(self.finish_reasons),

@@ -74,3 +74,27 @@ def test_the_timeline_splits_a_run_into_its_full_body_and_its_tail(clock):
     assert ft["full_s"] == 2.0 and ft["full_tokens"] == 300 and ft["full_tok_s"] == 150.0
     assert ft["tail_s"] == pytest.approx(3.2) and ft["tail_tokens"] == 150
     assert RunStats().full_and_tail() is None  # no slot count: no body to speak of
+
+
+def test_a_long_run_keeps_a_bounded_timeline_and_start_sample(clock):
+    """A reactor that lives for days (the trainer's) must not grow its stats without bound:
+    past ``max_bins`` the timeline's bins merge in pairs (bin_s doubles), nothing lost; past
+    ``max_samples`` the session-start times are a uniform sample, the count exact."""
+    s = RunStats(slots=2, max_bins=4, max_samples=100)
+    s.start(total=1)
+    s.requests_changed(+2)
+    for _ in range(10):  # 10 s with both slots busy, 7 tokens a second
+        clock[0] += 1.0
+        s.turn_sampled(7)
+    s.requests_changed(-2)
+    s.stop()
+    assert len(s.bins) <= 4 and s.bin_s == 4.0
+    assert sum(b[0] for b in s.bins) == 70 and sum(b[1] for b in s.bins) == pytest.approx(20.0)
+    assert [round(b[1], 6) for b in s.bins] == [8.0, 8.0, 4.0]  # 0-4 s, 4-8 s, 8-10 s
+    assert s.full_and_tail()["full_s"] == 8.0  # the last bin, cut short, is not counted
+
+    for i in range(5000):
+        s.env_started((i * 7919 % 5000) / 1000)  # 0 to 5 s, each once, in a scrambled order
+    summary = s.summary()
+    assert summary["env_starts"] == 5000 and len(s.env_start_s) == 100
+    assert 2000 < summary["env_start_p50_ms"] < 3000 and 4000 < summary["env_start_p90_ms"] < 5000
