@@ -6,7 +6,9 @@ and local sandbox pool on its node; the driver keeps the global queue of groups.
             ...   # the same Trajectory objects a one-machine run yields
 
 ``env`` is an id or spec string, or an :class:`~agentenv.env.Environment` instance (the workers
-then make its class, imported with the driver's ``sys.path``, and give it the instance's id).
+then make its class, imported with the driver's ``sys.path``, and give it the instance's id;
+when the class's module is one file of the user's own, its text goes with the spec, so a
+worker on a node without that file makes the class all the same: ``registry.portable_spec``).
 Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` or
 ``RAY_ADDRESS``; with neither, a local one is started for the run and shut down after.
 
@@ -78,13 +80,13 @@ class RolloutWorker:
     async def _hold(self) -> None:
         from .engines import open_engine
         from .reactor import Reactor
-        from .registry import make
+        from .registry import make_portable
         from .sandboxes import default_sandbox
 
         s = self.spec
         try:
             sys.path.extend(p for p in s.get("sys_path", ()) if p not in sys.path)
-            env = make(s["env"], **s["env_args"])
+            env = make_portable(s["env"], **s["env_args"])
             if s.get("env_id"):
                 env.id = s["env_id"]
             config = RolloutConfig(**s["config"])
@@ -152,12 +154,12 @@ class RayRollouts:
 
             model = str(default_model())
         self.config = config or RolloutConfig()
-        env_id = None
-        if not isinstance(env, str):  # an instance: the workers make its class, under its id
-            from .registry import class_spec
+        from .registry import portable_spec
 
-            env, env_id = class_spec(env), env.id
-        # The workers import what this process can (a user's module beside it included).
+        # An instance: the workers make its class, under its id; a user's one-file module goes
+        # with it, for workers on nodes without the file. The workers' sys.path is extended
+        # with this one's, so what this process imports, a worker on this machine does too.
+        env, env_id = ({"env": env, "source": None}, None) if isinstance(env, str) else (portable_spec(env), env.id)
         self.spec = {"env": env, "env_id": env_id, "sys_path": list(sys.path), "env_args": dict(env_args or {}),
                      "engine": engine, "model": str(model), "engine_kwargs": dict(engine_kwargs or {}),
                      "base_urls": list(base_urls or []) or None, "sandbox": sandbox, "config": asdict(self.config),
@@ -215,7 +217,10 @@ class RayRollouts:
             pid = await actor.start.remote()
         except Exception as exc:  # noqa: BLE001 - the worker could not open its engine/sandbox
             _ray().kill(actor)
-            raise EngineError(f"a rollout worker failed to start: {exc}") from exc
+            hint = ("; the environment's own module travels with the workers, but what it imports must be "
+                    "installed on every node (or shipped with worker_options={'runtime_env': ...})"
+                    if "EnvNotFoundError" in str(exc) else "")
+            raise EngineError(f"a rollout worker failed to start: {exc}{hint}") from exc
         if index is None:
             self.workers.append(actor)
             self.pids.append(pid)

@@ -115,6 +115,47 @@ def class_spec(env: Any) -> str:
     return f"{Path(file).resolve() if file else cls.__module__}:{cls.__qualname__}"
 
 
+def portable_spec(env: Any) -> dict[str, Any]:
+    """:func:`class_spec` for a process that may run on another machine (a Ray worker on
+    another node): ``{"env": spec, "source": text}``, with the text of the class's module
+    when that module is one file of the user's own (a file, a module beside the user, a
+    script), not an installed package. :func:`make_portable` makes the class from it where
+    that file is not on disk. A module the env's module imports in turn is not carried: it
+    must be installed on every node (or shipped with Ray's ``runtime_env``)."""
+    spec = class_spec(env)
+    module = sys.modules.get(type(env).__module__)
+    file = getattr(module, "__file__", None)
+    source = None
+    if file and file.endswith(".py") and "." not in type(env).__module__:
+        path = Path(file).resolve()
+        installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+        if not any(path.is_relative_to(p) for p in installed):
+            try:
+                source = path.read_text()
+            except OSError:  # gone since it was imported: a worker without it says so
+                source = None
+    return {"env": spec, "source": source}
+
+
+def make_portable(spec: dict[str, Any], **kwargs: Any) -> Environment:
+    """:func:`make` from a :func:`portable_spec`: the module's file on disk where it is there
+    (the same machine), else its text, written to a private directory and imported."""
+    env, source = spec["env"], spec.get("source")
+    if source is not None:
+        target, _, name = env.rpartition(":")
+        if target.endswith(".py"):
+            missing, stem = not Path(target).is_file(), Path(target).stem
+        else:
+            missing, stem = importlib.util.find_spec(target) is None, target
+        if missing:
+            import tempfile
+
+            file = Path(tempfile.mkdtemp(prefix="agentenv-env-")) / f"{stem}.py"
+            file.write_text(source)
+            env = f"{file}:{name}"
+    return make(env, **kwargs)
+
+
 def load_env_modules(specs: list[str] = ()) -> None:  # type: ignore[assignment]
     """Import the modules in ``specs`` and in ``AGENTENV_ENV_MODULES`` (once each), so the
     environments they ``register()`` can be made by id."""

@@ -224,3 +224,42 @@ def test_class_spec_of_a_class_in_the_users_script_names_the_script(tmp_path):
     code = f"from agentenv import make; e = make({r.stdout.strip()!r}); print(type(e).__name__, e.id)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert r.returncode == 0 and r.stdout.split() == ["Mine", "retool-math"], r.stderr[-2000:]
+
+
+def test_a_portable_spec_carries_a_users_one_file_module_to_a_machine_without_it(tmp_path):
+    """A Ray worker on another node has neither the driver's files nor its working directory:
+    the spec carries the text of the env's module when it is one file of the user's own (a
+    file, or a module beside the user), and the worker makes the very class from it. An
+    installed module's class is named, not carried."""
+    import shutil
+    import subprocess
+    import sys
+
+    from agentenv import registry
+
+    src = ("from agentenv.envs.retool_math import RetoolMathEnv\n\nclass Far(RetoolMathEnv):\n"
+           "    max_turns = 3\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "far_env.py").write_text(src)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "beside_env.py").write_text(src.replace("Far", "Beside"))
+    by_file = registry.portable_spec(make(f"{tmp_path / 'a' / 'far_env.py'}:Far"))
+    code = ("import os, sys; sys.path.insert(0, os.getcwd()); from agentenv import registry; "
+            "print(registry.portable_spec(registry.make('beside_env:Beside')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path / "b")
+    assert r.returncode == 0, r.stderr[-2000:]
+    beside = eval(r.stdout)  # noqa: S307 - the dict this test's own child printed
+    assert beside["env"] == "beside_env:Beside" and beside["source"] == src.replace("Far", "Beside")
+    assert by_file["source"] == src
+    assert registry.portable_spec(make("retool-math")) == {"env": "agentenv.envs.retool_math:RetoolMathEnv",
+                                                          "source": None}
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "b")  # neither file is anywhere now
+    for spec, name in ((by_file, "Far"), (beside, "Beside")):
+        code = (f"import sys; sys.path.extend({sys.path!r}); from agentenv import registry; "
+                f"e = registry.make_portable({spec!r}); print(type(e).__name__, e.id, e.max_turns)")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+        assert r.returncode == 0 and r.stdout.split() == [name, "retool-math", "3"], r.stderr[-2000:]
+        gone = subprocess.run([sys.executable, "-c", code.replace("registry.make_portable", "registry.make").replace(
+            f"{spec!r}", f"{spec['env']!r}")], capture_output=True, text=True, timeout=120, cwd="/")
+        assert gone.returncode != 0 and "EnvNotFoundError" in gone.stderr  # the spec alone would not do
