@@ -281,3 +281,19 @@ async def test_closing_a_channel_ends_the_requests_waiting_on_it():
             ctl.close()
     assert len(errors) == 3
     server.close()
+
+
+@pytest.mark.parametrize("setup, why", [("import os\nos._exit(3)", "exited with status 3"),
+                                        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                                         "killed by SIGKILL")])
+async def test_a_setup_that_kills_its_process_is_a_setup_error_and_the_server_lives_on(setup, why):
+    # Before: the template's death read as the fork server's: the pool killed and restarted
+    # its healthy server three times, then raised a private "fork server is gone".
+    async with LocalSandbox(prewarm=0) as sb:
+        server = sb.server_pid
+        with pytest.raises(SandboxError, match=f"environment setup code failed: .*{why}"):
+            await sb.session(setup_code=setup)
+        assert sb.server_pid == server and sb.restarts == 0
+        s = await sb.session(setup_code="OK = 1")
+        assert (await s.run("OK")).value == "1"
+        await s.aclose()

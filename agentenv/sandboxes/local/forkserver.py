@@ -290,7 +290,7 @@ def _compact() -> None:
             libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_COLLAPSE)  # errors ignored
 
 
-def _template(req: dict, ns: dict, ctrl: socket.socket) -> socket.socket:
+def _template(req: dict, ns: dict, ctrl: socket.socket) -> tuple[socket.socket, int]:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -322,7 +322,20 @@ def _template(req: dict, ns: dict, ctrl: socket.socket) -> socket.socket:
             pass
         os._exit(0)
     theirs.close()
-    return mine
+    return mine, pid
+
+
+def _died(pid: int) -> str:
+    """How a child that closed its end of the channel ended (it is exiting: waited for)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return "it exited"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        why = " (out of memory?)" if sig == signal.SIGKILL else ""
+        return f"it was killed by {signal.Signals(sig).name}{why}"
+    return f"it exited with status {os.WEXITSTATUS(status)}"
 
 
 def _name(name: bytes) -> None:
@@ -360,9 +373,13 @@ def serve_control(ctrl: socket.socket, ns: dict) -> None:
                 sock.close()
                 ctrl.send(json.dumps({"pid": pid, "reaper": reaper}).encode())
             elif req["op"] == "template":
-                tctrl = _template(req, ns, ctrl)
+                tctrl, tpid = _template(req, ns, ctrl)
                 first = tctrl.recv(1 << 16)
-                socket.send_fds(ctrl, [first], [tctrl.fileno()])
+                if first:
+                    socket.send_fds(ctrl, [first], [tctrl.fileno()])
+                else:  # it died before it was ready (e.g. the setup code called os._exit)
+                    ctrl.send(json.dumps({"error": f"the setup process died before it was ready: "
+                                                   f"{_died(tpid)}"}).encode())
                 tctrl.close()
             else:
                 ctrl.send(json.dumps({"error": f"unknown op {req['op']!r}"}).encode())
