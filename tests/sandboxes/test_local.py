@@ -297,3 +297,28 @@ async def test_a_setup_that_kills_its_process_is_a_setup_error_and_the_server_li
         s = await sb.session(setup_code="OK = 1")
         assert (await s.run("OK")).value == "1"
         await s.aclose()
+
+
+@pytest.mark.parametrize("allow_unisolated", [False, True])
+async def test_a_fork_server_that_dies_during_the_isolation_check_is_a_clear_error(allow_unisolated):
+    # Before: the retry tried to take the start lock the check already held ("RuntimeError:
+    # Attempted to acquire an already held Lock"). A crash must never read as a host without
+    # isolation either, so allow_unisolated does not turn it into an unisolated pool.
+    class DiesAtTheCheck(LocalSandbox):
+        async def _probe(self) -> None:
+            proc = psutil.Process(self.server_pid)
+            proc.kill()
+            proc.wait(10)
+            await super()._probe()
+
+    sb = DiesAtTheCheck(allow_unisolated=allow_unisolated)
+    with pytest.raises(SandboxError, match="fork server died during its first session start"):
+        await sb.start()
+    assert sb.isolate
+    with pytest.raises(SandboxError, match="closed"):
+        await sb.session()
+    fresh = LocalSandbox()
+    async with fresh:
+        s = await fresh.session()
+        assert (await s.run("1 + 1")).value == "2"
+        await s.aclose()

@@ -298,6 +298,7 @@ class LocalSandbox(Sandbox):
         self._closed = False
         #: How many times a dead fork server was replaced.
         self.restarts = 0
+        self._probing = False  # start() holds the start lock while it checks isolation
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> "LocalSandbox":
@@ -351,7 +352,11 @@ class LocalSandbox(Sandbox):
                     raise
                 self.limits = replace(self.limits, seccomp=False)
             if not self.restarts:  # a replacement server runs on the host the probe checked
-                await self._probe()
+                self._probing = True
+                try:
+                    await self._probe()
+                finally:
+                    self._probing = False
 
     def _weaker(self, what: str) -> None:
         """A kernel feature the isolation relies on is missing: refuse, unless the user opted
@@ -370,6 +375,10 @@ class LocalSandbox(Sandbox):
         problem = None
         try:
             s = await self.session()
+        except _ServerGone as exc:  # a crash, not a host without isolation: never a reason to run weaker
+            await self.aclose()
+            raise SandboxError(f"the sandbox fork server died during its first session start (the isolation "
+                               f"check); nothing else is wrong with the host that we know of: {exc}") from exc
         except SandboxError as exc:
             if not self.isolate:
                 raise
@@ -546,7 +555,7 @@ class LocalSandbox(Sandbox):
                     server = await self._server_for(setup_code)
                     return await self._spawn_from(server)
             except _ServerGone:
-                if attempt == 2 or self._closed:
+                if attempt == 2 or self._closed or self._probing:  # replacing takes start()'s lock
                     raise
                 await self._replace_server(server, base, setup_code)
         raise AssertionError("unreachable")
