@@ -148,12 +148,30 @@ def make_portable(spec: dict[str, Any], **kwargs: Any) -> Environment:
         else:
             missing, stem = importlib.util.find_spec(target) is None, target
         if missing:
-            import tempfile
-
-            file = Path(tempfile.mkdtemp(prefix="agentenv-env-")) / f"{stem}.py"
-            file.write_text(source)
-            env = f"{file}:{name}"
+            return _make_from_text(source, stem, name, **kwargs)
     return make(env, **kwargs)
+
+
+def _make_from_text(source: str, stem: str, name: str, **kwargs: Any) -> Environment:
+    """Import ``source`` as module ``stem`` from a private directory, make its class ``name``,
+    and remove the directory: the module lives on in ``sys.modules`` and its lines in
+    ``linecache`` (tracebacks and ``inspect.getsource`` still show them), so nothing is left
+    on disk, however many workers start and stop."""
+    import linecache
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="agentenv-env-"))
+    file = folder / f"{stem}.py"
+    try:
+        file.write_text(source)
+        return make(f"{file}:{name}", **kwargs)
+    finally:
+        resolved = str(file.resolve())
+        linecache.cache[resolved] = (len(source), None, source.splitlines(keepends=True), resolved)
+        if str(folder.resolve()) in sys.path:
+            sys.path.remove(str(folder.resolve()))
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def load_env_modules(specs: list[str] = ()) -> None:  # type: ignore[assignment]

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 import agentenv
@@ -255,11 +257,18 @@ def test_a_portable_spec_carries_a_users_one_file_module_to_a_machine_without_it
                                                           "source": None}
     shutil.rmtree(tmp_path / "a")
     shutil.rmtree(tmp_path / "b")  # neither file is anywhere now
+    scratch = tmp_path / "tmp"  # the children's TMPDIR: make_portable leaves nothing there
+    scratch.mkdir()
     for spec, name in ((by_file, "Far"), (beside, "Beside")):
-        code = (f"import sys; sys.path.extend({sys.path!r}); from agentenv import registry; "
-                f"e = registry.make_portable({spec!r}); print(type(e).__name__, e.id, e.max_turns)")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
-        assert r.returncode == 0 and r.stdout.split() == [name, "retool-math", "3"], r.stderr[-2000:]
+        code = (f"import inspect, sys; sys.path.extend({sys.path!r}); from agentenv import registry; "
+                f"e = registry.make_portable({spec!r}); print(type(e).__name__, e.id, e.max_turns); "
+                "print(repr(inspect.getsource(type(e))))")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/",
+                           env={**os.environ, "TMPDIR": str(scratch)})
+        assert r.returncode == 0 and r.stdout.split("\n")[0].split() == [name, "retool-math", "3"], r.stderr[-2000:]
+        # Its lines are still there for tracebacks and inspect, though its file is gone.
+        assert eval(r.stdout.split("\n")[1]) == f"class {name}(RetoolMathEnv):\n    max_turns = 3\n"  # noqa: S307
+        assert list(scratch.iterdir()) == []
         gone = subprocess.run([sys.executable, "-c", code.replace("registry.make_portable", "registry.make").replace(
             f"{spec!r}", f"{spec['env']!r}")], capture_output=True, text=True, timeout=120, cwd="/")
         assert gone.returncode != 0 and "EnvNotFoundError" in gone.stderr  # the spec alone would not do

@@ -16,13 +16,19 @@ are pushed, and the request is sent again (``engines/openai.py``).
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from typing import Any
 
 #: The response header that names the engine (its workers' ids) that served a request.
 INSTANCE_HEADER = "x-agentenv-instance"
+log = logging.getLogger("vllm.agentenv")  # under vLLM's logger: the server's log shows it
 _WORKER_ID = uuid.uuid4().hex  # this process's; only a worker's is ever reported
-_served_by: str | None = None  # the API server's engine, as its workers name it (asked once)
+_served_by: str | None = None  # the API server's engine, as its workers name it ("" : no extension)
+_ask_after = 0.0  # monotonic time before which a failed question is not asked again
+#: How long after a failed question (other than "no such method") it is asked again.
+RETRY_S = 2.0
 
 
 def instance_id(results: list[Any]) -> str:
@@ -33,17 +39,31 @@ def instance_id(results: list[Any]) -> str:
 async def instance_header(request: Any, call_next: Any) -> Any:
     """HTTP middleware for ``vllm serve --middleware``: every response carries
     ``x-agentenv-instance``, the id of the engine behind this server (its workers' ids, asked
-    once per server process). Without the worker extension the header is left out."""
-    global _served_by
+    once per server process). Without the worker extension the header is left out. Any other
+    failure to ask (the engine busy or failing for a moment) is not taken as an answer: the
+    response goes without the header and the question is asked again on a response at least
+    ``RETRY_S`` later, so one bad moment does not leave the server unnamed for good."""
+    global _served_by, _ask_after
     response = await call_next(request)
-    if _served_by is None:
+    if _served_by is None and time.monotonic() >= _ask_after:
         try:
             _served_by = instance_id(await request.app.state.engine_client.collective_rpc("agentenv_instance"))
-        except Exception:  # noqa: BLE001 - no worker extension: nothing to report
-            _served_by = ""
+        except Exception as exc:  # noqa: BLE001 - answered below
+            if _no_such_method(str(exc)):
+                _served_by = ""  # no worker extension: nothing to report, ever
+            else:
+                _ask_after = time.monotonic() + RETRY_S
+                log.warning("could not ask the engine for its id (asked again in %.0f s): %s", RETRY_S, exc)
     if _served_by:
         response.headers[INSTANCE_HEADER] = _served_by
     return response
+
+
+def _no_such_method(message: str) -> bool:
+    """vLLM's answer when the workers lack the method: a multiprocess executor's worker raises
+    ``'CPUWorker' object has no attribute 'agentenv_instance'``, an in-process one
+    ``Method 'agentenv_instance' is not implemented.``"""
+    return "agentenv_instance" in message and ("has no attribute" in message or "is not implemented" in message)
 
 
 class WeightSyncExtension:
