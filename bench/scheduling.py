@@ -229,7 +229,8 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
                       f"reuse {100 * sr.reuse:5.1f}%  pauses {sr.pauses}", flush=True)
     return {"label": label, "kv_capacity": cap, "pure_decode_tok_s": statistics.mean(around), "pure_decode_runs": around,
             "results": results, "simulated": sim,
-            "simulator_engine": dataclasses.asdict(sim_engine) if args.simulate else None}
+            "simulator_engine": dataclasses.asdict(sim_engine) if args.simulate else None,
+            "session_starts_per_s": starts if args.simulate else None}
 
 
 def spec_kwargs(args) -> dict:
