@@ -29,6 +29,7 @@ _served_by: str | None = None  # the API server's engine, as its workers name it
 _ask_after = 0.0  # monotonic time before which a failed question is not asked again
 #: How long after a failed question (other than "no such method") it is asked again.
 RETRY_S = 2.0
+_now = time.monotonic  # the clock the retry reads (a test moves its own)
 
 
 def instance_id(results: list[Any]) -> str:
@@ -45,14 +46,14 @@ async def instance_header(request: Any, call_next: Any) -> Any:
     ``RETRY_S`` later, so one bad moment does not leave the server unnamed for good."""
     global _served_by, _ask_after
     response = await call_next(request)
-    if _served_by is None and time.monotonic() >= _ask_after:
+    if _served_by is None and _now() >= _ask_after:
         try:
             _served_by = instance_id(await request.app.state.engine_client.collective_rpc("agentenv_instance"))
         except Exception as exc:  # noqa: BLE001 - answered below
             if _no_such_method(str(exc)):
                 _served_by = ""  # no worker extension: nothing to report, ever
             else:
-                _ask_after = time.monotonic() + RETRY_S
+                _ask_after = _now() + RETRY_S
                 log.warning("could not ask the engine for its id (asked again in %.0f s): %s", RETRY_S, exc)
     if _served_by:
         response.headers[INSTANCE_HEADER] = _served_by
