@@ -6,8 +6,8 @@ For concurrency 1 and 32: trivial code (``1 + 1``) through the pool (each concur
 holds its own isolated session) and through a fresh ``python3 -c`` process per call (what a
 naive sandbox does, with no isolation at all). Prints call latency p50/p99 and calls/s for
 both, then how many isolated sessions start per second when 64 are asked for at once (right
-after the previous 64 closed, and again once their teardown is done), then as the last line ``sandbox_speedup: <baseline time per call / pool time per call>``
-at concurrency 32.
+after the previous 64 closed, and again once their teardown is done), then as the last line
+``sandbox_speedup: <baseline time per call / pool time per call>`` at concurrency 32.
 """
 
 from __future__ import annotations
