@@ -73,6 +73,12 @@ class Sandbox(abc.ABC):
     async def session(self, setup_code: str | None = None) -> Session:
         """A new session; ``setup_code`` runs in it first (an environment's helpers)."""
 
+    async def prepare(self, setup_code: str | None = None, n: int = 1, *, wait: bool = False) -> int:
+        """Start ``n`` sessions for ``setup_code`` ahead of need, so that :meth:`session` hands
+        them out at once (e.g. while the engine loads). Returns how many it starts; a backend
+        that cannot prepare ahead starts none and its sessions start on demand."""
+        return 0
+
     @abc.abstractmethod
     async def aclose(self) -> None: ...
 

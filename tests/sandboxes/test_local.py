@@ -183,6 +183,43 @@ async def test_max_workers_caps_live_sessions():
         await b.aclose()
 
 
+async def test_prepare_starts_sessions_ahead_and_session_hands_them_out():
+    setup = "import os\nPREPARED_IN = os.getpid()"
+    async with LocalSandbox(prewarm=0, max_workers=6) as sb:
+        base = sb.starts  # the pool's own isolation probe at start
+        assert await sb.prepare(setup, 4, wait=True) == 4
+        assert sb.starts == base + 4 and len(sb.worker_pids) == 4
+        prepared = set(sb.worker_pids)
+        sessions = [await sb.session(setup) for _ in range(4)]
+        assert sb.starts == base + 4 and {s.pid for s in sessions} == prepared  # no start: handed out
+        assert (await sessions[0].run("x = 1\n'PREPARED_IN' in globals()")).value == "True"
+        assert (await sessions[1].run("'x' in globals()")).value == "False"  # one worker each
+        assert await sb.prepare(setup, 10, wait=True) == 2  # only into free capacity
+        assert await sb.prepare(setup, 1, wait=True) == 0
+        fifth = await sb.session(setup)
+        assert fifth.pid not in prepared and sb.starts == base + 6
+        for s in sessions:
+            await s.aclose()
+        await fifth.aclose()
+    for pid in prepared:
+        assert gone(pid)
+
+
+async def test_prepare_in_the_background_and_a_failing_setup():
+    async with LocalSandbox(prewarm=0) as sb:
+        assert await sb.prepare(None, 3) == 3  # returns at once; the pool's task group starts them
+        with anyio.fail_after(10):
+            while len(sb.worker_pids) < 3:
+                await anyio.sleep(0.02)
+        idle = list(sb.worker_pids)
+        assert await sb.prepare("raise ValueError('no such helper')", 2, wait=True) == 0
+        with pytest.raises(SandboxError, match="no such helper"):
+            await sb.session("raise ValueError('no such helper')")
+        assert sorted(sb.worker_pids) == sorted(idle)
+    for pid in idle:  # unused prepared sessions close with the pool
+        assert gone(pid)
+
+
 async def test_refuses_to_run_weaker_than_asked(monkeypatch, tmp_path):
     import agentenv.sandboxes.local
 
