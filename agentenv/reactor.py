@@ -38,7 +38,7 @@ from .formats import get_format
 from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
 from .scheduler import Policy, Scheduler, SchedulerConfig, State
 from .stats import RunStats
-from .tools import PythonTool
+from .tools import needs_sandbox
 from .trajectory import Trajectory
 
 
@@ -136,6 +136,31 @@ class _Hooks:
         return slot.session
 
 
+def _default_max_programs(config: RolloutConfig, sandbox: Any) -> int:
+    """8 x concurrency (a program on a tool holds no slot, so many more programs than slots
+    keep the engine fed), but no more than the sandbox can hold sessions for."""
+    n = 8 * config.concurrency
+    cap = getattr(sandbox, "max_workers", None) if sandbox is not None else None
+    return min(n, cap) if cap else n
+
+
+async def prepare_sessions(env: Environment, sandbox: Any, config: RolloutConfig | None = None,
+                           programs: int | None = None, *, wait: bool = False) -> int:
+    """Start in ``sandbox`` the sessions a run's first programs will take, ahead of the run:
+    as many as a :class:`Reactor` with ``config`` admits at once, and at most ``programs``
+    (the run's size). Call it before the engine loads (``agentenv rollout`` and the trainer
+    do), so session starts overlap the model's loading instead of competing with the first
+    turns for the CPU; the reactor then finds them ready. Returns how many it starts (0 for an
+    environment without a Python tool, or a backend that cannot prepare ahead)."""
+    if not needs_sandbox(env):
+        return 0
+    config = (config or RolloutConfig()).for_env(env)
+    at_once = config.max_programs or (config.concurrency if Policy(config.scheduling) != Policy.PROGRAM
+                                      else _default_max_programs(config, sandbox))
+    n = at_once if programs is None else min(at_once, programs)
+    return await sandbox.prepare(env.sandbox_setup(), n, wait=wait)
+
+
 class Reactor:
     def __init__(
         self,
@@ -163,7 +188,7 @@ class Reactor:
             stop_token_ids=stop_token_ids(engine.tokenizer, fmt),
             journal=journal,
         )
-        self._needs_env = any(isinstance(t, PythonTool) for t in tools.values())
+        self._needs_env = needs_sandbox(env)
         self._setup = env.sandbox_setup() if self._needs_env else None
         self.stats = RunStats(block_size=getattr(engine, "page_size", 1), slots=self.config.concurrency)
         self._counted: set[str] = set()  # trajectories in ``stats`` whose group is not scored yet
@@ -183,11 +208,7 @@ class Reactor:
         self._next_pid = 0
 
     def _default_max_programs(self) -> int:
-        """8 x concurrency (a program on a tool holds no slot, so many more programs than
-        slots keep the engine fed), but no more than the sandbox can hold sessions for."""
-        n = 8 * self.config.concurrency
-        cap = getattr(self.sandbox, "max_workers", None) if self._needs_env else None
-        return min(n, cap) if cap else n
+        return _default_max_programs(self.config, self.sandbox if self._needs_env else None)
 
     @property
     def scheduler(self) -> Scheduler:

@@ -196,7 +196,7 @@ async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Na
 
     from .checker import check_env
     from .engines import open_engine
-    from .reactor import Group, Reactor
+    from .reactor import Group, Reactor, prepare_sessions
     from .trajectory import Trajectory
     from agentenv.sandboxes import default_sandbox
 
@@ -204,87 +204,95 @@ async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Na
     console.print(f"[bold]agentenv[/] {args.command}: env={env.id} model={model} engine={args.engine} "
                   f"tasks={len(tasks)} x group {args.group_size}")
     try:
-        engine = await open_engine(args.engine, str(model), temperature=config.temperature, top_p=config.top_p,
-                                   seed=args.seed, base_urls=args.base_url, **args.engine_kwargs)
-        check_env(env, tokenizer=engine.tokenizer)
-        total = len(tasks) * args.group_size
-        written, held_back, waiting, reward_errors = 0, [], [], []
-        progress = Progress(
-            TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
-        )
-        log, resume = args.log, args.resume_state
-        # An environment with a group reward rewards a group's samples only once the
-        # whole group is done: their lines are written then, a group at a time (as a Ray
-        # run writes them), so every line carries the reward the trainer would see.
-        by_group = _has_group_reward(env)
-        in_out = set(resume.done) if resume is not None else set()  # lines in --out already
-        held: dict = {}
-        if by_group and resume is not None:
-            # A group cut short mid-write, or held back (below), is scored whole again:
-            # with its lines in the output and its held samples, which do not run again.
-            resume.finished = _unfinished_groups(args.out, in_out, tasks, args.group_size)
-            held = {k: d for k, d in resume.held.items() if k not in in_out}
-            for (tid, _), d in held.items():
-                resume.finished.setdefault(tid, []).append(Trajectory.from_dict(d))
-            resume.done |= held.keys()
-        if resume is not None:
-            console.print(f"resuming: {len(in_out)} trajectories done, {len(resume.partial)} in flight continue "
-                          f"from their last turn" + (f", {len(held)} finished wait for their groups" if held else ""))
-            total -= len(resume.done)
-        async with engine, default_sandbox(args.sandbox) as sandbox, \
-                Reactor(engine, env, sandbox, config, journal=log) as reactor:
-            with progress, _open_out(args.out, args.resume) as f:
-                bar = progress.add_task("rollouts", total=total, info="")
+        async with contextlib.AsyncExitStack() as stack:
+            # The sandbox first: the sessions the first programs will take start while the model
+            # loads, not beside the first turns (see ``prepare_sessions``).
+            sandbox = await stack.enter_async_context(default_sandbox(args.sandbox))
+            prepared = await prepare_sessions(env, sandbox, config, len(tasks) * args.group_size)
+            engine = await stack.enter_async_context(await open_engine(
+                args.engine, str(model), temperature=config.temperature, top_p=config.top_p, seed=args.seed,
+                base_urls=args.base_url, **args.engine_kwargs))
+            check_env(env, tokenizer=engine.tokenizer)
+            total = len(tasks) * args.group_size
+            written, held_back, waiting, reward_errors = 0, [], [], []
+            progress = Progress(
+                TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
+            )
+            log, resume = args.log, args.resume_state
+            # An environment with a group reward rewards a group's samples only once the
+            # whole group is done: their lines are written then, a group at a time (as a Ray
+            # run writes them), so every line carries the reward the trainer would see.
+            by_group = _has_group_reward(env)
+            in_out = set(resume.done) if resume is not None else set()  # lines in --out already
+            held: dict = {}
+            if by_group and resume is not None:
+                # A group cut short mid-write, or held back (below), is scored whole again:
+                # with its lines in the output and its held samples, which do not run again.
+                resume.finished = _unfinished_groups(args.out, in_out, tasks, args.group_size)
+                held = {k: d for k, d in resume.held.items() if k not in in_out}
+                for (tid, _), d in held.items():
+                    resume.finished.setdefault(tid, []).append(Trajectory.from_dict(d))
+                resume.done |= held.keys()
+            if resume is not None:
+                console.print(f"resuming: {len(in_out)} trajectories done, {len(resume.partial)} in flight "
+                              f"continue from their last turn"
+                              + (f", {len(held)} finished wait for their groups" if held else ""))
+                total -= len(resume.done)
+            async with Reactor(engine, env, sandbox, config, journal=log) as reactor:
+                with progress, _open_out(args.out, args.resume) as f:
+                    bar = progress.add_task("rollouts", total=total, info="")
 
-                def write(traj: Trajectory) -> None:
-                    nonlocal written
-                    if traj.finish_reason == "error:reward":
-                        reward_errors.append(traj.error)
-                    _write_line(f, traj, args.out, "; the lines before this one are intact (--resume continues)")
-                    log.done(traj)
-                    written += 1
+                    def write(traj: Trajectory) -> None:
+                        nonlocal written
+                        if traj.finish_reason == "error:reward":
+                            reward_errors.append(traj.error)
+                        _write_line(f, traj, args.out, "; the lines before this one are intact (--resume continues)")
+                        log.done(traj)
+                        written += 1
 
-                def info() -> str:
-                    s, mr = reactor.stats, reactor.stats.mean_reward
-                    return (f"{s.live_tokens_per_s:.0f} tok/s  {s.in_flight} in flight  reward "
-                            f"{'-' if mr is None else f'{mr:.2f}'}")
+                    def info() -> str:
+                        s, mr = reactor.stats, reactor.stats.mean_reward
+                        return (f"{s.live_tokens_per_s:.0f} tok/s  {s.in_flight} in flight  reward "
+                                f"{'-' if mr is None else f'{mr:.2f}'}")
 
-                async def tick() -> None:  # the rate moves while long programs are under way
-                    while True:
-                        await anyio.sleep(1.0)
-                        progress.update(bar, info=info())
+                    async def tick() -> None:  # the rate moves while long programs are under way
+                        while True:
+                            await anyio.sleep(1.0)
+                            progress.update(bar, info=info())
 
-                async with anyio.create_task_group() as ticker, \
-                        reactor.rollouts(tasks, args.group_size, resume=resume) as results:
-                    ticker.start_soon(tick)
-                    async for item in results:
-                        if isinstance(item, Group):
-                            if by_group:  # its failed samples were counted as they came, below
-                                new = [t for t in item.trajectories if (t.task_id, t.sample_index) not in in_out]
-                                to_write, to_hold, _ = _sort_group(new, by_group)
-                                for t in to_hold:
-                                    log.held(t)
-                                    waiting.append(t)
-                                for t in to_write:
-                                    write(t)
-                            continue
-                        if item.finish_reason == "error:engine":
-                            # The engine failed for good (restarts/reconnects exhausted): not a
-                            # result. Its log records stay, so --resume continues it.
-                            held_back.append(item)
-                        elif not by_group:
-                            write(item)
-                        progress.update(bar, advance=1, info=info())  # the bar counts finished programs
-                    ticker.cancel_scope.cancel()
-            _summary(console, reactor.stats.summary(), args.out, written, time.perf_counter() - args.t_start)
-        if reward_errors:
-            console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "
-                          f"trajectories (reward None, finish_reason error:reward); first error: {reward_errors[0]}")
-        if held_back:
-            _say_held_back(console, held_back, waiting, args.out)
-            args.log.close()
-            return 1
+                    async with anyio.create_task_group() as ticker, \
+                            reactor.rollouts(tasks, args.group_size, resume=resume) as results:
+                        ticker.start_soon(tick)
+                        async for item in results:
+                            if isinstance(item, Group):
+                                if by_group:  # its failed samples were counted as they came, below
+                                    new = [t for t in item.trajectories if (t.task_id, t.sample_index) not in in_out]
+                                    to_write, to_hold, _ = _sort_group(new, by_group)
+                                    for t in to_hold:
+                                        log.held(t)
+                                        waiting.append(t)
+                                    for t in to_write:
+                                        write(t)
+                                continue
+                            if item.finish_reason == "error:engine":
+                                # The engine failed for good (restarts/reconnects exhausted): not a
+                                # result. Its log records stay, so --resume continues it.
+                                held_back.append(item)
+                            elif not by_group:
+                                write(item)
+                            progress.update(bar, advance=1, info=info())  # the bar counts finished programs
+                        ticker.cancel_scope.cancel()
+                _summary(console, reactor.stats.summary(), args.out, written, time.perf_counter() - args.t_start,
+                         prepared)
+            if reward_errors:
+                console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "
+                              "trajectories (reward None, finish_reason error:reward); first error: "
+                              f"{reward_errors[0]}")
+            if held_back:
+                _say_held_back(console, held_back, waiting, args.out)
+                args.log.close()
+                return 1
     except BaseException:
         with contextlib.suppress(AgentEnvError):  # the first error is the one to report
             args.log.close()
@@ -304,7 +312,7 @@ def _say_held_back(console: Any, held_back: list, waiting: list, out: Path) -> N
                   + ". Run the same command with --resume to finish them from their last completed turn.")
 
 
-def _summary(console: Any, s: dict, out: Path, written: int, total_s: float) -> None:
+def _summary(console: Any, s: dict, out: Path, written: int, total_s: float, prepared: int = 0) -> None:
     from rich.table import Table
 
     t = Table(title=f"{written} trajectories -> {out}", show_header=False)
@@ -323,6 +331,7 @@ def _summary(console: Any, s: dict, out: Path, written: int, total_s: float) -> 
         *((("engine under half its decode slots (the run's tail, mostly)", f"{s['engine_under_half_pct']}%"),)
           if s.get("engine_under_half_pct") is not None else ()),
         ("pauses / restores (KV pressure)", f"{s['pauses']} / {s['restores']}"),
+        *((("sandbox sessions prepared ahead (model loading)", prepared),) if prepared else ()),
         *((("sandbox sessions (started, p50 / p90 start)",
             f"{s['env_starts']}, {s['env_start_p50_ms']} / {s['env_start_p90_ms']} ms"),) if s["env_starts"] else ()),
         *((("programs that waited for their session", f"{s['env_waits']} ({s['env_wait_s']}s in all)"),)

@@ -85,6 +85,11 @@ async def replay(session: "Session", calls: list[Any], timeout: float) -> dict[s
     return {"replayed_calls": done, "replay_mismatches": mismatches, "complete": True}
 
 
+def needs_sandbox(env: Any) -> bool:
+    """Whether ``env``'s programs run code in a sandbox session (it has a :class:`PythonTool`)."""
+    return any(isinstance(t, PythonTool) for t in env.tools())
+
+
 class PythonTool(Tool):
     """Runs Python code in the program's stateful sandbox session.
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,8 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
     assert all(len(x["input_ids"]) == len(x["loss_mask"]) == len(x["logprobs"]) for x in rows)
     for label in ("programs", "tool calls", "prefix-cache reuse", "mean reward", "finish reasons"):
         assert label in r.stderr
+    # retool-math's 6 programs took sessions started while the model loaded.
+    assert re.search(r"sessions prepared ahead \(model loading\)\W+6\b", r.stderr), r.stderr[-3000:]
     from datasets import load_dataset
 
     ds = load_dataset("json", data_files=str(out), split="train")

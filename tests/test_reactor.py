@@ -6,6 +6,7 @@ import anyio
 import pytest
 
 from agentenv import Group, Reactor, RolloutConfig, Trajectory, make
+from agentenv.reactor import prepare_sessions
 from agentenv.formats import MalformedCall, ReToolFormat
 from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.sandboxes.local import LocalSandbox
@@ -188,6 +189,32 @@ async def test_cancelling_a_run_leaves_no_process_or_request_behind(engine):
             break
         await anyio.sleep(0.1)
     assert not bp.scheduler.active_requests and not bp.scheduler.waiting_requests
+
+
+async def test_sessions_prepared_before_the_run_are_the_ones_its_programs_take(engine):
+    class NoTools(RetoolMathEnv):
+        def tools(self):
+            return []
+
+    env = make("retool-math")
+    config = RolloutConfig(concurrency=4, max_new_tokens=256)
+    async with LocalSandbox(prewarm=0) as sb:
+        assert await prepare_sessions(NoTools(), sb, config, 6, wait=True) == 0  # no Python tool
+        # FIFO admits `concurrency` programs at once; the program policy 8x that (capped by
+        # the pool), so the run's size bounds it here.
+        assert await prepare_sessions(env, sb, RolloutConfig(concurrency=4, scheduling="fifo"), 6,
+                                      wait=True) == 4
+        assert await prepare_sessions(env, sb, config, 2, wait=True) == 2
+        base, prepared = sb.starts, set(sb.worker_pids)
+        assert len(prepared) == 6
+        async with Reactor(engine, env, sb, config) as reactor:
+            groups = await reactor.collect(env.tasks(3, seed=1), 2)
+        assert any(t.tool_calls for t in flat(groups))
+        # Every program took a prepared session: none started during the run (but to replace
+        # a worker a call killed).
+        replaced = sum("[session restarted" in c.output for t in flat(groups) for c in t.tool_calls)
+        assert sb.starts - base <= replaced
+        assert reactor.stats.env_waits == 0
 
 
 async def test_trajectories_stream_before_groups_complete(engine):

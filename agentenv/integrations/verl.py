@@ -62,7 +62,7 @@ from ..errors import ConfigError, EngineError
 from ..formats import get_format
 from ..program import ProgramContext, render_prompt, run_program, score_program, stop_token_ids
 from ..registry import make
-from ..tools import PythonTool
+from ..tools import needs_sandbox
 
 log = logging.getLogger("agentenv.integrations.verl")
 
@@ -251,8 +251,8 @@ class AgentEnvAgentLoop(AgentLoopBase):
         prompt_length, response_length = int(rollout.prompt_length), int(rollout.response_length)
         fmt = get_format(env.tool_format)
         tools = {tool.name: tool for tool in env.tools()}
-        needs_sandbox = any(isinstance(tool, PythonTool) for tool in tools.values())
-        sandbox = await _Worker.open_sandbox() if needs_sandbox else None
+        uses_sandbox = needs_sandbox(env)
+        sandbox = await _Worker.open_sandbox() if uses_sandbox else None
         config = RolloutConfig(max_new_tokens=response_length, temperature=float(sampling_params.get("temperature", 1.0)),
                                top_p=float(sampling_params.get("top_p", 1.0)),
                                top_k=max(0, int(sampling_params.get("top_k", 0) or 0))).for_env(env)
@@ -271,7 +271,7 @@ class AgentEnvAgentLoop(AgentLoopBase):
         engine = ServerManagerEngine(self.server_manager, self.tokenizer, limit, request_id=key, extra_sampling=extra)
         ctx = ProgramContext(engine=engine, env=env, sandbox=sandbox, config=config, fmt=fmt, tools=tools,
                              prompt_cache={task.id: prompt_ids}, stop_token_ids=stop_token_ids(self.tokenizer, fmt))
-        hooks = _Direct(sandbox, env.sandbox_setup() if needs_sandbox else None)
+        hooks = _Direct(sandbox, env.sandbox_setup() if uses_sandbox else None)
         t0 = time.perf_counter()
         try:
             traj = await run_program(ctx, task, group_id=task.id, sample_index=int(kwargs.get("index", 0) or 0),

@@ -35,7 +35,7 @@ from .. import journal
 from ..config import RolloutConfig
 from ..env import Task
 from ..errors import ConfigError, EngineError, RankDiedError, SandboxError
-from ..reactor import Group, Reactor
+from ..reactor import Group, Reactor, prepare_sessions
 from .batch import collate
 from .buffer import RolloutBuffer, StalenessGate
 from .loss import LossConfig
@@ -232,6 +232,12 @@ class Trainer:
         if cfg.eval_every and cfg.eval_env_kwargs:
             self._eval_env = make(cfg.env, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
             stack.push_async_callback(self._eval_env.aclose)
+        if self._sandbox is None:
+            self._sandbox = await stack.enter_async_context(default_sandbox(cfg.sandbox))
+        # The first steps' sessions start while the model loads (see ``prepare_sessions``).
+        await prepare_sessions(self._env, self._sandbox, RolloutConfig(concurrency=cfg.concurrency,
+                                                                       scheduling=cfg.scheduling),
+                               cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1))
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
             if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
@@ -245,8 +251,6 @@ class Trainer:
                 self._engine = await open_engine(cfg.engine, str(model), temperature=cfg.temperature,
                                                  seed=sampling_seed, base_urls=cfg.base_urls, **cfg.engine_kwargs)
             stack.push_async_callback(self._engine.aclose)
-        if self._sandbox is None:
-            self._sandbox = await stack.enter_async_context(default_sandbox(cfg.sandbox))
         check_env(self._env, tokenizer=self._engine.tokenizer)
 
     def _policy(self) -> Policy:
