@@ -1,17 +1,23 @@
 """How close a real rollout gets to its engine's decode limit (retool-math, the bundled model).
 
     python bench/rollout_limit.py [--engine vllm] [--tasks 64 --group-size 4 --concurrency 64]
-                                  [--scheduling program fifo]
+                                  [--scheduling program fifo program:cold]
 
 Does what ``agentenv rollout --env retool-math`` does (same config, the library API), once
-per ``--scheduling`` policy on one engine, after a warm-up. Right after each run, on the
-same engine, it measures pure decode: ``--concurrency`` closed-loop requests with that run's
-mean prompt length and mean turn length (no tools, prefixes cached); the policy's ratio is
-to that (this VM's speed drifts over minutes, and the model's turn lengths from run to run).
-Prints each policy's generated tok/s, mean requests in flight, engine idle fraction, the share
-of the time with under half the decode slots busy (the run's tail, mostly) and time waiting
-for sandbox sessions, and last
-``rollout_limit_ratio: <first policy tok/s / pure-decode tok/s>``.
+per ``--scheduling`` policy on one engine, after a warm-up. Like the CLI, each run first
+prepares the sandbox sessions its first programs take (``prepare_sessions``: the CLI does it
+while the model loads; the bench prints both times). ``<policy>:cold`` skips that, so every
+session starts beside the first turns, as before the CLI prepared them.
+
+Right after each run, on the same engine, it measures pure decode: ``--concurrency``
+closed-loop requests with that run's mean prompt length and mean turn length (no tools,
+prefixes cached); the policy's ratio is to that (this VM's speed drifts over minutes, and the
+model's turn lengths from run to run). Prints each policy's generated tok/s, mean requests in
+flight, engine idle fraction, the share of the time with under half the decode slots busy
+(the run's tail, mostly) and time waiting for sandbox sessions; then the longest program's own
+path (its turns in the engine, as fast as they ran, plus its tools): the run cannot end sooner,
+so the time the run's tokens take at pure decode over that path bounds the ratio whatever order
+the slots go in. Last ``rollout_limit_ratio: <first policy tok/s / pure-decode tok/s>``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentenv import Reactor, RolloutConfig, make  # noqa: E402
 from agentenv.engines import open_engine  # noqa: E402
+from agentenv.reactor import prepare_sessions  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
@@ -41,15 +48,22 @@ def mean_lengths(groups) -> tuple[int, int]:
 
 async def main_async(args) -> None:
     env = make("retool-math")
+    t0 = time.perf_counter()
     engine = await open_engine(args.engine, str(default_model()), seed=args.seed)
+    print(f"{args.engine} engine loaded in {time.perf_counter() - t0:.1f}s", flush=True)
     async with engine:
         ratios = []
         for i, policy in enumerate(["warm-up"] + args.scheduling):
+            name, _, cold = (policy if policy != "warm-up" else args.scheduling[0]).partition(":")
             cfg = RolloutConfig(max_turns=env.max_turns, max_new_tokens=384, concurrency=args.concurrency,
-                                scheduling=policy if policy != "warm-up" else args.scheduling[0],
-                                tool_timeout=env.tool_timeout)
+                                scheduling=name, tool_timeout=env.tool_timeout)
             tasks = env.tasks(args.tasks if policy != "warm-up" else 8, seed=args.seed + i)
             async with LocalSandbox() as sb, Reactor(engine, env, sb, cfg) as reactor:
+                if not cold:
+                    t0 = time.perf_counter()
+                    n = await prepare_sessions(env, sb, cfg, len(tasks) * args.group_size, wait=True)
+                    if policy != "warm-up":
+                        print(f"{policy:12s} {n} sessions prepared in {time.perf_counter() - t0:.1f}s", flush=True)
                 t0 = time.perf_counter()
                 groups = await reactor.collect(tasks, args.group_size)
                 wall = time.perf_counter() - t0
@@ -58,21 +72,28 @@ async def main_async(args) -> None:
             s = reactor.stats
             d = s.summary()
             rate = s.sampled_tokens / wall
-            print(f"{policy:8s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
+            print(f"{policy:12s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
                   f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, under half the slots "
                   f"{100 * s.under_half_fraction:.1f}%, session waits "
                   f"{s.env_waits} ({s.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
                   f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.resume_reuse:.1f}%", flush=True)
             # Right after each run (this VM's speed drifts over minutes), at that run's own mean
             # prompt and turn lengths (the model's turns vary from run to run, and tok/s with them).
-            turns = [x for g in groups for t in g.trajectories for x in t.turns]
-            prompt = round(statistics.mean(t.prompt_tokens for t in turns))
-            turn = max(1, round(statistics.mean(t.new_tokens for t in turns)))
+            prompt, turn = mean_lengths(groups)
             await pure_decode(engine, prompt, turn, args.concurrency, 1.0)  # its prompts cached
             limit = await pure_decode(engine, prompt, turn, args.concurrency, 6.0)
             ratios.append((policy, rate / limit))
-            print(f"{policy:8s} pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, "
+            print(f"{policy:12s} pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, "
                   f"turn {turn} tokens); ratio {rate / limit:.2f}", flush=True)
+            # The run cannot end before its longest program does: that program's own path (its
+            # turns in the engine, as fast as they ran, and its tools) against the time the run's
+            # tokens take at pure decode bounds the ratio whatever the order of slots.
+            path, traj = max(((sum(x.latency_s for x in t.turns) + sum(c.duration_s for c in t.tool_calls), t)
+                              for g in groups for t in g.trajectories), key=lambda x: x[0])
+            work = s.sampled_tokens / limit
+            print(f"{policy:12s} longest program: {path:.1f}s in the engine and on tools ({traj.num_sampled_tokens} "
+                  f"tokens, {len(traj.turns)} turns; {wall - path:.1f}s of the run it was not on them); the run's "
+                  f"tokens at pure decode: {work:.1f}s; bound {work / path:.2f}", flush=True)
         print(f"rollout_limit_ratio: {ratios[0][1]:.2f}")
 
 
@@ -82,7 +103,8 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=64)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--scheduling", nargs="+", default=["program", "fifo"], choices=["program", "fifo", "lockstep"])
+    p.add_argument("--scheduling", nargs="+", default=["program", "fifo", "program:cold"],
+                   choices=[f"{p}{c}" for p in ("program", "fifo", "lockstep") for c in ("", ":cold")])
     p.add_argument("--seed", type=int, default=0)
     anyio.run(main_async, p.parse_args())
 
