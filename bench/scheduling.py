@@ -23,7 +23,9 @@ reference is the mean of the two measurements around its run (the VM's speed dri
 long run). Per policy it prints wall time, generated tok/s, the ratio to that pure decode,
 mean requests in flight, engine idle fraction, the share of the time under half the decode
 slots (mostly the run's tail), resume prefix-cache reuse, re-prefilled tokens, pauses and
-restores; then the speedups, and last ``limit_ratio: <program tok/s / pure-decode
+restores, and the longest program's own path (its turns' latency as they ran plus its tools:
+the run cannot end sooner, so the run's tokens at pure decode over it bound the ratio whatever
+the order of slots); then the speedups, and last ``limit_ratio: <program tok/s / pure-decode
 tok/s>`` for the first KV setting (the working set fits).
 
 The simulator (``agentenv.simulator``) then runs the same traces through the same scheduler,
@@ -120,6 +122,10 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
     s = reactor.stats
     n = sum(len(g.trajectories) for g in groups)
     bad = [t.finish_reason for g in groups for t in g.trajectories if t.finish_reason != "stop"]
+    # The longest program's own path: its turns in the engine (as fast as they ran) and its
+    # tools. The run cannot end before it, whatever the order of slots.
+    path = max(sum(x.latency_s for x in t.turns) + sum(c.duration_s for c in t.tool_calls)
+               for g in groups for t in g.trajectories)
     return {"policy": policy, "programs": n, "wall_s": wall, "tokens": s.sampled_tokens,
             "tok_s": s.sampled_tokens / wall, "in_flight": s.mean_in_flight, "idle": s.idle_fraction,
             "under_half": s.under_half_fraction,
@@ -127,7 +133,7 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
             "not_stop": len(bad), "peak_ws": reactor.scheduler.peak_working_set,
             # Body and tail: the seconds with >= 90 % of the slots busy, and what follows the last.
             "full_and_tail": s.full_and_tail(), "timeline": [[b[0], round(b[1], 2)] for b in s.bins],
-            "max_programs": reactor.scheduler.config.max_programs,
+            "max_programs": reactor.scheduler.config.max_programs, "longest_path_s": path,
             # This process's CPU (reactor, sandbox client, engine client; vLLM's engine core is
             # another process) per generated token.
             "client_cpu_us_per_token": 1e6 * cpu / max(1, s.sampled_tokens)}
@@ -203,6 +209,9 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
                   f"re-prefilled {r['reprefilled']:6d}  pauses {r['pauses']:4d}  restores {r['restores']:4d}  "
                   f"peak working set {r['peak_ws']}  client CPU {r['client_cpu_us_per_token']:.0f} us/token",
                   flush=True)
+            work = r["tokens"] / r["pure_decode_tok_s"]
+            print(f"[{label}] {policy:9s} longest program: {r['longest_path_s']:.1f} s in the engine and on tools; "
+                  f"the run's tokens at pure decode: {work:.1f} s; bound {work / r['longest_path_s']:.2f}", flush=True)
             ft = r["full_and_tail"]
             if ft is not None:
                 print(f"[{label}] {policy:9s} body: {ft['full_s']:.0f} s with >= 90% of the slots busy at "
