@@ -38,7 +38,7 @@ from agentenv.reactor import prepare_sessions  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
-from scheduling import pure_decode  # noqa: E402  (bench/scheduling.py)
+from scheduling import longest_path, pure_decode  # noqa: E402  (bench/scheduling.py)
 
 
 def mean_lengths(groups) -> tuple[int, int]:
@@ -88,8 +88,7 @@ async def main_async(args) -> None:
             # The run cannot end before its longest program does: that program's own path (its
             # turns in the engine, as fast as they ran, and its tools) against the time the run's
             # tokens take at pure decode bounds the ratio whatever the order of slots.
-            path, traj = max(((sum(x.latency_s for x in t.turns) + sum(c.duration_s for c in t.tool_calls), t)
-                              for g in groups for t in g.trajectories), key=lambda x: x[0])
+            path, traj = longest_path(groups)
             work = s.sampled_tokens / limit
             print(f"{policy:12s} longest program: {path:.1f}s in the engine and on tools ({traj.num_sampled_tokens} "
                   f"tokens, {len(traj.turns)} turns; {wall - path:.1f}s of the run it was not on them); the run's "

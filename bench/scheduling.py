@@ -92,6 +92,13 @@ async def pure_decode(engine, context: int, turn: int, concurrency: int, seconds
     return tokens[0] / (time.perf_counter() - t0)
 
 
+def longest_path(groups) -> tuple[float, object]:
+    """The longest program's own path and that program: its turns in the engine (as fast as
+    they ran) plus its tools. The run cannot end before it, whatever the order of slots."""
+    return max(((sum(x.latency_s for x in t.turns) + sum(c.duration_s for c in t.tool_calls), t)
+                for g in groups for t in g.trajectories), key=lambda x: x[0])
+
+
 async def session_start_rate(n: int = 32) -> float:
     """Isolated sandbox sessions started per second, ``n`` at once on a fresh pool."""
     async with LocalSandbox(prewarm=0) as sb:
@@ -122,10 +129,7 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
     s = reactor.stats
     n = sum(len(g.trajectories) for g in groups)
     bad = [t.finish_reason for g in groups for t in g.trajectories if t.finish_reason != "stop"]
-    # The longest program's own path: its turns in the engine (as fast as they ran) and its
-    # tools. The run cannot end before it, whatever the order of slots.
-    path = max(sum(x.latency_s for x in t.turns) + sum(c.duration_s for c in t.tool_calls)
-               for g in groups for t in g.trajectories)
+    path, _ = longest_path(groups)
     return {"policy": policy, "programs": n, "wall_s": wall, "tokens": s.sampled_tokens,
             "tok_s": s.sampled_tokens / wall, "in_flight": s.mean_in_flight, "idle": s.idle_fraction,
             "under_half": s.under_half_fraction,
