@@ -10,6 +10,47 @@ import pytest
 from agentenv.models import default_model
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--busy-cores", type=int, default=0, metavar="N",
+        help="keep N cores busy with spinning processes at normal priority for the whole session "
+             "(the suite must pass on a loaded machine: tests wait on events, not on the clock)")
+
+
+# Detached (not children of pytest, so tests that count their own child processes do not see
+# them); each spins until the pytest process that started it is gone.
+_SPINNER = ("import os, sys\nowner = int(sys.argv[1])\nwhile True:\n    for _ in range(10**6): pass\n"
+            "    os.kill(owner, 0)")
+
+
+def pytest_configure(config):
+    import subprocess
+    import sys
+
+    n = config.getoption("--busy-cores", 0)
+    pids = []
+    for _ in range(n):
+        out = subprocess.run(["sh", "-c", f'"$0" -c "$1" {os.getpid()} >/dev/null 2>&1 & echo $!',
+                              sys.executable, _SPINNER], capture_output=True, text=True, check=True)
+        pids.append(int(out.stdout))
+    config._busy_spinners = pids
+
+
+def pytest_unconfigure(config):
+    import signal
+
+    for pid in getattr(config, "_busy_spinners", []):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def pytest_report_header(config):
+    n = config.getoption("--busy-cores", 0)
+    return f"busy cores: {n} spinning process(es) at normal priority" if n else None
+
+
 @pytest.fixture
 def anyio_backend():
     return "asyncio"

@@ -4,6 +4,7 @@ processes, retool-math rewards."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import anyio
 import pytest
@@ -14,6 +15,7 @@ from agentenv.errors import ConfigError
 from agentenv.train import LoraSpec, Policy, TrainConfig, Trainer, collate
 from agentenv.train.policy import nbytes
 from agentenv.envs.retool_math import RetoolMathEnv
+from ..waiting import until
 from .conftest import AlternatingReward
 
 
@@ -154,17 +156,40 @@ async def test_drain_syncs_only_when_no_program_is_in_flight(tmp_path):
 
 
 class Recording(AlternatingReward):
-    """Keeps every trajectory it scores (to see what a resumed run continued); with ``delay``
-    its rewards are slow, so programs of the groups in flight are still waiting for theirs
-    (their earlier turns logged) when the run ends and checkpoints."""
+    """Keeps every trajectory it scores (to see what a resumed run continued). With ``hold``
+    (a checkpoint's directory) it makes the checkpoint catch programs in flight, whatever the
+    machine's speed: the first ``steps_before`` x 2 groups to ask for rewards are scored at once
+    (they fill the steps before the checkpoint), except that the last of them waits until a
+    program of a later group has finished and asks for its reward; later groups' rewards wait
+    until the checkpoint is written. So at the checkpoint a finished program of a later group
+    is in flight, waiting for its reward, its turns before the last logged (the wait is for one
+    with two turns or more, or for all four programs that can have started: with
+    ``max_staleness=1`` no third later group starts before step 2)."""
 
     seen: list = []
-    delay = 0.0
+    hold: "Path | None" = None
+    steps_before = 2
+    admitted: list = []
 
     async def reward(self, task, trajectory):
         Recording.seen.append(trajectory)
-        await anyio.sleep(self.delay)
+        if Recording.hold is not None:
+            await self._wait_for_the_checkpoint(task.id, Recording.hold)
         return await super().reward(task, trajectory)
+
+    @staticmethod
+    async def _wait_for_the_checkpoint(task_id, ckpt) -> None:
+        first = Recording.admitted
+        if task_id not in first and len(first) < 2 * Recording.steps_before:
+            first.append(task_id)
+        if task_id == first[-1] and len(first) == 2 * Recording.steps_before:
+            def later() -> bool:
+                done = [t for t in Recording.seen if t.task_id not in first]
+                return any(len(t.turns) >= 2 for t in done) or len(done) >= 4
+
+            await until(later, "a program of a later group finished before the checkpoint")
+        elif task_id not in first:
+            await until(lambda: (ckpt / "state.json").exists(), "the checkpoint was written")
 
 
 @pytest.mark.anyio
@@ -178,10 +203,12 @@ async def test_resume_continues_the_saved_work_and_trains_no_task_twice(model_di
     from agentenv.trajectory import Trajectory
 
     cfg = dict(max_staleness=1, out_dir=str(tmp_path), checkpoint_every=2, **{**SMALL, "max_new_tokens": 160})
-    Recording.delay = 2.0
-    await Trainer(TrainConfig(steps=2, **cfg), env=Recording(), print_steps=False).run()
-    Recording.delay = 0.0
     ckpt = tmp_path / "checkpoints" / "step-000002"
+    Recording.hold, Recording.admitted, Recording.seen = ckpt, [], []
+    try:
+        await Trainer(TrainConfig(steps=2, **cfg), env=Recording(), print_steps=False).run()
+    finally:
+        Recording.hold = None
     state = json.loads((ckpt / "state.json").read_text())["tasks"]
     saved = [json.loads(line) for line in (ckpt / "buffer.jsonl").read_text().splitlines()]
     assert len(saved) == state["buffered"] and state["buffered"] + len(state["in_flight"]) > 0
