@@ -5,10 +5,13 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from agentenv.envs.retool_math import RetoolMathEnv
+
+from .waiting import wait_for
 
 
 def agentenv(*args, timeout=300, cwd=None, env=None):
@@ -220,7 +223,6 @@ def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path):
 
 def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
     import signal
-    import time
 
     import psutil
 
@@ -230,25 +232,32 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
          "--model", model_dir, "--no-progress", "--concurrency", "16"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    deadline = time.time() + 120
-    workers: set[int] = set()
-    while time.time() < deadline:  # wait until programs are running (sandbox workers exist)
-        try:
-            workers = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            break
-        if len(workers) >= 4:
-            break
-        time.sleep(0.2)
-    assert workers, "the rollout never started its sandbox workers"
-    time.sleep(1.0)
+    log = Path(f"{out}.log")
+
+    def mid_run() -> set[int]:
+        # Programs are mid-run once the event log holds a completed turn (the model is loaded,
+        # sandbox sessions are open); their sandbox workers are the CLI's descendants then.
+        if b'"e":"turn"' not in (log.read_bytes() if log.exists() else b""):
+            return set()
+        return {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+
+    workers = wait_for(mid_run, "the rollout logged a turn", unless=lambda: proc.poll() is not None)
+    assert workers and proc.poll() is None, f"the rollout ended before it was interrupted: {proc.communicate()[1]}"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    time.sleep(0.5)
-    alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], f"sandbox workers left behind: {alive}"
+
+    def gone() -> bool:
+        for pid in workers:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                pass
+        return True
+
+    wait_for(gone, f"the sandbox workers {sorted(workers)} exited", timeout=30)
     for line in out.read_text().splitlines():  # whatever was written is complete JSON
         json.loads(line)
 

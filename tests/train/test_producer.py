@@ -10,6 +10,7 @@ from agentenv import Reactor, RolloutConfig, RolloutProducer
 from agentenv.engines.embedded import EmbeddedEngine
 from agentenv.sandboxes.local import LocalSandbox
 
+from ..waiting import until
 from .test_trainer import AlternatingReward
 
 pytestmark = pytest.mark.anyio
@@ -23,8 +24,12 @@ async def test_batches_are_exact_groups_with_backpressure_and_bounded_staleness(
         async with RolloutProducer(reactor, tasks, group_size=2, groups_per_batch=2, max_staleness=0) as producer:
             groups = await producer.next_groups()
             batch = await producer.next_batch()
-            await anyio.sleep(1.0)  # the generator runs ahead only as far as the bound allows
-            assert producer.started <= (producer.batches + 0 + 1) * 2
+            # The generator runs ahead only as far as the bound allows: once every group it
+            # started has finished, it has had every chance to start more, and has not.
+            bound = (producer.batches + 0 + 1) * 2
+            await until(lambda: producer.started >= bound and producer._running == 0,
+                        "the generator filled its bound and its groups finished")
+            assert producer.started == bound
             # Row by row, the batch is the trajectories exactly as sampled.
             assert batch.size == 4 and len(groups) == 2
             for g in groups:
