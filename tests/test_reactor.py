@@ -12,6 +12,7 @@ from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.sandboxes.local import LocalSandbox
 
 from .conftest import child_pids
+from .waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -177,18 +178,22 @@ async def test_cancelling_a_run_leaves_no_process_or_request_behind(engine):
     seen = 0
     async with LocalSandbox() as sb:
         reactor = Reactor(engine, env, sb, RolloutConfig(concurrency=16, max_new_tokens=512))
-        with anyio.move_on_after(1.5):
+        async def consume() -> None:
+            nonlocal seen
             async with reactor.rollouts(env.tasks(64, seed=3), group_size=4) as results:
                 async for _ in results:
                     seen += 1
-        assert reactor.stats.started > 0 and seen < 256
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await until(lambda: reactor.stats.started >= 4 and reactor.stats.sampled_tokens, "programs mid-run")
+            tg.cancel_scope.cancel()
+        assert seen < 256
     assert child_pids() - before == set()
     bp = engine._mgr.batch_processor
-    for _ in range(50):  # cancellations are applied by the engine loop's next step
-        if not bp.scheduler.active_requests and not bp.scheduler.waiting_requests:
-            break
-        await anyio.sleep(0.1)
-    assert not bp.scheduler.active_requests and not bp.scheduler.waiting_requests
+    # Cancellations are applied by the engine loop's next step.
+    await until(lambda: not bp.scheduler.active_requests and not bp.scheduler.waiting_requests,
+                "the engine dropped the cancelled requests")
 
 
 async def test_sessions_prepared_before_the_run_are_the_ones_its_programs_take(engine):

@@ -12,6 +12,8 @@ pytest.importorskip("vllm")
 from agentenv import testing  # noqa: E402
 from agentenv.engines.base import SamplingParams  # noqa: E402
 
+from ..waiting import until  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 
 
@@ -101,9 +103,14 @@ async def test_weight_update_changes_outputs_version_and_cache_salt(vengine, mod
 
 
 async def _no_requests_left(engine) -> None:
-    with anyio.fail_after(10):
-        while engine.llm.output_processor.get_num_unfinished_requests():
-            await anyio.sleep(0.05)
+    await until(lambda: not engine.llm.output_processor.get_num_unfinished_requests(), "no request left")
+
+
+def _sampled(engine, request_id: str) -> int:
+    """The request's tokens so far, as the engine's output processor holds them (0 if none)."""
+    states = engine.llm.output_processor.request_states.values()
+    return max((len(s.detokenizer.output_token_ids) for s in states
+                if request_id in (s.request_id, getattr(s, "external_req_id", None))), default=0)
 
 
 @pytest.fixture
@@ -148,9 +155,12 @@ async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(
 async def test_a_cancelled_session_turn_leaves_no_session_and_no_request(vengine, sessions):
     sessions(True)
     prompt = testing.chat_prompt(vengine, "Compute 5 * 5.")
-    with anyio.move_on_after(0.3) as scope:
-        await vengine.generate_turn("gone", prompt, SamplingParams(max_tokens=600), "gone-0")
-    assert scope.cancelled_caught
+    async with anyio.create_task_group() as tg:  # cancelled mid-turn
+        tg.start_soon(vengine.generate_turn, "gone", prompt, SamplingParams(max_tokens=600), "gone-0")
+        # A session's turn runs as its streaming request, named by the session.
+        await until(lambda: (s := vengine._sessions.get("gone")) is not None and _sampled(vengine, s.request_id) >= 4,
+                    "the turn sampled its first tokens")
+        tg.cancel_scope.cancel()
     assert "gone" not in vengine._sessions.open
     await _no_requests_left(vengine)
     g = await vengine.generate_turn("gone", prompt, SamplingParams(max_tokens=4), "gone-1")
@@ -366,7 +376,8 @@ async def test_update_during_a_request_keeps_it_running_with_per_token_versions(
     v0 = vengine.weight_version
     async with anyio.create_task_group() as tg:
         tg.start_soon(long_request)
-        await anyio.sleep(0.5)  # let it produce some tokens first
+        await until(lambda: _sampled(vengine, "v-span") >= 8, "the request sampled its first tokens")
+        assert "g" not in result
         await vengine.load_weights({"model.norm.weight": norm.clone()})  # same values: a version bump
     g = result["g"]
     assert g.finish_reason == "length" and len(g.token_ids) == 800  # not aborted by the update
