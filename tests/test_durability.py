@@ -25,6 +25,8 @@ from agentenv.trajectory import Trajectory
 from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.sandboxes.local import LocalSandbox
 
+from .waiting import until
+
 TASKS, GROUP = 3, 2
 ARGS = ["rollout", "--tasks", str(TASKS), "--group-size", str(GROUP), "--no-progress", "--concurrency", "4"]
 
@@ -41,7 +43,7 @@ def log_records(out: Path) -> int:
         return 0
 
 
-def kill_at(proc: subprocess.Popen, out: Path, records: int, deadline: float = 120) -> bool:
+def kill_at(proc: subprocess.Popen, out: Path, records: int, deadline: float = 300) -> bool:
     """SIGKILL the CLI once its event log holds ``records`` records; False if it ended first."""
     end = time.time() + deadline
     while time.time() < end and proc.poll() is None:
@@ -201,25 +203,25 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
     kills = {"workers": 0, "servers": 0}
     async with LocalSandbox(prewarm=2) as sb:
 
+        def busy() -> list[int]:  # workers in a call (their session holds its lock)
+            return sorted(s.pid for s in sb._sessions if s.pid is not None and s._lock.locked())
+
         async def killer() -> None:
             # First the fork server (its templates and sessions die with it), as soon as the
             # first sessions exist: before the model has written any code, so the programs'
-            # first calls need a new server. Then a random worker every 0.15 s (the run takes
-            # a few seconds: sessions start quickly).
-            while not sb.worker_pids:
-                await anyio.sleep(0.01)
+            # first calls need a new server. Then, up to six times, a worker in the middle of a
+            # call: each kill crashes that call, which the program's session restores.
+            await until(lambda: sb.worker_pids, "the first sandbox sessions started")
             os.kill(sb.server_pid, signal.SIGKILL)
             kills["servers"] += 1
-            while True:
-                await anyio.sleep(0.15)
-                # A worker in a call if there is one (its session holds its lock): a kill of an
-                # idle or prewarmed one crashes no call, and once (a fast VM, 2026-11-25) no
-                # kill of a whole run landed in a call.
-                busy = sorted(s.pid for s in sb._sessions if s.pid is not None and s._lock.locked())
-                if busy or sb.worker_pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(rng.choice(busy or sb.worker_pids), signal.SIGKILL)
-                        kills["workers"] += 1
+            killed: set[int] = set()
+            while kills["workers"] < 6:
+                pids = await until(lambda: [p for p in busy() if p not in killed], "a sandbox call under way")
+                victim = rng.choice(pids)
+                killed.add(victim)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+                    kills["workers"] += 1
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(killer)
@@ -254,8 +256,8 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
         with anyio.move_on_after(120):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(reactor.group, task, 4)
-                while not any(p["stats"] for p in tracker.snapshot({task.id}).get(task.id, {}).get("partial", [])):
-                    await anyio.sleep(0.01)
+                await until(lambda: any(p["stats"] for p in tracker.snapshot({task.id}).get(task.id, {}).get("partial", [])),
+                            "a program completed a turn")
                 tg.cancel_scope.cancel()  # the "crash": mid-way through the group
         saved = tracker.snapshot({task.id})[task.id]
         snap = json.loads(json.dumps(saved))  # as the checkpoint stores it
