@@ -40,14 +40,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import anyio
-from anyio.abc import Process, SocketStream, TaskGroup
+from anyio.abc import Process, TaskGroup
 
 from agentenv.errors import SandboxError
 
 from ..base import ExecResult, Sandbox, Session
 from .cgroups import _alive, _Cgroups
 from .control import _Control, _ServerGone
+from .frames import read_frame
+from .handle import _Worker
 from .protocol import ERROR_CAP, HEADER, MAX_REQUEST, VIOLATION, frame_cap
+from .uids import _Uids
 
 log = logging.getLogger(__name__)
 FORKSERVER = Path(__file__).with_name("forkserver.py")
@@ -70,8 +73,11 @@ class Limits:
     tmp_mb: int = 128  # its private /tmp
     shm_mb: int = 16  # its private /dev/shm
     seccomp: bool = True  # deny syscalls a session never needs (needs libseccomp)
-    uid: int = 65534  # the unprivileged user the code runs as (nobody)
-    gid: int = 65534
+    # Each live session runs as its own unprivileged uid (and gid) from ``uids`` uids starting at
+    # ``uid`` (``uids.py``): per-user kernel quotas are then per session. The default range lies
+    # between systemd's container and foreign uid ranges; no host user or container should use it.
+    uid: int = 0x70000000
+    uids: int = 65536
     background: bool = False  # let processes started by a call outlive it
 
 
@@ -97,10 +103,7 @@ class LocalSession(Session):
     def __init__(self, sandbox: "LocalSandbox", setup_code: str | None) -> None:
         self._sandbox = sandbox
         self._setup = setup_code
-        self._stream: SocketStream | None = None
-        self._pid: int | None = None
-        self._reaper: int | None = None
-        self._cgroups: list[str] = []
+        self._worker: _Worker | None = None
         self._lock = anyio.Lock()
         self._closed = False
         self._started_once = False
@@ -108,75 +111,42 @@ class LocalSession(Session):
 
     @property
     def pid(self) -> int | None:
-        """Host pid of the worker process (pid 1 of its namespace)."""
-        return self._pid
+        """Host pid of the worker process (pid 1 of its namespace), for display: the pool
+        itself only ever signals it through a pidfd."""
+        return self._worker.pid if self._worker is not None else None
+
+    @property
+    def uid(self) -> int | None:
+        """The uid the session's code runs as (its own among live sessions); None unisolated."""
+        return self._worker.uid if self._worker is not None else None
+
+    @property
+    def _cgroups(self) -> list[str]:
+        return self._worker.cgroups if self._worker is not None else []
 
     async def _start(self) -> None:
-        self._stream, self._pid, self._reaper, self._cgroups = await self._sandbox._spawn(self._setup)
+        self._worker = await self._sandbox._spawn(self._setup)
         self._sandbox.starts += 1
 
-    async def _read_exact(self, n: int) -> bytes:
-        assert self._stream is not None
-        buf = bytearray()
-        while len(buf) < n:
-            buf += await self._stream.receive(n - len(buf))
-        return bytes(buf)
-
-    async def _read_frame(self, seq: int):
-        """The answer to call ``seq``: a dict, "eof" when the session died, or a message when
-        it broke the framing (the code can write to the session socket: its answer is data to
-        check by number, size and shape)."""
-        try:
-            n, got = HEADER.unpack(await self._read_exact(HEADER.size))
-            if got == VIOLATION and n <= 4096:
-                why = json.loads(await self._read_exact(n)).get("violation")
-                return str(why)[:300]
-            if got != seq:
-                return f"the session answered call {got} during call {seq}"
-            if n > self._sandbox._frame_cap:
-                return f"the session sent a {n}-byte result (at most {self._sandbox._frame_cap})"
-            resp = json.loads(await self._read_exact(n))
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            return "eof"
-        except ValueError:
-            return "the session sent a malformed result"
-        if not isinstance(resp, dict) or resp.get("status") not in ("ok", "error", "timeout"):
-            return "the session sent a malformed result"
-        for key in ("stdout", "stderr", "value", "error"):
-            if not isinstance(resp.get(key), (str, type(None))):
-                return "the session sent a malformed result"
-        resp["truncated"] = bool(resp.get("truncated"))
-        return resp
+    async def _read_frame(self, seq: int) -> dict | str:
+        assert self._worker is not None
+        return await read_frame(self._worker.stream, seq, self._sandbox._frame_cap)
 
     def _signal(self, sig: int) -> None:
-        if self._pid is not None:
-            try:
-                os.kill(self._pid, sig)
-            except ProcessLookupError:
-                pass
+        if self._worker is not None:
+            self._worker.signal(sig)
 
     async def _kill(self) -> None:
-        stream, self._stream = self._stream, None
-        # The worker leads its process group (and, isolated, is pid 1 of its pid namespace, so
-        # its death takes every process it started); an unisolated session's reaper exits once
-        # the worker is gone.
-        for kill, pid in ((os.killpg, self._pid), (os.kill, self._pid), (os.kill, self._reaper)):
-            if pid is None:
-                continue
-            try:
-                kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self._pid = self._reaper = None
-        if stream is not None:
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
-        if self._cgroups:
-            self._sandbox._cgroups.release(self._cgroups)
-            self._cgroups = []
+        w, self._worker = self._worker, None
+        if w is None:
+            return
+        w.end(self._sandbox._cgroups, self._sandbox._uids)
+        with anyio.CancelScope(shield=True):
+            await w.stream.aclose()
 
     async def _call(self, code: str, timeout: float) -> ExecResult:
-        assert self._stream is not None
+        w = self._worker
+        assert w is not None
         # A fresh random number per call: code cannot answer a call before it was sent, and a
         # stale or forged answer waiting in the stream never matches the next call.
         self._seq = secrets.randbelow(VIOLATION)
@@ -186,12 +156,14 @@ class LocalSession(Session):
                               f"{MAX_REQUEST}-byte request limit")
         start = time.perf_counter()
         late = False
-        try:
-            await self._stream.send(HEADER.pack(len(payload), self._seq) + payload)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            resp = "eof"
+        resp: dict | str | None = None
+        if not w.thaw(self._sandbox._cgroups):
+            resp = "the session could not be thawed"
         else:
-            resp = None
+            try:
+                await w.stream.send(HEADER.pack(len(payload), self._seq) + payload)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                resp = "eof"
         if resp is None:
             with anyio.move_on_after(timeout):
                 resp = await self._read_frame(self._seq)
@@ -213,6 +185,8 @@ class LocalSession(Session):
             await self._kill()
             return ExecResult("error", error=f"SandboxError: {resp}; the session was killed and will be replaced",
                               duration_s=elapsed, state_lost=True)
+        if not w.freeze(self._sandbox._cgroups):  # it could run between calls: not kept
+            await self._kill()
         cap = self._sandbox.max_output
         fields = {k: resp.get(k) for k in ("stdout", "stderr", "value")}
         truncated = resp["truncated"] or any(v is not None and len(v) > cap + 3 for v in fields.values())
@@ -235,7 +209,7 @@ class LocalSession(Session):
         timeout = self._sandbox.default_timeout if timeout is None else timeout
         async with self._lock:
             restarted = False
-            if self._stream is None:
+            if self._worker is None:
                 restarted = True
                 await self._start()
             try:
@@ -297,6 +271,7 @@ class LocalSandbox(Sandbox):
         self._owed: dict[str | None, int] = {}  # sessions prepare() still has to start
         self._changed = anyio.Event()  # a slot was freed or a ready session added
         self._cgroups = _Cgroups(CGROUP_V1)
+        self._uids = _Uids(limits.uid, limits.uids)
         self._frame_cap = frame_cap(max_output)
         self._start_lock = anyio.Lock()
         self._tg: TaskGroup | None = None
@@ -330,9 +305,13 @@ class LocalSandbox(Sandbox):
             if self._closed:
                 raise SandboxError("sandbox is closed")
             self._cgroups.reap_stale()
-            if self.isolate and self._cgroups.missing:
-                self._weaker(f"no writable cgroup v1 {'/'.join(self._cgroups.missing)} hierarchy: the session "
-                             "process-count, memory or CPU limit cannot be enforced")
+            v1 = [c for c in self._cgroups.missing if c != "freeze"]
+            if self.isolate and v1:
+                self._weaker(f"no writable cgroup v1 {'/'.join(v1)} hierarchy: the session process-count, "
+                             "memory or CPU limit cannot be enforced")
+            if self.isolate and "freeze" in self._cgroups.missing and not self.limits.background:
+                self._weaker("no writable cgroup v2 hierarchy (cgroup.freeze): a session's threads and "
+                             "processes cannot be stopped between calls")
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 self._proc = await anyio.open_process(
@@ -377,8 +356,7 @@ class LocalSandbox(Sandbox):
     async def _probe(self) -> None:
         """Refuse to run weaker than asked: a first isolated session must really be isolated
         (its own pid namespace, an unprivileged uid)."""
-        check = "import os\n(os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()], os.getuid())"
-        expect = f"(1, ['1'], {self.limits.uid})"
+        check = "import os\n(os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()], os.getuid(), os.getgid())"
         problem = None
         try:
             s = await self.session()
@@ -393,7 +371,7 @@ class LocalSandbox(Sandbox):
         else:
             if self.isolate:
                 r = await s.run(check, timeout=10)
-                if r.value != expect:
+                if s.uid is None or r.value != f"(1, ['1'], {s.uid}, {s.uid})":
                     problem = f"isolation check failed: {r.render()[:300]}"
             await s.aclose()
         if problem is None:
@@ -434,6 +412,7 @@ class LocalSandbox(Sandbox):
                     break
                 await anyio.sleep(0.05)
             self._cgroups.remove_roots()
+            self._uids.close()
 
     # -- sessions --------------------------------------------------------------------------
     @property
@@ -600,7 +579,7 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"environment setup code failed: {resp.get('error')}")
         return _Control(socket.socket(fileno=fds[0]))
 
-    async def _spawn(self, setup_code: str | None) -> tuple[SocketStream, int, int, list[str]]:
+    async def _spawn(self, setup_code: str | None) -> _Worker:
         for attempt in range(3):
             server, base = None, self._control
             try:
@@ -613,25 +592,37 @@ class LocalSandbox(Sandbox):
                 await self._replace_server(server, base, setup_code)
         raise AssertionError("unreachable")
 
-    async def _spawn_from(self, server: _Control) -> tuple[SocketStream, int, int, list[str]]:
+    async def _spawn_from(self, server: _Control) -> _Worker:
         cgroups = await self._cgroups.acquire(self.limits)
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        req = {"op": "spawn", "limits": asdict(self.limits), "isolate": self.isolate, "cgroups": cgroups,
-               "max_output": self.max_output}
         try:
-            resp, _ = await server.request(req, [theirs.fileno()])
+            uid = await self._uids.acquire_soon() if self.isolate else None
         except BaseException:
-            mine.close()
             self._cgroups.release(cgroups)
             raise
-        finally:
-            theirs.close()
-        if "error" in resp:
+        limits = asdict(self.limits)
+        limits.update(uid=uid if uid is not None else -1, gid=uid if uid is not None else -1)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        req = {"op": "spawn", "limits": limits, "isolate": self.isolate, "cgroups": cgroups,
+               "max_output": self.max_output}
+        fds: list[int] = []
+        try:
+            try:
+                resp, fds = await server.request(req, [theirs.fileno()])
+            finally:
+                theirs.close()
+            if "error" in resp or len(fds) != (1 if self.isolate else 2):
+                raise SandboxError(f"cannot start a sandbox worker: {resp.get('error', 'no pidfd')}")
+        except BaseException:
             mine.close()
+            for fd in fds:
+                os.close(fd)
             self._cgroups.release(cgroups)
-            raise SandboxError(f"cannot start a sandbox worker: {resp['error']}")
+            if uid is not None:  # a worker may have run as it and be exiting still: never reused
+                self._uids.release(uid, None, reusable=False)
+            raise
         stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
-        return stream, resp["pid"], resp["reaper"], cgroups
+        freezes = self.isolate and not self.limits.background and "freeze" in self._cgroups.bases
+        return _Worker(stream, resp["pid"], fds[0], fds[1] if len(fds) > 1 else None, cgroups, uid, freezes)
 
     async def _replace_server(self, dead: _Control | None, base: _Control | None, setup_code: str | None) -> None:
         """A fork server is gone. A template that died alone is dropped (the next start makes

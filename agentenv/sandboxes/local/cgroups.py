@@ -29,7 +29,7 @@ def _alive(pid: int) -> bool:
 
 
 class _Cgroups:
-    """Per-session cgroup v1 directories: ``pids`` and ``memory`` under a parent unique to this
+    """Per-session cgroup directories: v1 ``pids`` and ``memory`` and v2 (``freeze``) under a parent unique to this
     pool (``agentenv-<pid>-<random>``, so two pools in one process never share a limit), and
     ``cpu`` directly at the hierarchy's root (``agentenv-<pid>-<random>.s<n>``), so that each
     session competes for CPU as one entity beside the host's own processes, whatever number
@@ -41,6 +41,10 @@ class _Cgroups:
     milliseconds. New directories are made in a worker thread, never on the event loop."""
 
     CONTROLLERS = ("pids", "memory", "cpu")
+    # The cgroup v2 hierarchy beside them (a hybrid host mounts it here) gives every cgroup
+    # ``cgroup.freeze`` and ``cgroup.kill`` without any controller. Its freezer, unlike v1's,
+    # lets SIGKILL through: a session frozen between calls still dies with its parent.
+    UNIFIED = ("unified", ".")
 
     def __init__(self, root: Path = Path("/sys/fs/cgroup")) -> None:
         self.name = f"agentenv-{os.getpid()}-{secrets.token_hex(4)}"
@@ -49,13 +53,19 @@ class _Cgroups:
             base = root / ctl
             if (base / "cgroup.procs").exists() and os.access(base, os.W_OK):
                 self.bases[ctl] = base
+        for sub in self.UNIFIED:
+            base = root / sub
+            if (base / "cgroup.controllers").exists() and os.access(base, os.W_OK):
+                self.bases["freeze"] = base
+                break
         self.n = 0
         self.free: deque[list[str]] = deque()  # released sets, oldest first
         self.broken: list[list[str]] = []
+        self._states: dict[str, int] = {}  # v2 dir -> its open cgroup.freeze
 
     @property
     def missing(self) -> list[str]:
-        return [ctl for ctl in self.CONTROLLERS if ctl not in self.bases]
+        return [ctl for ctl in (*self.CONTROLLERS, "freeze") if ctl not in self.bases]
 
     def create(self, limits: Limits, n: int) -> list[str]:
         """New directories, numbered ``n`` (in a worker thread: touches nothing shared)."""
@@ -69,6 +79,8 @@ class _Cgroups:
                     (d / "pids.max").write_text(str(limits.pids))
                 elif ctl == "memory":
                     (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 1024 * 1024))
+                elif ctl == "freeze":
+                    self._states[str(d)] = os.open(d / "cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC)
                 elif limits.cpus > 0:
                     period = int((d / "cpu.cfs_period_us").read_text())
                     (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(limits.cpus * period))))
@@ -91,9 +103,36 @@ class _Cgroups:
         return await anyio.to_thread.run_sync(self.create, limits, self.n)
 
     def release(self, dirs: list[str]) -> None:
-        """A session is over (its processes killed, perhaps not gone yet): reuse its dirs."""
+        """A session is over (its processes killed, perhaps not gone yet): reuse its dirs,
+        thawed (a session started in them must not start frozen)."""
         if dirs:
+            self.thaw(dirs)
             self.free.append(dirs)
+
+    def _freezer(self, dirs: list[str]) -> int | None:
+        return next((self._states[d] for d in dirs if d in self._states), None)
+
+    def freeze(self, dirs: list[str]) -> bool:
+        """Stop every process and thread in the session (it runs nothing until ``thaw``);
+        False if it has no freezer or the write failed."""
+        fd = self._freezer(dirs)
+        if fd is None:
+            return False
+        try:
+            os.write(fd, b"1")
+        except OSError:
+            return False
+        return True
+
+    def thaw(self, dirs: list[str]) -> bool:
+        fd = self._freezer(dirs)
+        if fd is None:
+            return False
+        try:
+            os.write(fd, b"0")
+        except OSError:
+            return False
+        return True
 
     def _busy(self, dirs: list[str]) -> bool | None:
         """Whether a process is left in ``dirs``; None if they cannot be read. Every session
@@ -110,10 +149,31 @@ class _Cgroups:
                 return None
         return False
 
-    @staticmethod
-    def remove(dirs: list[str]) -> bool:
+    def kill(self, dirs: list[str]) -> bool:
+        """SIGKILL every process in the session's cgroup at once (``cgroup.kill``: the kernel
+        walks the cgroup's members; no pid is read, so none can have been reused); False if
+        the session has no such cgroup or the write failed."""
+        d = next((d for d in dirs if d in self._states), None)
+        if d is None:
+            return False
+        try:
+            fd = os.open(os.path.join(d, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            os.write(fd, b"1")
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+    def remove(self, dirs: list[str]) -> bool:
         ok = True
         for d in dirs:
+            fd = self._states.pop(d, None)
+            if fd is not None:
+                os.close(fd)
             try:
                 os.rmdir(d)
             except FileNotFoundError:

@@ -80,6 +80,8 @@ class _Control:
                 break
             except BlockingIOError:
                 await anyio.wait_readable(self.sock)
+        for fd in fds:  # received without MSG_CMSG_CLOEXEC: no child of the host may inherit them
+            os.set_inheritable(fd, False)
         if not msg:  # the server is gone: every request still waiting learns it
             for a in self._answers:
                 a.done = True

@@ -160,6 +160,9 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
     isolation.apply_rlimits(limits)
     if not isolate:
         return None
+    if limits["uid"] <= 0 or limits["gid"] <= 0:
+        raise OSError("an isolated session needs its own unprivileged uid and gid")
+    isolation.apply_session_rlimits(limits)
     # The uid change clears the parent-death signal until drop_privileges sets it again: a
     # reaper that died in between is not noticed, but the host kills every session it closes.
     isolation.drop_privileges(limits["uid"], limits["gid"])
@@ -170,13 +173,16 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
     return None if limits.get("background") or os.getpid() != 1 else _end_background
 
 
-def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int | None]:
+def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int | None, list[int]]:
+    """Fork a session; returns its worker's pid, its reaper's (unisolated) and a pidfd of
+    each. A pidfd is opened here, by the parent, before ``_reap`` can free the pid: the host
+    signals only through it, so a pid the kernel has reused can never be hit."""
     if req["isolate"]:
         return _spawn_isolated(sock, req, ns)
     return _spawn_unisolated(sock, req, ns)
 
 
-def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None]:
+def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None, list[int]]:
     """One fork, into a new pid namespace; the worker isolates itself (``_confine``)."""
     if not ISOLATED or PIDNS_FD is None:
         raise OSError("isolated sessions start from an isolated template")
@@ -191,59 +197,77 @@ def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None
     try:
         isolation.leave_pid_namespace(PIDNS_FD)
     except OSError:  # later children would land in this session's namespace: give up instead
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)  # our own child, not reaped yet: the pid is still its
         os._exit(1)
-    return pid, None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        os.kill(pid, signal.SIGKILL)
+        raise
+    return pid, None, [pidfd]
 
 
-def _spawn_unisolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int]:
+def _spawn_unisolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int, list[int]]:
     limits, cgroups = req["limits"], req.get("cgroups", [])
-    r, w = os.pipe()
+    r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     reaper = os.fork()
     if reaper == 0:
-        try:
-            os.close(r)
-            os.setsid()
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            for cg in cgroups:
-                with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
-            workdir = tempfile.mkdtemp(prefix="agentenv-sbx-")
-            pid = os.fork()
-            if pid == 0:
-                os.close(w)
-                _worker(sock, limits, False, workdir, ns)
-            os.write(w, struct.pack(">i", pid))  # the fork server is free
-            os.close(w)
-            sock.close()
-            signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-            while True:
-                try:
-                    os.waitpid(pid, 0)
-                    break
-                except InterruptedError:
-                    continue
-                except ChildProcessError:
-                    break
-            import shutil
+        _reaper(r, w, sock, limits, cgroups, ns)
+    w.close()
+    try:
+        reaper_fd = os.pidfd_open(reaper)  # our child, not reaped yet
+        msg, fds, _, _ = socket.recv_fds(r, 1024, 1)
+    finally:
+        r.close()
+    n = struct.unpack(">i", msg[:4])[0] if len(msg) >= 4 else -1
+    if n < 0 or not fds:
+        for fd in fds:
+            os.close(fd)
+        os.close(reaper_fd)
+        raise OSError(msg[4:].decode(errors="replace") or "sandbox worker failed to start")
+    return n, reaper, [fds[0], reaper_fd]
 
-            shutil.rmtree(workdir, ignore_errors=True)
-        except BaseException as exc:  # noqa: BLE001 - report and die
+
+def _reaper(r: socket.socket, w: socket.socket, sock: socket.socket, limits: dict, cgroups: list[str],
+            ns: dict) -> None:
+    """An unisolated session's first process: joins its cgroups, makes its working directory,
+    forks the worker, hands the fork server a pidfd of it (opened before this process could
+    reap it) and removes the directory once the worker is gone."""
+    try:
+        r.close()
+        os.setsid()
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for cg in cgroups:
+            with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        workdir = tempfile.mkdtemp(prefix="agentenv-sbx-")
+        pid = os.fork()
+        if pid == 0:
+            w.close()
+            _worker(sock, limits, False, workdir, ns)
+        pidfd = os.pidfd_open(pid)
+        socket.send_fds(w, [struct.pack(">i", pid)], [pidfd])  # the fork server is free
+        os.close(pidfd)
+        w.close()
+        sock.close()
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        while True:
             try:
-                msg = f"{type(exc).__name__}: {exc}".encode()[:1000]
-                os.write(w, struct.pack(">i", -len(msg)) + msg)
-            except OSError:
-                pass
-        os._exit(0)
-    os.close(w)
-    head = os.read(r, 4)
-    n = struct.unpack(">i", head)[0] if len(head) == 4 else -1
-    if n < 0:
-        msg = os.read(r, -n).decode(errors="replace") if n < -1 else "sandbox worker failed to start"
-        os.close(r)
-        raise OSError(msg)
-    os.close(r)
-    return n, reaper
+                os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                break
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    except BaseException as exc:  # noqa: BLE001 - report and die
+        try:
+            w.sendall(struct.pack(">i", -1) + f"{type(exc).__name__}: {exc}".encode()[:1000])
+        except OSError:
+            pass
+    os._exit(0)
 
 
 def _isolate_template(cgroup_root: str | None) -> None:
@@ -290,7 +314,7 @@ def _compact() -> None:
             libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_COLLAPSE)  # errors ignored
 
 
-def _template(req: dict, ns: dict, ctrl: socket.socket) -> tuple[socket.socket, int]:
+def _template(req: dict, ns: dict, ctrl: socket.socket, children: _Children) -> tuple[socket.socket, int]:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -299,6 +323,7 @@ def _template(req: dict, ns: dict, ctrl: socket.socket) -> tuple[socket.socket, 
         try:
             mine.close()
             ctrl.close()
+            children.close()
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             _name(b"sbx-template")
             child_ns = dict(ns)
@@ -343,6 +368,47 @@ def _name(name: bytes) -> None:
     libc.prctl(PR_SET_NAME, name, 0, 0, 0)
 
 
+class _Children:
+    """A fork server's sessions, reaped the moment each exits: a pidfd of each is watched with
+    the control socket (epoll), so a dead session's pid, cgroups and uid are free for reuse at
+    once, not at the server's next request."""
+
+    def __init__(self, ctrl: socket.socket) -> None:
+        self.poll = select.epoll()
+        self.poll.register(ctrl.fileno(), select.EPOLLIN)
+        self.pidfds: dict[int, int] = {}  # pidfd -> pid
+
+    def watch(self, pidfd: int, pid: int) -> None:
+        self.pidfds[pidfd] = pid
+        self.poll.register(pidfd, select.EPOLLIN)
+
+    def wait(self) -> None:
+        """Until the control socket is readable, reaping every session that exits meanwhile."""
+        while True:
+            _reap()  # children not watched: templates that died
+            request = False
+            for fd, _ in self.poll.poll():
+                pid = self.pidfds.pop(fd, None)
+                if pid is None:
+                    request = True
+                    continue
+                self.poll.unregister(fd)
+                os.close(fd)
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            if request:
+                return
+
+    def close(self) -> None:
+        """In a forked child (a new template): none of this is its own."""
+        for fd in self.pidfds:
+            os.close(fd)
+        self.pidfds.clear()
+        self.poll.close()
+
+
 def _reap() -> None:
     while True:
         try:
@@ -354,11 +420,9 @@ def _reap() -> None:
 
 
 def serve_control(ctrl: socket.socket, ns: dict) -> None:
+    children = _Children(ctrl)
     while True:
-        _reap()
-        ready, _, _ = select.select([ctrl], [], [], 0.5)
-        if not ready:
-            continue
+        children.wait()
         try:
             msg, fds, _, _ = socket.recv_fds(ctrl, 1 << 20, 4)
         except OSError:
@@ -369,11 +433,16 @@ def serve_control(ctrl: socket.socket, ns: dict) -> None:
         try:
             if req["op"] == "spawn":
                 sock = socket.socket(fileno=fds[0])
-                pid, reaper = _spawn(sock, req, ns)
+                pid, reaper, pidfds = _spawn(sock, req, ns)
                 sock.close()
-                ctrl.send(json.dumps({"pid": pid, "reaper": reaper}).encode())
+                try:
+                    socket.send_fds(ctrl, [json.dumps({"pid": pid, "reaper": reaper}).encode()], pidfds)
+                finally:
+                    children.watch(pidfds.pop(), reaper or pid)  # the last is this server's own child
+                    for fd in pidfds:
+                        os.close(fd)
             elif req["op"] == "template":
-                tctrl, tpid = _template(req, ns, ctrl)
+                tctrl, tpid = _template(req, ns, ctrl, children)
                 first = tctrl.recv(1 << 16)
                 if first:
                     socket.send_fds(ctrl, [first], [tctrl.fileno()])

@@ -61,13 +61,23 @@ SECCOMP_DENY = (
     "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
     "fsopen", "fsconfig", "fsmount", "fspick", "open_tree", "move_mount", "mount_setattr",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
-    "bpf", "perf_event_open", "userfaultfd", "fanotify_init",
+    "bpf", "perf_event_open", "userfaultfd",
+    # File activity watches: the host's system dirs are shared with sessions by inode
+    # (read-only), so a watch would report the host's own accesses to them as they happen.
+    "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    # Linux AIO: its event slots are a machine-wide quota (fs.aio-max-nr) of the host's.
+    "io_setup", "io_submit", "io_getevents", "io_pgetevents", "io_cancel", "io_destroy",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
     "keyctl", "add_key", "request_key", "open_by_handle_at", "name_to_handle_at",
     "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "vhangup",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname",
     "iopl", "ioperm", "lookup_dcookie", "uselib", "personality",
 )
+# fcntl commands denied: F_NOTIFY (dnotify: a signal on any access to a watched host
+# directory, inotify's predecessor) and F_SETLEASE (a lease on a shared host inode would
+# hold up host processes opening it; only its owner may take one, but no session needs it).
+FCNTL_DENY = (1026, 1024)
+SIGPENDING = 1024  # queued signals per session (the host's default is ~1/16 of its memory pages)
 # Socket families a session may create: AF_UNIX, AF_INET, AF_INET6 (in an empty network
 # namespace). Everything else (AF_VSOCK, AF_NETLINK, AF_PACKET, ...) fails with EAFNOSUPPORT.
 ALLOWED_FAMILIES = (1, 2, 10)
@@ -251,6 +261,8 @@ def compile_seccomp() -> bytes:
     for flag in NAMESPACE_FLAGS:
         f.add_rule(eperm, "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
     f.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    for cmd in FCNTL_DENY:
+        f.add_rule(eperm, "fcntl", pyseccomp.Arg(1, pyseccomp.EQ, cmd))
     nofamily = pyseccomp.ERRNO(errno.EAFNOSUPPORT)
     for call in ("socket", "socketpair"):
         for family in range(max(ALLOWED_FAMILIES)):
@@ -278,6 +290,20 @@ def apply_seccomp(bpf: bytes) -> None:
     buf = ctypes.create_string_buffer(bpf, len(bpf))
     prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+
+
+def apply_session_rlimits(limits: dict) -> None:
+    """The per-user quotas that have an rlimit, for an isolated session (whose uid is its own,
+    ``uids.py``, so a per-user count is a per-session count): processes and threads
+    (``RLIMIT_NPROC``, beside the pids cgroup), POSIX message queue bytes (none: no session
+    needs one), pending signals, locked memory (none)."""
+    for res, value in (
+        (resource.RLIMIT_NPROC, limits["pids"]),
+        (resource.RLIMIT_MSGQUEUE, 0),
+        (resource.RLIMIT_SIGPENDING, SIGPENDING),
+        (resource.RLIMIT_MEMLOCK, 0),
+    ):
+        resource.setrlimit(res, (value, value))
 
 
 def apply_rlimits(limits: dict) -> None:
