@@ -1,5 +1,6 @@
 """Helpers for the hostile-code suites: run code in a fresh session of a real pool, then check
-that the host is unchanged, the session still works and the pool still serves."""
+that the host is unchanged, the session still works, a sibling session is unaffected and the
+pool still serves."""
 
 from __future__ import annotations
 
@@ -43,6 +44,39 @@ def host_state() -> dict:
     }
 
 
+# What a sibling session checks after every hostile case: its state is intact, and the
+# per-user kernel quotas a session could exhaust for others still serve it (pipe buffer
+# pages, fds in flight on a unix socket, processes).
+SIBLING_CHECK = """
+import fcntl, os, socket, subprocess
+r, w = os.pipe()
+big = fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ: fails with EPERM once the user's pages are spent
+a, b = socket.socketpair()
+socket.send_fds(a, [b'x'], [r, w])
+got = socket.recv_fds(b, 1, 2)[1]
+for fd in (r, w, *got):
+    os.close(fd)
+(sibling_token, big, len(got), subprocess.run(['true']).returncode)
+"""
+SIBLING_OK = "('sibling', 1048576, 2, 0)"
+
+
+async def sibling(sandbox):
+    """The module's long-lived sibling session (made at first use)."""
+    s = getattr(sandbox, "sibling", None)
+    if s is None:
+        s = sandbox.sibling = await sandbox.session()
+        sandbox.spawned.add(s.pid)
+        assert (await s.run("sibling_token = 'sibling'")).status == "ok"
+    return s
+
+
+async def check_sibling(sandbox) -> None:
+    s = await sibling(sandbox)
+    r = await s.run(SIBLING_CHECK, timeout=10)
+    assert r.value == SIBLING_OK and not r.state_lost, f"a sibling session was affected: {r}"
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -54,6 +88,7 @@ async def hostile(sandbox, code: str, timeout: float = 2.0, *, session_survives:
     """Run ``code`` in a fresh session; check the host is unchanged, and that the session (or,
     when the code got it killed, its replacement) and the pool still work."""
     before = host_state()
+    await sibling(sandbox)
     s = await sandbox.session()
     sandbox.spawned.add(s.pid)
     try:
@@ -73,4 +108,41 @@ async def hostile(sandbox, code: str, timeout: float = 2.0, *, session_survives:
         await fresh.aclose()
     assert host_state() == before, "hostile code changed the host"
     assert psutil.Process(os.getpid()).is_running()
+    await check_sibling(sandbox)
     return res
+
+
+# Code that writes one frame of its choosing on the session socket, numbered for the call that
+# runs it (``frame(payload: bytes, n=None)``; ``n=-1``: the VIOLATION number).
+FRAME = """import sys, os, struct
+_f, seq = sys._getframe(), None
+while _f is not None:
+    if _f.f_code.co_name == 'serve' and 'seq' in _f.f_locals:
+        seq = _f.f_locals['seq']
+    _f = _f.f_back
+def frame(payload, n=None):
+    n = seq if n is None else (2**64 - 1 if n == -1 else n)
+    for fd in range(3, 32):
+        try:
+            os.write(fd, struct.pack('>IQ', len(payload), n) + payload)
+        except OSError:
+            pass
+"""
+
+
+def proc_path(pid: int, path: str) -> str:
+    """A path inside a live session's own filesystem, as the host (root) sees it."""
+    return f"/proc/{pid}/root{path}"
+
+
+async def wait_for(cond, what: str, deadline: float = 30.0, step: float = 0.01):
+    """Wait until ``cond()`` is true (a generous deadline: CI machines are slower)."""
+    import anyio
+
+    try:
+        with anyio.fail_after(deadline):
+            while not cond():
+                await anyio.sleep(step)
+    except TimeoutError:
+        raise AssertionError(f"not within {deadline} s: {what}") from None
+    return True
