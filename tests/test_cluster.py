@@ -19,6 +19,8 @@ from agentenv.cluster import RayRollouts  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 from agentenv.trajectory import Trajectory  # noqa: E402
 
+from .waiting import until, until_ok  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 CONFIG = RolloutConfig(concurrency=8, max_new_tokens=192)
 
@@ -69,21 +71,18 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
                            snapshot_interval=0.2) as c:
         victim = c.workers[0]
 
-        async def kill_once_progressed() -> dict:
+        def kill_once_progressed() -> dict:
             """Kill the victim as soon as the driver holds a snapshot of progress made on it."""
-            for _ in range(1200):
-                saved = {tid: s for tid, s in c.snapshots.items() if c.placed.get(tid) is victim and progressed(s)}
-                if saved:
-                    ray.kill(victim)  # no await since `saved` was taken: the driver holds these (or later)
-                    return saved
-                await asyncio.sleep(0.025)
-            return {}
+            saved = {tid: s for tid, s in c.snapshots.items() if c.placed.get(tid) is victim and progressed(s)}
+            if saved:
+                ray.kill(victim)  # no await since `saved` was taken: the driver holds these (or later)
+            return saved
 
-        killer = asyncio.ensure_future(kill_once_progressed())
+        killer = asyncio.ensure_future(until(kill_once_progressed, "a group of the victim progressed"))
         async for t in c.rollouts(tasks, group_size=2):
             got.append(t)
-        saved = await killer
-        assert saved, "no group of the victim had progressed in 30 s"
+        assert killer.done(), "the run ended before a group of the victim had progressed"
+        saved = killer.result()
         assert c.replaced == 1 and c.continued >= 1 and victim not in c.workers
     assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
     for t in got:  # every program, continued or not, ran its whole trace
@@ -168,26 +167,24 @@ async def test_workers_share_engine_actors_and_a_killed_engine_loses_nothing(clu
         before = await victim.info.remote()
 
         async def kill_once_serving() -> int:
-            for _ in range(1200):
-                served = (await victim.info.remote())["served"]
-                if served >= 4:
-                    ray.kill(victim, no_restart=False)  # Ray restarts it (max_restarts)
-                    return served
-                await asyncio.sleep(0.025)
-            return 0
+            async def served() -> int:
+                n = (await victim.info.remote())["served"]
+                if n < 4:
+                    raise LookupError(n)
+                return n
+
+            n = await until_ok(served, LookupError, "the engine actor served 4 requests", interval=0.025)
+            ray.kill(victim, no_restart=False)  # Ray restarts it (max_restarts)
+            return n
 
         killer = asyncio.ensure_future(kill_once_serving())
         async for t in c.rollouts(tasks, group_size=2):
             got.append(t)
-        assert await killer >= 4, "the engine actor never served 4 requests"
+        assert killer.done(), "the run ended before the engine actor served 4 requests"
+        assert killer.result() >= 4
         assert c.replaced == 0  # no rollout worker died: the engine's loss was absorbed below them
-        infos = [None, None]
-        for _ in range(300):
-            try:
-                infos = await asyncio.gather(*(a.info.remote() for a in c.engine_actors))
-                break
-            except ray.exceptions.RayActorError:  # still restarting
-                await asyncio.sleep(0.1)
+        infos = await until_ok(lambda: asyncio.gather(*(a.info.remote() for a in c.engine_actors)),
+                               ray.exceptions.RayActorError, "the killed engine actor restarted")
         assert infos[0]["pid"] != before["pid"]  # restarted
         assert infos[1]["served"] > 0  # the other engine served too
     assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once

@@ -9,12 +9,14 @@ a test never relies on it passing for its scenario to occur.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Awaitable, Callable, TypeVar
 
 import anyio
 
 # Generous: CI machines of one kind differ up to 4x in speed, and may be busy.
 DEADLINE_S = 180.0
+
+T = TypeVar("T")
 
 
 def wait_for(condition: Callable[[], object], what: str, *, timeout: float = DEADLINE_S,
@@ -42,3 +44,16 @@ async def until(condition: Callable[[], object], what: str, *, timeout: float = 
             await anyio.sleep(interval)
         return value
     assert not scope.cancelled_caught, f"not within {timeout:.0f} s: {what}"
+
+
+async def until_ok(call: Callable[[], Awaitable[T]], errors: type[BaseException] | tuple, what: str, *,
+                   timeout: float = DEADLINE_S, interval: float = 0.1) -> T:
+    """Await ``call()`` until it returns instead of raising one of ``errors`` (a restarting
+    actor, a server coming up) and return what it returned."""
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                return await call()
+            except errors:
+                await anyio.sleep(interval)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")

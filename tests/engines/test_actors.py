@@ -5,6 +5,7 @@ replica, and an actor killed mid-run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from dataclasses import asdict
 
@@ -14,6 +15,8 @@ pytest.importorskip("ray")
 
 from agentenv import testing  # noqa: E402
 from agentenv.engines.base import SamplingParams  # noqa: E402
+
+from ..waiting import until, until_ok  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 HALF = {"num_cpus": 0.5}  # the session cluster has 2 CPUs
@@ -46,12 +49,18 @@ def release_all(engine) -> None:
 
 
 async def held_by_actors(engine) -> list[int]:
-    """What each actor counts as held by its clients' programs, once the one-way releases land."""
-    for _ in range(50):
-        held = await asyncio.gather(*(a.load.remote() for a in engine.actors))
-        if held == [0, 0]:
-            break
-        await asyncio.sleep(0.1)
+    """What each actor counts as held by its clients' programs, once the one-way releases land
+    (or as it stands when the wait for them gives up)."""
+    held: list[int] = []
+
+    async def released() -> bool:
+        held[:] = await asyncio.gather(*(a.load.remote() for a in engine.actors))
+        if held != [0, 0]:
+            raise LookupError(held)
+        return True
+
+    with contextlib.suppress(AssertionError):
+        await until_ok(released, LookupError, "the actors saw every release", timeout=60)
     return held
 
 
@@ -120,14 +129,10 @@ async def test_a_killed_engine_actor_is_restarted_and_no_request_is_lost(rengine
     try:
         p = SamplingParams(max_tokens=160)
         calls = [asyncio.ensure_future(rengine.generate(prompt, p, f"k{i}-0")) for i in range(12)]
-        # Under way on both replicas: dispatched to each, then a moment to start decoding (a
-        # fixed 1.5 s was longer than the whole batch takes on a fast machine).
-        for _ in range(300):
-            if min(rengine.router.inflight) > 0:
-                break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.3)
-        assert not all(c.done() for c in calls), "the requests finished before the kill"
+        # Killed with requests under way on it: nothing is awaited between the router's count
+        # and the kill, so what it counts is in flight at the kill.
+        await until(lambda: min(rengine.router.inflight) > 0, "requests under way on both replicas")
+        assert rengine.router.inflight[0] > 0
         ray.kill(rengine.actors[0], no_restart=False)  # Ray restarts it (max_restarts)
         gens = await asyncio.gather(*calls)
         for g in gens:  # every request served whole, by the weights it is stamped with
@@ -137,14 +142,9 @@ async def test_a_killed_engine_actor_is_restarted_and_no_request_is_lost(rengine
         assert rengine.failures > failures  # some were in flight on the killed actor, and sent again
         # The restarted actor came back with its starting weights; a request routed to it is
         # refused as stale, and the client installs the weights pushed so far first.
-        info = None
-        for _ in range(1200):  # back once Ray has restarted it and it reopened its engine (slow under load)
-            try:
-                info = await rengine.actors[0].info.remote()
-                break
-            except ray.exceptions.RayActorError:
-                await asyncio.sleep(0.1)
-        assert info is not None, "the killed engine actor did not come back in 120 s"
+        # Back once Ray has restarted it and it reopened its engine (slow under load).
+        info = await until_ok(rengine.actors[0].info.remote, ray.exceptions.RayActorError,
+                              "the killed engine actor came back")
         assert info["pid"] != pid0
         # A retried request may already have reached it once Ray restarted it (the router avoids
         # a failed replica for only 2 s), and then it was given the weights then; if not, it
