@@ -13,6 +13,7 @@ from agentenv.trajectory import ToolCall, Trajectory
 from agentenv.sandboxes.local import LocalSandbox
 
 from .sandboxes.test_local import gone
+from .waiting import until
 
 pytestmark = pytest.mark.anyio
 
@@ -27,8 +28,11 @@ def trajectory() -> Trajectory:
     return Trajectory(id="t", env="e", task_id="task", group_id="g", sample_index=0, prompt_ids=[1])
 
 
-async def kill_later(pid: int, delay: float) -> None:
-    await anyio.sleep(delay)
+async def kill_in_its_call(session) -> None:
+    """SIGKILL the session's worker once a call is under way in it (the session holds its lock
+    for the call's whole round trip)."""
+    pid = session.pid
+    await until(session._lock.locked, "a call under way")
     os.kill(pid, signal.SIGKILL)
 
 
@@ -41,7 +45,7 @@ async def test_worker_killed_mid_call_is_a_tool_error_and_the_state_is_rebuilt()
         await call(tool, s, traj, "import time\nwhile True: time.sleep(1)")  # timed out: not replayed
         assert traj.tool_calls[-1].status == "timeout"
         async with anyio.create_task_group() as tg:
-            tg.start_soon(kill_later, s.pid, 0.5)
+            tg.start_soon(kill_in_its_call, s)
             out = await call(tool, s, traj, "import time\ntime.sleep(30)")
         assert out.status == "error" and out.error == "crashed"
         assert out.restored == {"replayed_calls": 2, "replay_mismatches": 0, "complete": True}
@@ -56,7 +60,7 @@ async def test_without_restore_the_state_is_lost_and_said_so():
         s = await sb.session()
         await call(tool, s, traj, "x = 41")
         async with anyio.create_task_group() as tg:
-            tg.start_soon(kill_later, s.pid, 0.3)
+            tg.start_soon(kill_in_its_call, s)
             out = await call(tool, s, traj, "import time\ntime.sleep(30)")
         assert out.restored is None and "earlier variables are lost" in out.text
         assert "NameError" in (await call(tool, s, traj, "x")).text
