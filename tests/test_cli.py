@@ -61,14 +61,14 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):
-    r = agentenv(*args, timeout=60)
+    r = agentenv(*args)
     assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and message in lines[0], r.stderr
 
 
 def test_envs_lists_the_bundled_environments():
-    r = agentenv("envs", timeout=60)
+    r = agentenv("envs")
     assert r.returncode == 0
     assert [ln.split()[0] for ln in r.stdout.splitlines() if ln and not ln.startswith(" ")] == \
         ["dataset", "retool-math", "trace"]
@@ -105,11 +105,11 @@ def test_an_environment_from_the_users_own_file(tmp_path, model_dir):
     """A module beside the user (as `python -m` finds it), a file path, and a module that
     register()s its ids, loaded with --env-module or AGENTENV_ENV_MODULES."""
     (tmp_path / "digitsum_env.py").write_text(USER_ENV)
-    r = agentenv("envs", "--env-module", "./digitsum_env.py", cwd=tmp_path, timeout=60)
+    r = agentenv("envs", "--env-module", "./digitsum_env.py", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "digit-sum  (digitsum_env:DigitSum)" in r.stdout and "Sum the digits of a number." in r.stdout
     assert "--env-arg: digits: int = 3, shout: bool = False" in r.stdout
-    r = agentenv("envs", cwd=tmp_path, env={"AGENTENV_ENV_MODULES": "digitsum_env"}, timeout=60)
+    r = agentenv("envs", cwd=tmp_path, env={"AGENTENV_ENV_MODULES": "digitsum_env"})
     assert r.returncode == 0 and "digit-sum" in r.stdout, r.stderr
     small = ["--tasks", "2", "--group-size", "1", "--max-new-tokens", "32", "--model", model_dir, "--no-progress"]
     for spec, extra in (("digitsum_env:DigitSum", []), (str(tmp_path / "digitsum_env.py") + ":DigitSum", []),

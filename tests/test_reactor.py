@@ -93,7 +93,7 @@ async def test_tool_timeout_is_recorded_and_the_program_continues(engine):
     calls = [c for t in flat(groups) for c in t.tool_calls]
     timed_out = [c for c in calls if c.status == "timeout"]
     assert timed_out, f"expected a timed-out print() call, got {[c.status for c in calls]}"
-    assert all(c.duration_s < 5 for c in timed_out)
+    assert all(c.duration_s < 30 for c in timed_out)  # each would take 60 s unless cut off
 
 
 class BrokenReward(RetoolMathEnv):
