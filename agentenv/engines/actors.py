@@ -33,14 +33,15 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import asdict
-from typing import Any, Iterable
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import AgentEnvError, ConfigError, EngineError, PromptTooLongError
 from ..raycluster import actor_options, died_errors, ray_module
 from .base import Engine, Generation, SamplingParams
 from .routing import Router
+
+if TYPE_CHECKING:
+    import torch  # type hints only
 
 _ERRORS = {"PromptTooLongError": PromptTooLongError, "ConfigError": ConfigError}
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch  # type hints only
 
 FinishReason = Literal["stop", "length", "abort"]
 

@@ -35,16 +35,18 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import anyio
-import torch
+
 from ..errors import ConfigError, EngineError, PromptTooLongError
 from ..retry import retry_async
 from .base import Engine, Generation, SamplingParams
-from .embedded import load_tokenizer
 from .routing import Router
 from .vllm_worker import INSTANCE_HEADER, instance_id
+
+if TYPE_CHECKING:
+    import torch  # type hints only
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,8 @@ class OpenAIEngine(Engine):
         self.urls = [u.rstrip("/") for u in urls]
         self.clients = [openai.AsyncOpenAI(base_url=f"{u}/v1" if not u.endswith("/v1") else u, api_key=api_key,
                                            max_retries=0, timeout=timeout) for u in self.urls]
+        from .embedded import load_tokenizer  # here: the embedded engine's module imports torch
+
         self.tokenizer = load_tokenizer(tokenizer)
         self.model = model
         self.max_model_len = max_model_len
