@@ -137,7 +137,7 @@ def _rollout_options(r: argparse.ArgumentParser, evaluate: bool = False) -> None
 
 
 def _train_parser(sub: Any) -> None:
-    from .train.trainer import TrainConfig
+    from .train.config import TrainConfig
 
     d = TrainConfig()
     t = sub.add_parser("train", help="GRPO-train a policy on an environment (async by default)", allow_abbrev=False,
