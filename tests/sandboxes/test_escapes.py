@@ -979,6 +979,13 @@ def cpu_usec(s, kind: str = "usage_usec") -> int:
     return int(dict(line.split() for line in (v2_dir(s) / "cpu.stat").read_text().splitlines())[kind])
 
 
+def _status(p: psutil.Process) -> str | None:
+    try:
+        return p.status()
+    except psutil.Error:
+        return None
+
+
 IDLE = 0.5  # the idle window watched: ten times the hostile code's own delay (0.05 s)
 LATER = {
     "sigalrm handler": "import signal, subprocess\nsignal.signal(signal.SIGALRM, lambda *a: subprocess.Popen(SPIN))\n"
@@ -1007,11 +1014,12 @@ async def test_nothing_runs_while_a_session_idles(sandbox, code):
         r = await s.run(f"SPIN = {SPIN}\n" + code)
         assert r.status == "ok", r
         await wait_for(lambda: is_frozen(s), "the idle session frozen")
-        used, procs = cpu_usec(s), (v2_dir(s) / "cgroup.procs").read_text()
+        used, procs = cpu_usec(s), set((v2_dir(s) / "cgroup.procs").read_text().split())
         await anyio.sleep(IDLE)  # a window in which the code would act: slower machines only narrow it
         assert cpu_usec(s) - used < 2000 and is_frozen(s), "the session ran between calls"
-        assert (v2_dir(s) / "cgroup.procs").read_text() == procs, "a process started between calls"
-        assert not [p for p in spinners() if p.status() == psutil.STATUS_RUNNING]
+        # (one killed by the call's sweep may still have been leaving: fewer is fine, none new)
+        assert set((v2_dir(s) / "cgroup.procs").read_text().split()) <= procs, "a process started between calls"
+        assert not [p for p in spinners() if _status(p) == psutil.STATUS_RUNNING]
         assert (await s.run("6 * 7", timeout=10)).value == "42"  # thawed for its call, then frozen again
         await wait_for(lambda: is_frozen(s), "frozen again after the next call")
     finally:
