@@ -47,7 +47,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from .config import RolloutConfig
 from .env import Environment, Task
-from .errors import ConfigError, EngineError
+from .errors import ConfigError, EngineError, describe
 from .journal import holding, merge_snapshot
 from .raycluster import actor_options, connect, cpu_share, died_errors
 from .raycluster import ray_module as _ray
@@ -103,8 +103,8 @@ class RolloutWorker:
                 self.reactor = reactor
                 self._ready.set()
                 await self._stop.wait()
-        except Exception as exc:  # noqa: BLE001 - reported to the driver by start()
-            self._error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - reported to the driver by start() and group()
+            self._error = describe(exc)
         finally:
             self.reactor = None
             self._ready.set()

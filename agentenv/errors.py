@@ -61,3 +61,11 @@ class SandboxError(AgentEnvError, RuntimeError):
 
 class TrajectoryError(AgentEnvError, ValueError):
     """A trajectory violates its schema (misaligned arrays, bad segment)."""
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception; for an exception group (a task group's failure), of
+    each exception it holds, however nested, so the cause is named rather than the group."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
