@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from agentenv.sandboxes.local import LocalSandbox
 
+from ..waiting import wait_for
 from .hostile import LIMITS, SECRET, alive
 
 
@@ -26,7 +26,5 @@ async def sandbox():
         yield sb
     os.environ.pop(SECRET, None)
     # After the suite: every worker this sandbox ever started is gone.
-    deadline = time.time() + 5
-    while time.time() < deadline and any(alive(p) for p in spawned):
-        time.sleep(0.05)
-    assert not [p for p in spawned if alive(p)], "leaked sandbox processes"
+    wait_for(lambda: not any(alive(p) for p in spawned),
+             "every process of the suite's sandbox exited")

@@ -19,6 +19,7 @@ from agentenv.errors import SandboxError
 from agentenv.sandboxes.local import LocalSandbox, _Cgroups
 from agentenv.sandboxes.local.uids import _Uids
 
+from ..waiting import until
 from .hostile import (FRAME, LIMITS, SIBLING_CHECK, SIBLING_OK, check_sibling, host_state, hostile, proc_path, sibling,
                       wait_for, x86_64)
 
@@ -340,11 +341,23 @@ async def test_a_cpu_cap_throttles_a_session():
     async with LocalSandbox(limits=replace(LIMITS, cpus=0.5), prewarm=0) as sb:
         s = await sb.session()
         try:
+            # Until the spinners have used 0.3 s of CPU between them: at a cap of half a CPU
+            # that takes at least 0.6 s, so the cap has throttled them by then, however slow
+            # the machine (utime is field 14 of /proc/PID/stat, in 1/100 s).
             r = await s.run(f"import subprocess, time\nps = [subprocess.Popen({SPIN}) for _ in range(4)]\n"
-                            "time.sleep(1.0)\nlen(ps)", timeout=10)
+                            "def cpu():\n    return sum(int(open(f'/proc/{p.pid}/stat').read().rsplit(')', 1)[1]"
+                            ".split()[11]) for p in ps)\n"
+                            "while cpu() < 30:\n    time.sleep(0.05)\nlen(ps)", timeout=120)
             assert r.value == "4"
             cpu_dir = next(d for d in s._cgroups if "/cpu/" in d)
-            stat = dict(line.split() for line in Path(cpu_dir, "cpu.stat").read_text().splitlines())
+
+            def stat() -> dict[str, str]:
+                return dict(line.split() for line in Path(cpu_dir, "cpu.stat").read_text().splitlines())
+
+            # The kernel adds a throttled period's time when the period ends: it may lag the count.
+            await until(lambda: int(stat()["throttled_time"]) > 0 or int(stat()["nr_throttled"]) == 0,
+                        "the throttled time was accounted")
+            stat = stat()
             quota = int(Path(cpu_dir, "cpu.cfs_quota_us").read_text())
             period = int(Path(cpu_dir, "cpu.cfs_period_us").read_text())
         finally:
@@ -368,19 +381,23 @@ async def test_two_pools_in_one_process_do_not_share_limits():
     async with LocalSandbox(limits=LIMITS, prewarm=0) as a, LocalSandbox(limits=LIMITS, prewarm=0) as b:
         sa, sb = await a.session(), await b.session()
         assert not set(sa._cgroups) & set(sb._cgroups)
+        # The flood's children live until its call ends (the call's sweep kills them); the other
+        # pool's session starts a process once the flood's pids cgroup is full.
         flood = ("import os, time\nkids = []\ntry:\n    while True:\n        pid = os.fork()\n"
-                 "        if pid == 0:\n            time.sleep(3)\n            os._exit(0)\n        kids.append(pid)\n"
-                 "except OSError:\n    pass\ntime.sleep(1.5)\nlen(kids)")
+                 "        if pid == 0:\n            time.sleep(600)\n            os._exit(0)\n        kids.append(pid)\n"
+                 "except OSError:\n    pass\ntime.sleep(5)\nlen(kids)")
         other = "import subprocess\nsubprocess.run(['true']).returncode"
+        full = Path(next(d for d in sa._cgroups if "/pids/" in d), "pids.current")
         results: dict[str, object] = {}
 
-        async def run(name, session, code, delay):
-            await anyio.sleep(delay)
-            results[name] = await session.run(code, timeout=10)
+        async def run(name, session, code, ready=None):
+            if ready is not None:
+                await until(ready, "the flood filled its pids cgroup")
+            results[name] = await session.run(code, timeout=60)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run, "flood", sa, flood, 0)
-            tg.start_soon(run, "other", sb, other, 0.8)
+            tg.start_soon(run, "flood", sa, flood)
+            tg.start_soon(run, "other", sb, other, lambda: int(full.read_text()) >= LIMITS.pids - 1)
         assert int(results["flood"].value) >= LIMITS.pids - 4  # it hit its own pids limit
         assert results["other"].value == "0", results["other"]  # the other pool's session was unaffected
 
@@ -410,9 +427,7 @@ async def test_a_closed_sessions_cgroups_are_reused_only_once_empty_and_still_li
     async with LocalSandbox(limits=LIMITS, prewarm=0) as sb:
         await (await sb.session()).aclose()
         released, made = [list(d) for d in sb._cgroups.free], sb._cgroups.n
-        end = anyio.current_time() + 5
-        while sb._cgroups._busy(released[0]) and anyio.current_time() < end:
-            await anyio.sleep(0.02)
+        await until(lambda: not sb._cgroups._busy(released[0]), "the closed session's cgroups emptied")
         b = await sb.session()
         assert b._cgroups in released and sb._cgroups.n == made
         flood = ("import os, time\nkids = []\ntry:\n    while True:\n        pid = os.fork()\n"
