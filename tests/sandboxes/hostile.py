@@ -14,6 +14,8 @@ import pytest
 
 from agentenv.sandboxes.local import Limits
 
+from ..waiting import until
+
 LIMITS = Limits(memory_mb=512, cpu_s=20, fsize_mb=8, nofile=128, pids=32, tmp_mb=16, shm_mb=4)
 SECRET = "AGENTENV_TEST_SECRET"
 MARK = "/tmp/agentenv-hostile-mark"  # on the host: must never be written by sandboxed code
@@ -135,14 +137,5 @@ def proc_path(pid: int, path: str) -> str:
     return f"/proc/{pid}/root{path}"
 
 
-async def wait_for(cond, what: str, deadline: float = 30.0, step: float = 0.01):
-    """Wait until ``cond()`` is true (a generous deadline: CI machines are slower)."""
-    import anyio
-
-    try:
-        with anyio.fail_after(deadline):
-            while not cond():
-                await anyio.sleep(step)
-    except TimeoutError:
-        raise AssertionError(f"not within {deadline} s: {what}") from None
-    return True
+# Waits on a condition under the suite-wide deadline (tests/waiting.py).
+wait_for = until

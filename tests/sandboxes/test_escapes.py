@@ -671,14 +671,15 @@ async def test_a_reused_pid_is_never_signalled_by_an_unisolated_pool(sandbox, wh
 async def test_an_unisolated_session_is_killed_whole_by_its_cgroup(sandbox):
     """Its processes are no pid namespace that dies with the worker: the cgroup's kill takes
     every one (a setsid'd, double-forked sleeper too), with no pid read or signalled."""
+    before = {p.pid for p in sleepers("4343")}  # another run's, if any: not this session's
     async with LocalSandbox(limits=LIMITS, prewarm=0, isolate=False) as sb:
         s = await sb.session()
         r = await s.run("import subprocess\np = subprocess.Popen(['sh', '-c', 'sleep 4343 & wait'], "
                         "start_new_session=True)\np.pid")
         assert r.status == "ok"
-        await wait_for(lambda: sleepers("4343"), "the session's sleeper started")
+        await wait_for(lambda: {p.pid for p in sleepers("4343")} - before, "the session's sleeper started")
         await s.aclose()
-        await wait_for(lambda: not sleepers("4343"), "every process of the closed session gone")
+        await wait_for(lambda: not {p.pid for p in sleepers("4343")} - before, "every process of the closed session gone")
     await check_sibling(sandbox)
 
 
@@ -820,7 +821,7 @@ async def while_held(sandbox, code: str):
 
             tg.start_soon(run)
             await wait_for(lambda: os.path.exists(proc_path(s.pid, "/tmp/ready")), "the hog holds its quota",
-                           deadline=60)
+                           timeout=60)
             state = open(proc_path(s.pid, "/tmp/ready")).read()
             try:
                 await check_sibling(sandbox)
