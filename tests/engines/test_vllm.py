@@ -284,9 +284,9 @@ async def test_a_weight_update_on_a_dead_engine_core_restarts_it_and_lands(vengi
 
 def test_a_clean_shutdown_logs_no_error(model_dir, tmp_path):
     """Create, generate, close, exit: nothing on stderr says an error happened (AsyncLLM's
-    __del__ used to fail at interpreter exit with a traceback; its output handler, cancelled
-    only after the engine core was gone, sometimes logged an ``EngineDeadError``: the script
-    widens that window so the check does not depend on the race)."""
+    ``__del__`` must not fail at interpreter exit, and its output handler, if cancelled only
+    after the engine core is gone, logs an ``EngineDeadError``: the script widens that window
+    with a sleep in the core client's shutdown, so the check does not depend on the race)."""
     import subprocess
     import sys
 

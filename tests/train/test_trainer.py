@@ -216,8 +216,7 @@ async def test_resume_continues_the_saved_work_and_trains_no_task_twice(model_di
     partial = {p["k"]: p for prog in state["programs"].values() for p in prog["partial"]}
     Recording.seen = []
     # Four steps past the checkpoint, so the groups in flight at it finish (and are seen) before
-    # the run ends. With two, a clean-clone CI run once ended with two continued programs never
-    # scored: other groups filled step 4 first, and the run stopped while they were still going.
+    # the run ends: other groups may fill the steps right after it first.
     await Trainer(TrainConfig(steps=6, resume=True, **cfg), env=Recording(), print_steps=False).run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]

@@ -216,7 +216,7 @@ def lock_capabilities() -> None:
     and forks into namespaces): an empty capability bounding set (no exec can ever grant a
     capability again) and locked securebits (no root privilege at exec, no capability
     fixups at uid changes). Every session forked from it inherits both, so a session
-    (``drop_privileges``) no longer pays the 40-odd system calls each time."""
+    (``drop_privileges``) does not pay the 40-odd system calls each time."""
     _check(libc.prctl(PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0), "securebits")
     for cap in range(64):
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
