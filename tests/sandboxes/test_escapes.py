@@ -915,7 +915,7 @@ def _in_session(pid: int, worker: int) -> bool:
 
 
 async def test_a_uid_is_reused_only_once_its_last_worker_is_reaped():
-    uids = _Uids(LIMITS.uid + 40000, 8)
+    uids = _Uids(private_uids(2), 8)
     try:
         first = uids.acquire()
         proc = await anyio.open_process(["sleep", "30"])
@@ -929,15 +929,23 @@ async def test_a_uid_is_reused_only_once_its_last_worker_is_reaped():
         uids.close()
 
 
+def private_uids(slot: int) -> int:
+    """The first of 8 uids of the sandbox's range that no other test, nor another test process
+    on the machine, uses (uids are owned machine-wide, and a test that leaves uids handed out
+    keeps them locked for its process's life)."""
+    return LIMITS.uid + 48_000 + (os.getpid() % 1_000) * 16 + slot * 8
+
+
 async def test_two_pools_and_two_processes_never_share_a_uid():
+    base = private_uids(0)
     script = ("import sys\nsys.path.insert(0, '.')\nfrom agentenv.sandboxes.local.uids import _Uids\n"
-              f"u = _Uids({LIMITS.uid + 50000}, 6)\nprint([u.acquire() for _ in range(3)], flush=True)\n"
+              f"u = _Uids({base}, 6)\nprint([u.acquire() for _ in range(3)], flush=True)\n"
               "sys.stdin.read()\n")
     other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              cwd=Path(__file__).resolve().parents[2])
     try:
         theirs = set(eval(other.stdout.readline()))
-        a, b = _Uids(LIMITS.uid + 50000, 6), _Uids(LIMITS.uid + 50000, 6)
+        a, b = _Uids(base, 6), _Uids(base, 6)
         try:
             ours = [a.acquire(), b.acquire(), a.acquire()]
             assert len(set(ours)) == 3 and not set(ours) & theirs
@@ -951,7 +959,7 @@ async def test_two_pools_and_two_processes_never_share_a_uid():
     finally:
         other.stdin.close()
         other.wait()
-    c = _Uids(LIMITS.uid + 50000, 6)  # the other process exited: its uids are free again
+    c = _Uids(base, 6)  # the other process exited: its uids are free again
     try:
         assert len({c.acquire() for _ in range(6)}) == 6
     finally:
@@ -961,7 +969,7 @@ async def test_two_pools_and_two_processes_never_share_a_uid():
 async def test_a_pool_out_of_uids_refuses_a_start_and_recovers():
     from dataclasses import replace
 
-    async with LocalSandbox(limits=replace(LIMITS, uid=LIMITS.uid + 60000, uids=2), prewarm=0) as sb:
+    async with LocalSandbox(limits=replace(LIMITS, uid=private_uids(1), uids=2), prewarm=0) as sb:
         a = await sb.session()
         b = await sb.session()
         with pytest.raises(SandboxError, match="every sandbox uid"):

@@ -115,21 +115,17 @@ class _Cgroups:
     def freeze(self, dirs: list[str]) -> bool:
         """Stop every process and thread in the session (it runs nothing until ``thaw``);
         False if it has no freezer or the write failed."""
-        fd = self._freezer(dirs)
-        if fd is None:
-            return False
-        try:
-            os.write(fd, b"1")
-        except OSError:
-            return False
-        return True
+        return self._set_frozen(dirs, b"1")
 
     def thaw(self, dirs: list[str]) -> bool:
+        return self._set_frozen(dirs, b"0")
+
+    def _set_frozen(self, dirs: list[str], state: bytes) -> bool:
         fd = self._freezer(dirs)
         if fd is None:
             return False
         try:
-            os.write(fd, b"0")
+            os.write(fd, state)
         except OSError:
             return False
         return True
