@@ -231,6 +231,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
         [sys.executable, "-m", "agentenv.cli", "rollout", "--tasks", "64", "--group-size", "4", "--out", str(out),
          "--model", model_dir, "--no-progress", "--concurrency", "16"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As from a terminal: a test run started in the background (``cmd &`` in a script)
+        # ignores SIGINT, and a child would inherit that and never see the Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     log = Path(f"{out}.log")
 
