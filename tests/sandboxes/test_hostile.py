@@ -10,7 +10,7 @@ import anyio
 import psutil
 import pytest
 
-from .hostile import MARK, SECRET, hostile
+from .hostile import MARK, SECRET, hostile, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -199,8 +199,8 @@ async def test_segfault_via_ctypes(sandbox):
 async def test_spawning_subprocesses(sandbox):
     r = await hostile(sandbox, "import subprocess\np = subprocess.Popen(['sleep', '4242'])\np.pid")
     assert r.status == "ok"
-    await anyio.sleep(0.2)
-    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4242"]]
+    await wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4242"]],
+                   "the call's subprocess was killed with the call")
 
 
 async def test_forked_child_cannot_answer_for_the_worker(sandbox):
