@@ -139,3 +139,39 @@ def proc_path(pid: int, path: str) -> str:
 
 # Waits on a condition under the suite-wide deadline (tests/waiting.py).
 wait_for = until
+
+
+# Code that writes forged answer frames on every descriptor the worker may hold (`seq`: the
+# number of the call in progress, read off the worker's frames).
+FORGE = """import sys, os, json, struct
+f, seq = sys._getframe(), None
+while f is not None:
+    if f.f_code.co_name == 'serve' and 'seq' in f.f_locals:
+        seq = f.f_locals['seq']
+    f = f.f_back
+def forge(n, stdout='FORGED'):
+    payload = json.dumps({"status": "ok", "stdout": stdout, "stderr": "", "value": None, "error": None,
+                          "truncated": False}).encode()
+    for fd in range(3, 32):
+        try:
+            os.write(fd, struct.pack('>IQ', len(payload), n) + payload)
+        except OSError:
+            pass
+"""
+
+
+SPIN = "['sh', '-c', 'while :; do :; done; echo agentenv-spinner']"
+
+
+def spinners() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if "agentenv-spinner" in " ".join(p.info["cmdline"] or [])]
+
+
+LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+
+
+def syscall(nr: int, *args: int | bytes) -> str:
+    """Code that makes a raw syscall and evaluates to (return value, errno); a child that a
+    clone somehow created exits at once."""
+    return (LIBC + f"ctypes.set_errno(0)\nr = libc.syscall({nr}, *{args!r})\n"
+            "if r == 0 and os.getpid() != 1:\n    os._exit(0)\n(r, ctypes.get_errno())")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 
-import anyio
 import psutil
 import pytest
 
