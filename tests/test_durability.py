@@ -129,48 +129,6 @@ def test_resume_with_different_settings_is_refused(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_a_torn_log_record_is_ignored(tmp_path):
-    path = tmp_path / "x.log"
-    j = journal.Journal.create(path, {"a": 1})
-    j.write({"e": "done", "k": "k1", "task": "t", "sample": 0})
-    j.close()
-    good = path.read_bytes()
-    path.write_bytes(good + journal.encode({"e": "done", "k": "k2", "task": "t", "sample": 1})[:-7])
-    records, size = journal.read(path)
-    assert size == len(good) and journal.replay(records).done == {("t", 0)}
-    flipped = bytearray(good)
-    flipped[-5] ^= 1  # a corrupted last record fails its checksum
-    path.write_bytes(bytes(flipped))
-    assert len(journal.read(path)[0]) == 1
-
-
-def test_a_held_trajectory_replays_as_held_until_its_line_is_done(tmp_path):
-    """``held``: a finished trajectory waiting for its group. It is no longer in flight; a
-    ``done`` for it (its line written) or a new ``start`` of the sample ends the wait."""
-    from agentenv.trajectory import Trajectory
-
-    path = tmp_path / "x.log"
-    j = journal.Journal.create(path, {"a": 1})
-    t0 = Trajectory(id="k0", env="e", task_id="t", group_id="g", sample_index=0, prompt_ids=[1, 2],
-                    finish_reason="stop")
-    t0.add_model([3, 4], [-0.5, -0.25], [0, 0])
-    for k, i in (("k0", 0), ("k1", 1), ("k2", 2)):
-        j.write({"e": "start", "k": k, "task": "t", "sample": i, "group": "g", "prompt": [1, 2]})
-    j.held(t0)
-    j.held(Trajectory(id="k1", env="e", task_id="t", group_id="g", sample_index=1, prompt_ids=[1, 2],
-                      finish_reason="stop"))
-    j.close()
-    state = journal.replay(journal.read(path)[0])
-    assert set(state.partial) == {("t", 2)} and set(state.held) == {("t", 0), ("t", 1)}
-    assert Trajectory.from_dict(state.held[("t", 0)]).segments == t0.segments
-    j = journal.Journal(path)
-    j.done(t0)
-    j.write({"e": "start", "k": "k3", "task": "t", "sample": 1, "group": "g", "prompt": [1, 2]})
-    j.close()
-    state = journal.replay(journal.read(path)[0])
-    assert state.held == {} and state.done == {("t", 0)} and set(state.partial) == {("t", 1), ("t", 2)}
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_is_a_clear_error_and_earlier_lines_survive(tmp_path):
     mnt = tmp_path / "small"
@@ -276,50 +234,3 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
         assert t.metadata["resumed"]["from_turn"] == len(p.turns) and t.segments[: len(p.segments)] == p.segments
         assert t.reward is not None and not t.finish_reason.startswith("error")
         t.validate()
-
-
-def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whole():
-    """``InFlight.snapshot(have=...)`` (how a Ray driver polls its workers) sends each
-    program's new turns and newly finished programs only; merged into what the driver held it
-    equals the whole snapshot, poll after poll, while programs advance, finish and start."""
-    import pickle
-
-    from agentenv.journal import InFlight, holding, merge_snapshot
-    from agentenv.trajectory import ToolCall, TurnStats
-
-    log = InFlight()
-    progs = [Trajectory(f"p{i}", "env", "t", "t#g", i, list(range(300))) for i in range(4)]
-    marks = {p.id: [0, 0, 0] for p in progs}
-
-    def turn(p: Trajectory, n: int) -> None:
-        p.add_model(list(range(n, n + 200)), [-0.5] * 200, 3)
-        p.add_env(list(range(40)))
-        p.tool_calls.append(ToolCall(len(p.turns), "python", {"code": "1+1"}, "2", "ok", 0.01))
-        p.turns.append(TurnStats(300, 288, 200, "stop", 0.5, 3))
-        log.turn(p, marks[p.id])
-
-    for p in progs[:3]:
-        log.start(p)
-    held, sizes = None, []
-    for step in range(6):
-        for p in progs[:3]:
-            if p.id in marks and not p.finish_reason:
-                turn(p, step)
-        if step == 2:
-            progs[0].finish_reason, progs[0].reward = "stop", 1.0
-            log.finished(progs[0])
-        if step == 3:
-            log.start(progs[3])
-            turn(progs[3], step)
-        whole = log.snapshot({"t"})["t"]
-        reply = log.snapshot({"t"}, {"t": holding(held)})["t"]
-        held = merge_snapshot(held, reply)
-        assert held == whole, step
-        sizes.append((len(pickle.dumps(reply)), len(pickle.dumps(whole))))
-    # Each reply carries one turn per live program (and a finished program once, at step 2),
-    # not every prefix: from step 3 on a fraction of the whole.
-    assert all(d < w / 4 for d, w in sizes[3:]) and sizes[2][0] < sizes[2][1], sizes
-    assert merge_snapshot(held, whole) == whole  # a whole snapshot replaces what was held
-    empty = log.snapshot({"t"}, {"t": holding(held)})["t"]
-    assert all(not e["segments"] and "prompt" not in e for e in empty["partial"]) and not empty["finished"]
-    assert merge_snapshot(held, empty) == whole

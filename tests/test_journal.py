@@ -1,0 +1,215 @@
+"""The event log (``agentenv.journal``): checksummed records, replay into finished, held and
+partial programs, resume on the same settings, and the in-memory ``InFlight`` whose snapshots
+a trainer checkpoint and a Ray driver keep, on real files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentenv import journal
+from agentenv.errors import AgentEnvError
+from agentenv.trajectory import ToolCall, Trajectory, TurnStats
+
+
+def program(key: str, sample: int, task: str = "t") -> Trajectory:
+    return Trajectory(key, "env", task, f"{task}#g", sample, [1, 2, 3])
+
+
+def turn(t: Trajectory, log, mark: list[int], n: int = 4) -> None:
+    """One completed turn of ``t`` (sampled ids, a tool call, its output spliced), logged."""
+    t.add_model(list(range(10, 10 + n)), [-0.5] * n, len(t.turns))
+    t.tool_calls.append(ToolCall(len(t.turns), "python", {"code": "1 + 1"}, "2", "ok", 0.01))
+    t.add_env([7, 8])
+    t.turns.append(TurnStats(t.num_tokens - n - 2, 0, n, "stop", 0.1, len(t.turns)))
+    log.turn(t, mark)
+
+
+def test_a_program_logged_turn_by_turn_replays_as_its_last_state_until_done(tmp_path: Path):
+    path = tmp_path / "run.log"
+    log = journal.Journal.create(path, {"seed": 1})
+    a, b = program("ka", 0), program("kb", 1)
+    marks = {}
+    for t in (a, b):
+        log.start(t)
+        marks[t.id] = [0, 0, 0]
+    turn(a, log, marks["ka"])
+    turn(a, log, marks["ka"], n=3)
+    turn(b, log, marks["kb"])
+    log.close()
+    state = journal.replay(journal.read(path)[0])
+    assert state.settings == {"seed": 1} and state.groups == {"t": "t#g"} and state.done == set()
+    p = state.partial[("t", 0)]
+    assert (p.key, p.prompt_ids) == ("ka", a.prompt_ids)
+    assert (p.segments, p.tool_calls, p.turns) == (a.segments, a.tool_calls, a.turns)  # two turns, in order
+    assert state.partial[("t", 1)].segments == b.segments
+    log = journal.Journal(path)  # appending to an existing log
+    log.done(a)
+    log.close()
+    state = journal.replay(journal.read(path)[0])
+    assert state.done == {("t", 0)} and set(state.partial) == {("t", 1)}
+
+
+def test_resume_drops_a_torn_tail_and_refuses_other_settings(tmp_path: Path):
+    path = tmp_path / "run.log"
+    log = journal.Journal.create(path, {"seed": 1, "tasks": 3})
+    log.start(program("ka", 0))
+    log.close()
+    good = path.read_bytes()
+    path.write_bytes(good + b"0000beef {\"e\": \"do")  # a crash in the middle of a write
+    with pytest.raises(AgentEnvError, match="cannot resume with different settings: seed was 1, now 2"):
+        journal.Journal.resume(path, {"seed": 2, "tasks": 3})
+    log, state = journal.Journal.resume(path, {"seed": 1, "tasks": 3})
+    assert path.read_bytes() == good and set(state.partial) == {("t", 0)}
+    log.done(program("ka", 0))
+    log.close()
+    records, size = journal.read(path)
+    assert size == path.stat().st_size and [r["e"] for r in records] == ["header", "start", "done"]
+    assert journal.settings_difference({"a": 1}, {"a": 1}) is None
+    assert journal.settings_difference({"a": 1}, {"a": 1, "b": 2}) == "b was None, now 2"
+
+
+def test_a_log_without_a_header_or_of_another_version_is_refused():
+    with pytest.raises(AgentEnvError, match="no header"):
+        journal.replay([{"e": "start"}])
+    with pytest.raises(AgentEnvError, match=f"version 99 is not {journal.LOG_VERSION}"):
+        journal.replay([{"e": "header", "v": 99, "settings": {}}])
+
+
+def test_the_outputs_complete_lines_are_found_and_a_torn_last_line_is_not(tmp_path: Path):
+    out = tmp_path / "r.jsonl"
+    lines = [json.dumps({"task_id": t, "sample_index": i, "reward": 1.0}) + "\n" for t, i in (("a", 0), ("b", 0), ("a", 1))]
+    out.write_text("".join(lines) + '{"task_id": "b", "sam')
+    done, size = journal.finished_lines(out)
+    assert done == {("a", 0), ("b", 0), ("a", 1)} and size == len("".join(lines))
+    out.write_text("".join(lines))
+    found = journal.lines_of(out, {"a"})
+    assert [d["sample_index"] for d in found["a"]] == [0, 1] and set(found) == {"a"}
+    assert journal.lines_of(tmp_path / "missing.jsonl", {"a"}) == {}
+
+
+def test_an_in_flight_snapshot_restores_and_logs_what_the_disk_log_would_hold(tmp_path: Path):
+    """``InFlight`` (a trainer's, in memory) and ``Journal`` (the CLI's, on disk) told the same
+    story hold the same state: the snapshot restores to the partial programs a replayed log
+    gives, and logged to disk (``log_snapshot``) replays to the same snapshot (``snapshot_of``)."""
+    mem, disk = journal.InFlight(), journal.Journal.create(tmp_path / "run.log", {})
+    progs = [program(f"k{i}", i) for i in range(3)]
+    marks = {t.id: ([0, 0, 0], [0, 0, 0]) for t in progs}
+    for t in progs:
+        mem.start(t)
+        disk.start(t)
+    for t, turns in zip(progs, (2, 1, 0)):
+        for _ in range(turns):
+            turn(t, mem, marks[t.id][0])
+            disk.turn(t, marks[t.id][1])
+    progs[1].finish_reason, progs[1].reward = "stop", 1.0
+    mem.finished(progs[1])
+    disk.held(progs[1])
+    disk.close()
+    snap = json.loads(json.dumps(mem.snapshot({"t"})["t"]))  # as a checkpoint stores it
+    state, finished = journal.restore(snap)
+    replayed = journal.replay(journal.read(disk.path)[0])
+    assert [f.id for f in finished] == ["k1"] and state.done == {("t", 1)} and state.groups == {"t": "t#g"}
+    assert set(state.partial) == set(replayed.partial) == {("t", 0), ("t", 2)}
+    for key, p in state.partial.items():
+        q = replayed.partial[key]
+        assert (p.key, p.prompt_ids, p.segments, p.tool_calls, p.turns) == \
+            (q.key, q.prompt_ids, q.segments, q.tool_calls, q.turns)
+    relog, written = journal.Journal.create(tmp_path / "relog.log", {}), {}
+    journal.log_snapshot(relog, snap, written)
+    journal.log_snapshot(relog, snap, written)  # a second poll with nothing new writes nothing
+    relog.close()
+    records = journal.read(relog.path)[0]
+    assert [r["e"] for r in records] == ["header", "start", "turn", "start"]
+    again = journal.snapshot_of(journal.replay(records), "t", snap["finished"])
+    assert sorted(again["partial"], key=lambda p: p["k"]) == sorted(snap["partial"], key=lambda p: p["k"])
+    mem.forget("t")
+    assert mem.snapshot({"t"}) == {}
+
+
+def test_a_torn_log_record_is_ignored(tmp_path):
+    path = tmp_path / "x.log"
+    j = journal.Journal.create(path, {"a": 1})
+    j.write({"e": "done", "k": "k1", "task": "t", "sample": 0})
+    j.close()
+    good = path.read_bytes()
+    path.write_bytes(good + journal.encode({"e": "done", "k": "k2", "task": "t", "sample": 1})[:-7])
+    records, size = journal.read(path)
+    assert size == len(good) and journal.replay(records).done == {("t", 0)}
+    flipped = bytearray(good)
+    flipped[-5] ^= 1  # a corrupted last record fails its checksum
+    path.write_bytes(bytes(flipped))
+    assert len(journal.read(path)[0]) == 1
+
+
+def test_a_held_trajectory_replays_as_held_until_its_line_is_done(tmp_path):
+    """``held``: a finished trajectory waiting for its group. It is no longer in flight; a
+    ``done`` for it (its line written) or a new ``start`` of the sample ends the wait."""
+    path = tmp_path / "x.log"
+    j = journal.Journal.create(path, {"a": 1})
+    t0 = Trajectory(id="k0", env="e", task_id="t", group_id="g", sample_index=0, prompt_ids=[1, 2],
+                    finish_reason="stop")
+    t0.add_model([3, 4], [-0.5, -0.25], [0, 0])
+    for k, i in (("k0", 0), ("k1", 1), ("k2", 2)):
+        j.write({"e": "start", "k": k, "task": "t", "sample": i, "group": "g", "prompt": [1, 2]})
+    j.held(t0)
+    j.held(Trajectory(id="k1", env="e", task_id="t", group_id="g", sample_index=1, prompt_ids=[1, 2],
+                      finish_reason="stop"))
+    j.close()
+    state = journal.replay(journal.read(path)[0])
+    assert set(state.partial) == {("t", 2)} and set(state.held) == {("t", 0), ("t", 1)}
+    assert Trajectory.from_dict(state.held[("t", 0)]).segments == t0.segments
+    j = journal.Journal(path)
+    j.done(t0)
+    j.write({"e": "start", "k": "k3", "task": "t", "sample": 1, "group": "g", "prompt": [1, 2]})
+    j.close()
+    state = journal.replay(journal.read(path)[0])
+    assert state.held == {} and state.done == {("t", 0)} and set(state.partial) == {("t", 1), ("t", 2)}
+
+
+def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whole():
+    """``InFlight.snapshot(have=...)`` (how a Ray driver polls its workers) sends each
+    program's new turns and newly finished programs only; merged into what the driver held it
+    equals the whole snapshot, poll after poll, while programs advance, finish and start."""
+    import pickle
+
+    from agentenv.journal import InFlight, holding, merge_snapshot
+
+    log = InFlight()
+    progs = [Trajectory(f"p{i}", "env", "t", "t#g", i, list(range(300))) for i in range(4)]
+    marks = {p.id: [0, 0, 0] for p in progs}
+
+    def turn(p: Trajectory, n: int) -> None:
+        p.add_model(list(range(n, n + 200)), [-0.5] * 200, 3)
+        p.add_env(list(range(40)))
+        p.tool_calls.append(ToolCall(len(p.turns), "python", {"code": "1+1"}, "2", "ok", 0.01))
+        p.turns.append(TurnStats(300, 288, 200, "stop", 0.5, 3))
+        log.turn(p, marks[p.id])
+
+    for p in progs[:3]:
+        log.start(p)
+    held, sizes = None, []
+    for step in range(6):
+        for p in progs[:3]:
+            if p.id in marks and not p.finish_reason:
+                turn(p, step)
+        if step == 2:
+            progs[0].finish_reason, progs[0].reward = "stop", 1.0
+            log.finished(progs[0])
+        if step == 3:
+            log.start(progs[3])
+            turn(progs[3], step)
+        whole = log.snapshot({"t"})["t"]
+        reply = log.snapshot({"t"}, {"t": holding(held)})["t"]
+        held = merge_snapshot(held, reply)
+        assert held == whole, step
+        sizes.append((len(pickle.dumps(reply)), len(pickle.dumps(whole))))
+    # Each reply carries one turn per live program (and a finished program once, at step 2),
+    # not every prefix: from step 3 on a fraction of the whole.
+    assert all(d < w / 4 for d, w in sizes[3:]) and sizes[2][0] < sizes[2][1], sizes
+    assert merge_snapshot(held, whole) == whole  # a whole snapshot replaces what was held
+    empty = log.snapshot({"t"}, {"t": holding(held)})["t"]
+    assert all(not e["segments"] and "prompt" not in e for e in empty["partial"]) and not empty["finished"]
+    assert merge_snapshot(held, empty) == whole
