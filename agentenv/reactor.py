@@ -1,10 +1,16 @@
 """The reactor: many programs at once on one engine, one sandbox backend, one environment.
 
-Each program is a task in one anyio task group, admitted by a capacity limiter
-(``concurrency``), so while one waits on its tool the others decode. When a program ends its
-slot is freed at once and its reward is scored in a separate task (delayed reward: slow or
-async rewards overlap with generation). When every sample of a task is scored, the
-environment's optional ``group_reward`` runs and the whole GRPO :class:`Group` is emitted.
+Which program runs when is decided by the pure :class:`~agentenv.scheduler.Scheduler`: the
+reactor tells it every event (a program was added, wants a turn, got its turn back, its sandbox
+session is ready, it ended) and carries out each :class:`~agentenv.scheduler.Decision` at once:
+an admitted program starts as a task in the calling ``rollouts``/``group`` task group, its
+session is prepared ahead of its first tool call, a submitted turn goes to the engine, a paused
+program's KV is released to the engine (``Engine.release``). ``concurrency`` caps requests in
+the engine (its decode slots), not programs: a program on a tool holds no slot, so while one
+waits on its tool the others decode. When a program ends its reward is scored in a separate
+task (delayed reward: slow or async rewards overlap with generation). When every sample of a
+task is scored, the environment's optional ``group_reward`` runs and the whole GRPO
+:class:`Group` is emitted.
 
 Library use (what an external trainer imports)::
 
@@ -36,7 +42,7 @@ from .env import Environment, Task
 from .errors import SandboxError
 from .formats import get_format
 from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
-from .scheduler import Policy, Scheduler, SchedulerConfig, State
+from .scheduler import Scheduler, SchedulerConfig, SchedulingPolicy, State
 from .stats import RunStats
 from .tools import needs_sandbox
 from .trajectory import Trajectory
@@ -155,8 +161,8 @@ async def prepare_sessions(env: Environment, sandbox: Any, config: RolloutConfig
     if not needs_sandbox(env):
         return 0
     config = (config or RolloutConfig()).for_env(env)
-    at_once = config.max_programs or (config.concurrency if Policy(config.scheduling) != Policy.PROGRAM
-                                      else _default_max_programs(config, sandbox))
+    program_aware = SchedulingPolicy(config.scheduling) == SchedulingPolicy.PROGRAM
+    at_once = config.max_programs or (_default_max_programs(config, sandbox) if program_aware else config.concurrency)
     n = at_once if programs is None else min(at_once, programs)
     return await sandbox.prepare(env.sandbox_setup(), n, wait=wait)
 
@@ -190,16 +196,17 @@ class Reactor:
         )
         self._needs_env = needs_sandbox(env)
         self._setup = env.sandbox_setup() if self._needs_env else None
-        self.stats = RunStats(block_size=getattr(engine, "page_size", 1), slots=self.config.concurrency)
+        self.stats = RunStats(block_size=engine.page_size, slots=self.config.concurrency)
         self._counted: set[str] = set()  # trajectories in ``stats`` whose group is not scored yet
         c = self.config
-        policy = Policy(c.scheduling)
+        policy = SchedulingPolicy(c.scheduling)
         self._sched = Scheduler(SchedulerConfig(
             policy=policy,
-            kv_capacity=getattr(engine, "kv_capacity_tokens", None) if policy == Policy.PROGRAM else None,
-            block_size=max(1, int(getattr(engine, "page_size", 16) or 16)),
+            kv_capacity=engine.kv_capacity_tokens if policy == SchedulingPolicy.PROGRAM else None,
+            block_size=engine.page_size,
             max_requests=c.concurrency,
-            max_programs=c.concurrency if policy == Policy.FIFO else (c.max_programs or self._default_max_programs()),
+            max_programs=(c.concurrency if policy == SchedulingPolicy.FIFO
+                          else c.max_programs or self._default_max_programs()),
             env_lookahead=c.env_lookahead,
             turn_reserve=c.max_tokens_per_turn,
         ))

@@ -23,7 +23,7 @@ States::
                         └──── restore ── PAUSED ◄───────────────────┴────────────────────┘
     any admitted state ──finish──► DONE
 
-Policies (:class:`Policy`):
+Policies (:class:`SchedulingPolicy`):
 
 * ``program`` (default): the working set of resumable programs (READY, DECODING, ACTING)
   is kept within the engine's KV capacity; programs are admitted while their footprint fits;
@@ -34,8 +34,8 @@ Policies (:class:`Policy`):
   engine's decode slots); a program on a tool holds none. Environments are prepared for
   admitted programs and ``env_lookahead`` queued ones; a program decodes before its
   environment is ready and waits for it only when it calls a tool.
-* ``fifo``: today's per-request reactor: ``max_programs`` programs in flight, each holding
-  its slot from environment start to its end; no KV awareness.
+* ``fifo``: a per-request reactor: ``max_programs`` programs in flight, each holding its
+  slot from environment start to its end; no KV awareness.
 * ``lockstep``: TRL-style: a batch of ``max_programs`` programs advances turn by turn; a
   turn is submitted only when every live program of the batch is ready for it, and then all
   of them at once (``max_requests`` does not apply: the engine gets the whole batch).
@@ -44,11 +44,15 @@ Among ready programs, decode slots go in the order their turns became ready (a F
 turns, restored programs keeping their place): a program's wait for a slot is one queue's
 worth per turn, whatever else is under way. Turns of programs that will want an environment
 not ready yet go after the others, so first turns follow the session preparations instead of
-all running at once and then all waiting on session starts. The order before, "most turns
-done first" (with heavy-tailed turn counts a program that has taken many turns is likely to
-take many more), put a new program behind every program under way, so a long one that
-arrived late started last and formed the run's tail. The two were compared in the simulator
-and side by side on vLLM (the README has the figures).
+all running at once and then all waiting on session starts. Ordering by "most turns done
+first" instead (with heavy-tailed turn counts a program that has taken many turns is likely
+to take many more) puts a new program behind every program under way, so a long one that
+arrives late starts last and forms the run's tail; the two orders are compared in the
+simulator and side by side on vLLM (the README has the figures).
+
+The code is in two layers: :class:`ProgramTable` keeps every program's state and the totals
+over them (working set, requests in flight, admitted programs, preparations), updated on each
+event; :class:`Scheduler` adds the policy that turns that state into a :class:`Decision`.
 """
 
 from __future__ import annotations
@@ -60,13 +64,18 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 
-class Policy(str, enum.Enum):
+class SchedulingPolicy(str, enum.Enum):
+    """Which programs run when (see the module docstring); the values are the CLI's
+    ``--scheduling`` choices."""
+
     PROGRAM = "program"
     FIFO = "fifo"
     LOCKSTEP = "lockstep"
 
 
 class State(enum.Enum):
+    """Where a program is in its life (the module docstring draws the transitions)."""
+
     QUEUED = "queued"  # not admitted yet
     READY = "ready"  # admitted, a turn wanted, no request in the engine yet
     DECODING = "decoding"  # a request in the engine
@@ -76,6 +85,8 @@ class State(enum.Enum):
 
 
 class EnvState(enum.Enum):
+    """Where a program's tool environment (its sandbox session) is."""
+
     NONE = "none"  # needs none, or not prepared yet
     PREPARING = "preparing"
     READY = "ready"
@@ -86,6 +97,8 @@ RESIDENT = (State.READY, State.DECODING, State.ACTING)
 
 @dataclass(slots=True)
 class Program:
+    """One program as the scheduler sees it: its state, length and what it waits for."""
+
     pid: int
     group: Hashable
     order: int  # arrival order: lower is older
@@ -120,7 +133,9 @@ class Decision:
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    policy: Policy = Policy.PROGRAM
+    """The scheduler's policy and the engine's and sandbox's limits it schedules within."""
+
+    policy: SchedulingPolicy = SchedulingPolicy.PROGRAM
     #: The engine's KV capacity in tokens (None: unbounded, e.g. an engine that cannot say).
     kv_capacity: int | None = None
     #: KV block size in tokens (footprints are rounded up to whole blocks).
@@ -139,15 +154,21 @@ class SchedulerConfig:
     turn_reserve: int = 256
 
     def __post_init__(self) -> None:
-        self.policy = Policy(self.policy)
+        self.policy = SchedulingPolicy(self.policy)
         if self.max_requests < 1 or self.max_programs < 1 or self.block_size < 1 or self.max_preparing < 1:
             raise ValueError("max_requests, max_programs, block_size and max_preparing must be >= 1")
         if not 0 < self.kv_watermark <= 1:
             raise ValueError("kv_watermark must be in (0, 1]")
 
 
-class Scheduler:
-    """Pure program scheduler. Call the event methods, then :meth:`schedule`."""
+class ProgramTable:
+    """Every program's state and the totals the policy reads, kept without a policy.
+
+    The event methods (:meth:`add`, :meth:`want_turn`, :meth:`turn_done`, :meth:`env_ready`,
+    :meth:`finish`, :meth:`cancel`, :meth:`demand_env`, :meth:`forget`) move a program between
+    states; each keeps the totals (working set, requests in flight, admitted programs,
+    preparations) and the index sets (resident, ready, paused) current, so a decision never
+    scans every program (the simulator drives 10k of them)."""
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
@@ -156,7 +177,6 @@ class Scheduler:
         self._head = 0
         self._arrivals = 0
         self._group_left: dict[Hashable, int] = {}
-        # Running totals, kept incrementally (the simulator drives 10k programs).
         self.in_flight = 0  # requests in the engine
         self.admitted = 0  # admitted, not done (paused included)
         self.preparing = 0
@@ -186,13 +206,24 @@ class Scheduler:
             return 0
         return min(p.want, self._reserve_estimate())
 
+    def _reserve_estimate(self) -> int:
+        if self._turn_count >= 8:
+            mean = self._turn_tokens / self._turn_count
+            return min(self.config.turn_reserve, max(self.config.block_size, math.ceil(1.5 * mean)))
+        return self.config.turn_reserve
+
     def footprint(self, p: Program) -> int:
+        """KV tokens ``p`` holds while resident: its length plus its turn reserve, in whole blocks."""
         return self._blocks(p.tokens + self.reserve(p))
 
     @property
     def working_set(self) -> int:
         """KV tokens the resumable programs need (READY, DECODING, ACTING)."""
         return self._ws
+
+    def _unmarked_working_set(self) -> int:
+        """The working set without the programs marked to pause when their turn returns."""
+        return self._ws - sum(self.programs[i].fp for i in self._marked)
 
     def _touch(self, p: Program) -> None:
         """Re-count a program after its state or length changed."""
@@ -211,13 +242,10 @@ class Scheduler:
         else:
             self._paused.discard(p.pid)
 
-    @property
-    def budget(self) -> float:
-        cap = self.config.kv_capacity
-        return math.inf if cap is None else cap * self.config.kv_watermark
-
     # -- events ------------------------------------------------------------------------------
     def add(self, pid: int, prompt_tokens: int, group: Hashable = None, needs_env: bool = False) -> None:
+        """Queue a program ``prompt_tokens`` long, a sample of GRPO group ``group``;
+        ``needs_env``: it will want a sandbox session."""
         if pid in self.programs:
             raise ValueError(f"program {pid} already added")
         self.programs[pid] = Program(pid, group, self._arrivals, prompt_tokens, needs_env)
@@ -256,16 +284,15 @@ class Scheduler:
             self._touch(p)
 
     def env_ready(self, pid: int) -> None:
+        """The program's environment is prepared, or its preparation failed: either way it
+        waits no more (a failure meets the program when it first needs the environment)."""
         p = self.programs[pid]
         if p.env == EnvState.PREPARING:
             self.preparing -= 1
         p.env = EnvState.READY
 
-    def env_failed(self, pid: int) -> None:
-        """Preparation failed: the program will meet the error when it needs the env."""
-        self.env_ready(pid)
-
     def finish(self, pid: int) -> None:
+        """The program ended (from any admitted state; a second call does nothing)."""
         p = self.programs[pid]
         if p.state == State.DONE:
             return
@@ -298,9 +325,7 @@ class Scheduler:
         counts against ``max_preparing`` like any other)."""
         p = self.programs[pid]
         if p.env == EnvState.NONE:
-            p.env = EnvState.PREPARING
-            self.preparing += 1
-            self._unprepared.discard(pid)
+            self._start_env(p)
 
     def forget(self, pid: int) -> None:
         """Drop a finished program's record (bounded memory over long runs)."""
@@ -313,34 +338,28 @@ class Scheduler:
     # -- queries -----------------------------------------------------------------------------
     @property
     def queued(self) -> int:
+        """Programs added and not admitted yet."""
         return len(self._queue) - self._head
 
     @property
     def done(self) -> bool:
+        """Nothing queued and nothing admitted is left."""
         return self.queued == 0 and self.admitted == 0
 
     def state(self, pid: int) -> State:
         return self.programs[pid].state
 
-    # -- the decision ------------------------------------------------------------------------
-    def schedule(self) -> Decision:
-        d = Decision()
-        policy = self.config.policy
-        if policy == Policy.PROGRAM:
-            self._relieve_pressure(d)
-            self._restore_and_admit(d)
-        elif policy == Policy.FIFO:
-            while self.queued and self.admitted < self.config.max_programs:
-                self._admit(self._pop(), d)
-        else:  # lockstep: a new batch only when the last one is done
-            if self.admitted == 0:
-                while self.queued and self.admitted < self.config.max_programs:
-                    self._admit(self._pop(), d)
-        self._prepare(d)
-        self._submit(d)
-        self.peak_working_set = max(self.peak_working_set, self._ws)
-        return d
+    def priority(self, pid: int) -> int:
+        """Engine request priority (lower runs first): older programs first."""
+        return self.programs[pid].order
 
+    def likely_cached(self, p: Program) -> bool:
+        """Whether a paused program's prefix is probably still in the engine's cache: less has
+        been allocated since its pause than was free then (the engine evicts LRU blocks only
+        once free ones run out)."""
+        return self._clock - p.paused_clock <= p.paused_slack
+
+    # -- transitions the policy makes --------------------------------------------------------
     def _pop(self) -> Program:
         pid = self._queue[self._head]
         self._head += 1
@@ -366,15 +385,53 @@ class Scheduler:
         p.paused_clock = self._clock
         p.paused_slack = max(0.0, (self.config.kv_capacity or 0) - self.working_set)
 
-    def likely_cached(self, p: Program) -> bool:
-        """Whether a paused program's prefix is probably still in the engine's cache: less has
-        been allocated since its pause than was free then (the engine evicts LRU blocks only
-        once free ones run out)."""
-        return self._clock - p.paused_clock <= p.paused_slack
+    def _restore(self, p: Program, d: Decision) -> None:
+        p.state = State.READY
+        self._touch(p)
+        self.restores += 1
+        d.restored.append(p.pid)
+
+    def _start_env(self, p: Program) -> None:
+        p.env = EnvState.PREPARING
+        self.preparing += 1
+        self._unprepared.discard(p.pid)
+
+    def _submit_one(self, p: Program, d: Decision) -> None:
+        p.state, p.wanting = State.DECODING, False
+        self._touch(p)
+        self.in_flight += 1
+        d.submit.append(p.pid)
+
+
+class Scheduler(ProgramTable):
+    """Pure program scheduler. Call the event methods, then :meth:`schedule`."""
+
+    @property
+    def budget(self) -> float:
+        """KV tokens the working set may fill: ``kv_capacity x kv_watermark`` (unbounded
+        without a capacity)."""
+        cap = self.config.kv_capacity
+        return math.inf if cap is None else cap * self.config.kv_watermark
+
+    def schedule(self) -> Decision:
+        """Decide what the reactor does now, from the state the events left."""
+        d = Decision()
+        policy = self.config.policy
+        if policy == SchedulingPolicy.PROGRAM:
+            self._relieve_pressure(d)
+            self._restore_and_admit(d)
+        elif policy == SchedulingPolicy.FIFO or self.admitted == 0:
+            # fifo fills every free program slot; lockstep admits a batch once the last is done
+            while self.queued and self.admitted < self.config.max_programs:
+                self._admit(self._pop(), d)
+        self._prepare(d)
+        self._submit(d)
+        self.peak_working_set = max(self.peak_working_set, self._ws)
+        return d
 
     def _relieve_pressure(self, d: Decision) -> None:
         # Programs already marked leave the working set when their turn returns.
-        used = self._ws - sum(self.programs[i].fp for i in self._marked)
+        used = self._unmarked_working_set()
         if used <= self.budget:
             return
         # Pause order: acting programs first, then ready ones not yet submitted, each shortest
@@ -402,18 +459,15 @@ class Scheduler:
         return (not self.likely_cached(p), self._group_left.get(p.group, 0), p.order)
 
     def _restore_and_admit(self, d: Decision) -> None:
-        used = self._ws - sum(self.programs[i].fp for i in self._marked)
+        used = self._unmarked_working_set()
         # Paused programs that want their next turn come before anything new.
         waiting = sorted((self.programs[i] for i in self._paused if self.programs[i].wanting), key=self._restore_key)
         for p in waiting:
             need = self.footprint(p)
             if used + need > self.budget and self._resident:
                 return  # strict priority: nothing new jumps ahead of a paused program
-            p.state = State.READY
-            self._touch(p)
-            self.restores += 1
+            self._restore(p, d)
             used += need
-            d.restored.append(p.pid)
         while self.queued and self.admitted < self.config.max_programs:
             p = self.programs[self._queue[self._head]]
             need = self._blocks(p.tokens + self._reserve_estimate())
@@ -422,22 +476,14 @@ class Scheduler:
             self._admit(self._pop(), d)
             used += need
 
-    def _reserve_estimate(self) -> int:
-        if self._turn_count >= 8:
-            mean = self._turn_tokens / self._turn_count
-            return min(self.config.turn_reserve, max(self.config.block_size, math.ceil(1.5 * mean)))
-        return self.config.turn_reserve
-
     def _prepare(self, d: Decision) -> None:
         cfg = self.config
-        if cfg.policy != Policy.PROGRAM:
+        if cfg.policy != SchedulingPolicy.PROGRAM:
             # fifo/lockstep: an environment is started when its program is admitted.
             for pid in d.admit:
                 p = self.programs[pid]
                 if p.needs_env and p.env == EnvState.NONE:
-                    p.env = EnvState.PREPARING
-                    self.preparing += 1
-                    self._unprepared.discard(pid)
+                    self._start_env(p)
                     d.prepare.append(pid)
             return
         # Admitted programs first (they may call a tool soon), then the lookahead.
@@ -450,9 +496,7 @@ class Scheduler:
             if self.preparing >= cfg.max_preparing:
                 return
             if p.needs_env and p.env == EnvState.NONE:
-                p.env = EnvState.PREPARING
-                self.preparing += 1
-                self._unprepared.discard(p.pid)
+                self._start_env(p)
                 d.prepare.append(p.pid)
 
     def _submit(self, d: Decision) -> None:
@@ -460,13 +504,13 @@ class Scheduler:
         if not self._ready:
             return
         room = cfg.max_requests - self.in_flight
-        if cfg.policy == Policy.PROGRAM and room <= 0:
+        if cfg.policy == SchedulingPolicy.PROGRAM and room <= 0:
             return  # every decode slot is taken: most events arrive so, nothing to sort
         ready = [self.programs[i] for i in self._ready]
-        if cfg.policy == Policy.FIFO:
+        if cfg.policy == SchedulingPolicy.FIFO:
             # The slot is the program's: its first turn waits for its environment.
             go = [p for p in ready if not (p.needs_env and p.env != EnvState.READY and p.turns == 0)]
-        elif cfg.policy == Policy.LOCKSTEP:
+        elif cfg.policy == SchedulingPolicy.LOCKSTEP:
             if len(ready) != len(self._resident):
                 return  # the batch moves together
             if any(p.needs_env and p.env != EnvState.READY and p.turns == 0 for p in ready):
@@ -474,22 +518,15 @@ class Scheduler:
             go = ready
         else:
             go = heapq.nsmallest(room, ready, key=self._submit_key)  # already in order
-        if cfg.policy != Policy.PROGRAM:
+        if cfg.policy != SchedulingPolicy.PROGRAM:
             go.sort(key=self._submit_key)
         for p in go:
-            p.state, p.wanting = State.DECODING, False
-            self._touch(p)
-            self.in_flight += 1
-            d.submit.append(p.pid)
+            self._submit_one(p, d)
 
     def _submit_key(self, p: Program) -> tuple:
-        if self.config.policy != Policy.PROGRAM:
+        if self.config.policy != SchedulingPolicy.PROGRAM:
             return (p.order,)
         # A turn whose program will want an environment that is not ready yet goes after the
         # others: otherwise every new program's first turn runs at once and then all of them
         # wait on session starts together; this way first turns follow the preparations.
         return (p.needs_env and p.env != EnvState.READY, p.ready_seq)
-
-    def priority(self, pid: int) -> int:
-        """Engine request priority (lower runs first): older programs first."""
-        return self.programs[pid].order

@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .scheduler import Policy, Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, SchedulingPolicy
 from .stats import resume_eligible
 from .workload import ProgramTrace
 
@@ -371,18 +371,18 @@ class Simulation:
             self.sched.want_turn(pid, p.tokens, p.trace.turn_tokens[p.turn])
 
 
-def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | Policy = "program", *,
+def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | SchedulingPolicy = "program", *,
              concurrency: int = 64, max_programs: int | None = None, group_size: int = 1,
              needs_env: bool = True, env_start_s: float = 0.012, env_lookahead: int = 16,
              env_workers: int = 2) -> SimResult:
     """Run ``traces`` under ``policy`` with the reactor's own mapping of settings."""
-    policy = Policy(policy)
+    policy = SchedulingPolicy(policy)
     cfg = SchedulerConfig(
         policy=policy,
-        kv_capacity=engine.kv_capacity if policy == Policy.PROGRAM else None,
+        kv_capacity=engine.kv_capacity if policy == SchedulingPolicy.PROGRAM else None,
         block_size=engine.block_size,
         max_requests=concurrency,
-        max_programs=concurrency if policy == Policy.FIFO else (max_programs or 8 * concurrency),
+        max_programs=concurrency if policy == SchedulingPolicy.FIFO else (max_programs or 8 * concurrency),
         env_lookahead=env_lookahead,
         turn_reserve=256,
     )

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agentenv.scheduler import Policy, Scheduler, SchedulerConfig, State
+from agentenv.scheduler import Scheduler, SchedulerConfig, SchedulingPolicy, State
 
 
 def sched(**kw) -> Scheduler:
@@ -265,7 +265,7 @@ def test_environments_are_prepared_ahead_within_the_lookahead():
 
 
 def test_fifo_holds_the_slot_and_waits_for_the_environment():
-    s = sched(policy=Policy.FIFO, max_programs=2)
+    s = sched(policy=SchedulingPolicy.FIFO, max_programs=2)
     for pid in range(4):
         s.add(pid, 10, needs_env=True)
     d = s.schedule()
@@ -281,7 +281,7 @@ def test_fifo_holds_the_slot_and_waits_for_the_environment():
 
 
 def test_lockstep_moves_the_batch_together():
-    s = sched(policy=Policy.LOCKSTEP, max_programs=3)
+    s = sched(policy=SchedulingPolicy.LOCKSTEP, max_programs=3)
     for pid in range(5):
         s.add(pid, 10)
     d = s.schedule()
