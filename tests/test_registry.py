@@ -3,7 +3,7 @@ import os
 import pytest
 
 import agentenv
-from agentenv import Environment, EnvCheckError, EnvNotFoundError, Task, check_env, make, register
+from agentenv import Environment, EnvNotFoundError, Task, make, register
 from agentenv.errors import ConfigError
 
 
@@ -33,83 +33,6 @@ def test_module_path_and_register():
     assert isinstance(make("good-env"), GoodEnv)
     with pytest.raises(EnvNotFoundError, match="cannot import"):
         make("tests.test_registry:Missing")
-
-
-class NoReward(Environment):
-    def tasks(self, n, seed=0):
-        return [Task(str(i), "q") for i in range(n)]
-
-
-class SyncReward(GoodEnv):
-    def reward(self, task, trajectory):  # type: ignore[override]
-        return 1.0
-
-
-class Unseeded(GoodEnv):
-    def tasks(self, n, seed=0):
-        import random
-
-        return [Task(str(i), str(random.random())) for i in range(n)]
-
-
-class DupIds(GoodEnv):
-    def tasks(self, n, seed=0):
-        return [Task("same", "q") for _ in range(n)]
-
-
-class BadPrompt(GoodEnv):
-    def prompt(self, task):
-        return "just a string"
-
-
-@pytest.mark.parametrize(
-    "cls, message",
-    [
-        (NoReward, "must override reward"),
-        (SyncReward, "must be 'async def'"),
-        (Unseeded, "not deterministic"),
-        (DupIds, "unique"),
-        (BadPrompt, "non-empty list"),
-    ],
-)
-def test_check_env_explains_what_to_fix(cls, message):
-    with pytest.raises(EnvCheckError, match=message):
-        check_env(cls())
-
-
-def test_check_env_with_tokenizer(tokenizer):
-    check_env(make("retool-math"), tokenizer=tokenizer)
-
-    class Hermes(GoodEnv):
-        tool_format = "hermes"
-
-    # </tool_call> is a single token in the bundled tokenizer too.
-    check_env(Hermes(), tokenizer=tokenizer)
-
-
-class ZeroTurns(GoodEnv):
-    max_turns = 0
-
-
-class NoId(GoodEnv):
-    id = None  # type: ignore[assignment]
-
-
-class NeedsArg(GoodEnv):
-    def __init__(self, level: int) -> None:
-        super().__init__()
-
-
-def test_check_env_takes_a_class_and_checks_the_limits_and_id():
-    check_env(GoodEnv)  # a class, as the README shows, is created with no arguments
-    with pytest.raises(EnvCheckError, match="max_turns must be an int >= 1, got 0"):
-        check_env(ZeroTurns)
-    with pytest.raises(EnvCheckError, match="id must be a string"):
-        check_env(NoId())
-    with pytest.raises(EnvCheckError, match=r"cannot be created with no arguments .*check_env\(MyEnv\(\.\.\.\)\)"):
-        check_env(NeedsArg)
-    with pytest.raises(EnvCheckError, match="must subclass agentenv.Environment"):
-        check_env(int)
 
 
 USER_FILE = '''
