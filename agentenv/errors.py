@@ -11,7 +11,8 @@ as data (``Trajectory.finish_reason == "error:<type>"`` or a tool call with an e
     ├── EnvNotFoundError       unknown environment id (with "did you mean ...")
     ├── EnvCheckError          a user Environment class that fails check_env()
     ├── EngineError            the inference engine failed or was closed
-    │   └── PromptTooLongError a prompt longer than the engine's context
+    │   ├── PromptTooLongError a prompt longer than the engine's context
+    │   └── RankDiedError      a trainer rank (a Ray actor) died with its process group
     ├── SandboxError           a sandbox could not be started or was closed
     └── TrajectoryError        a trajectory whose arrays disagree (schema violation)
 """
