@@ -23,7 +23,7 @@ def chat_prompt(engine: Engine, question: str, system: str | None = None) -> lis
 
 
 def _params(engine: Engine, max_tokens: int, stop: tuple[int, ...] = ()) -> SamplingParams:
-    t, p, k = getattr(engine, "sampling", (1.0, 1.0, 0))
+    t, p, k = engine.sampling or (1.0, 1.0, 0)
     return SamplingParams(max_tokens=max_tokens, temperature=t, top_p=p, top_k=k, stop_token_ids=stop)
 
 

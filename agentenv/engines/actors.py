@@ -75,7 +75,8 @@ class EngineActor:
         engine = await self._engine()
         return {"pid": os.getpid(), "max_model_len": engine.max_model_len,
                 "kv_capacity_tokens": engine.kv_capacity_tokens, "weight_version": engine.weight_version,
-                "sampling": getattr(engine, "sampling", None), "held": self._held, "served": self.served}
+                "page_size": engine.page_size, "sampling": engine.sampling, "held": self._held,
+                "served": self.served}
 
     def _hold(self, program: str, tokens: int) -> None:
         self._held += tokens - self._tokens.pop(program, 0)
@@ -144,8 +145,9 @@ class RayEngine(Engine):
         for idx, info in enumerate(infos):
             self.router.report(idx, int(info.get("held", 0)))
         self.kv_capacity_tokens = int(sum(caps) * share) if known else None
-        if infos[0].get("sampling") is not None:
-            self.sampling = tuple(infos[0]["sampling"])
+        self.page_size = max(int(i["page_size"]) for i in infos)  # the coarsest replica's blocks
+        if infos[0]["sampling"] is not None:
+            self.sampling = tuple(infos[0]["sampling"])  # type: ignore[assignment]
         self.pids = [i["pid"] for i in infos]
         self.reconnect_s = reconnect_s
         self.refresh_s = refresh_s

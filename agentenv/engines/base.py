@@ -49,22 +49,36 @@ class Generation:
         return self.token_versions if self.token_versions is not None else [self.weight_version] * len(self.token_ids)
 
 
+#: The KV block size an engine that cannot say reports: vLLM's default on GPUs.
+DEFAULT_PAGE_SIZE = 16
+
+
 class Engine(abc.ABC):
-    """An inference engine. Use as an async context manager; ``aclose`` is idempotent."""
+    """An inference engine. Use as an async context manager; ``aclose`` is idempotent.
+
+    Besides its methods, the reactor and its program scheduler read the attributes below;
+    each engine sets the ones it knows and inherits the documented default for the rest."""
 
     #: Context window in tokens (prompt + generated).
     max_model_len: int
     #: The tokenizer matching the model (a transformers tokenizer).
     tokenizer: Any
+    #: The KV cache's block size in tokens. The prefix cache serves whole blocks only (the
+    #: reactor's reuse statistics count eligible tokens in them) and the program scheduler
+    #: counts each program's KV in them. ``DEFAULT_PAGE_SIZE`` when the engine cannot say.
+    page_size: int = DEFAULT_PAGE_SIZE
+    #: KV cache capacity in tokens (the program scheduler keeps its working set within it);
+    #: None when the engine cannot say.
+    kv_capacity_tokens: int | None = None
+    #: The (temperature, top_p, top_k) the engine samples every request with, whatever the
+    #: request's ``SamplingParams`` say (the embedded engine fixes them when it starts); None
+    #: when each request is sampled with its own.
+    sampling: tuple[float, float, int] | None = None
+    _closed: bool = False
 
     @property
     @abc.abstractmethod
     def weight_version(self) -> int: ...
-
-    #: KV cache capacity in tokens (the program scheduler keeps its working set within it);
-    #: None when the engine cannot say.
-    kv_capacity_tokens: int | None = None
-    _closed: bool = False
 
     def _room(self, prompt_ids: list[int]) -> int:
         """Tokens left to generate after the prompt (what ``generate`` checks first): an
