@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv.simulator import EngineModel, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,11 +70,16 @@ def main() -> None:
          len(traces)),
         ("+ tools take no time", free_tools, dataclasses.replace(engine, prefill_per_token=0.0), 0.0, len(traces)),
     ]
+    figures = {}
     for label, tr, m, start_s, max_programs in rows:
         r = simulate(tr, m, "program", concurrency=a["concurrency"], group_size=a["group_size"],
                      max_programs=max_programs, env_start_s=start_s)
         print(f"{label:34s} wall {r.wall_s:6.1f} s  ratio {r.tokens / r.wall_s / pure:.2f}  "
               f"in flight {r.in_flight:5.1f}  idle {100 * r.idle:4.1f}%")
+        figures[label] = {"wall_s": r.wall_s, "ratio": r.tokens / r.wall_s / pure, "in_flight": r.in_flight,
+                          "idle": r.idle}
+    _report.write("bounds", {"real_ratio": real["ratio"], "rows": figures,
+                             "as_fitted_ratio": figures["as fitted"]["ratio"]}, headline="as_fitted_ratio", args=args)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 from agentenv.simulator import H100_7B, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 
 def cpu_seconds() -> float:
     """CPU time of this process, of Ray's processes (its workers are not our children) and of
@@ -109,6 +111,9 @@ async def main_async(a: argparse.Namespace) -> None:
     n = results["in-process"][2]
     print(f"Ray overhead per program (1 worker vs in-process): {1000 * (w1 - w_local) / n:+.1f} ms wall")
     print(f"cluster_scaling: {w1 / w2:.2f}")
+    _report.write("cluster", {"runs": {k: {"wall_s": w, "cpu_s": c, "programs": n} for k, (w, c, n) in results.items()},
+                              "ray_overhead_ms_per_program": 1000 * (w1 - w_local) / n, "cluster_scaling": w1 / w2},
+                  headline="cluster_scaling", args=a)
 
 
 def projection(a: argparse.Namespace) -> None:
@@ -118,7 +123,7 @@ def projection(a: argparse.Namespace) -> None:
     print(f"projection: {len(groups) * a.sim_group_size} programs in groups of {a.sim_group_size} (lognormal tools, "
           f"median 2 s, ~8 turns of 256 tokens), {a.sim_concurrency} requests per engine, sandbox start "
           f"{1000 * a.env_start_s:.0f} ms of CPU")
-    base = None
+    base, rows = None, {}
     for engines, workers in ((1, 1), (a.engines, 1), (a.engines, a.workers_per_engine)):
         walls, tokens, t0 = [], 0, time.perf_counter()
         for e in range(engines):
@@ -134,6 +139,10 @@ def projection(a: argparse.Namespace) -> None:
               f"engine ({workers * a.worker_cpus:3d} sandbox CPUs each): wall {wall:7.1f}s  {rate:8.0f} tok/s  "
               f"scaling {rate / base:5.2f}x  imbalance {wall / (sum(walls) / len(walls)):.2f}  "
               f"(simulated in {time.perf_counter() - t0:.1f}s)", flush=True)
+        rows[f"{engines}x{workers}"] = {"engines": engines, "workers_per_engine": workers, "wall_s": wall,
+                                        "tok_s": rate, "scaling": rate / base, "imbalance": wall / (sum(walls) / len(walls))}
+    _report.write("cluster-projection", {"rows": rows, "projected_scaling": rows[f"{a.engines}x1"]["scaling"]},
+                  headline="projected_scaling", args=a)
 
 
 def main() -> None:

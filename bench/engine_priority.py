@@ -36,6 +36,7 @@ from agentenv.models import default_model  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 from scheduling import pure_decode  # noqa: E402  (bench/scheduling.py)
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -93,9 +94,11 @@ async def main_async(args) -> None:
         await pure_decode(engine, 130, 45, 32, 2.0)  # warm-up
         await retool(engine, 8, args.seed + 99)
         order = [0, 10] * args.pairs
+        runs: list[dict] = []
         for nice in order:
             engine.nice = nice
             r = await churn(engine, args.churn_seconds)
+            runs.append({"workload": "churn", "nice": nice, **r})
             print(f"churn     nice {nice:2d}: {r['starts']:4d} session starts, start p50 {1e3 * r['p50']:6.0f} ms "
                   f"p90 {1e3 * r['p90']:6.0f} p99 {1e3 * r['p99']:6.0f} max {1e3 * r['max']:6.0f}; "
                   f"engine {r['decode_tok_s']:.0f} tok/s", flush=True)
@@ -104,10 +107,14 @@ async def main_async(args) -> None:
             engine.nice = nice
             r = await retool(engine, args.tasks, args.seed + i // 2)  # each pair: the same tasks
             rates[nice].append(r["tok_s"])
+            runs.append({"workload": "retool-math", "nice": nice, **r})
             print(f"retool    nice {nice:2d}: {r['wall']:5.1f}s {r['tok_s']:6.0f} tok/s, session waits {r['waits']} "
                   f"({r['wait_s']:.1f}s), session start p50/p90 {r['p50']}/{r['p90']} ms", flush=True)
         engine.nice = 10
     print(f"priority_speedup: {statistics.median(rates[10]) / statistics.median(rates[0]):.2f}")
+    _report.write("engine_priority", {"runs": runs,
+                                      "priority_speedup": statistics.median(rates[10]) / statistics.median(rates[0])},
+                  headline="priority_speedup", args=args)
 
 
 def main() -> None:

@@ -23,6 +23,8 @@ from agentenv import testing  # noqa: E402
 from agentenv.engines.base import SamplingParams  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 
 async def measure(engine, n: int, tokens: int, tag: str) -> tuple[float, float]:
     prompt = testing.chat_prompt(engine, "Compute 4364 + 83 * 54.", system="Solve the problem with Python. " * 4)
@@ -68,6 +70,9 @@ async def main() -> None:
     print(f"embedded  {e_tps:8.1f} tok/s  resume reuse {100 * e_reuse:5.1f}%")
     print(f"vllm      {v_tps:8.1f} tok/s  resume reuse {100 * v_reuse:5.1f}%")
     print(f"vllm_vs_embedded_throughput: {v_tps / e_tps:.2f}")
+    _report.write("engines", {"embedded_tok_s": e_tps, "embedded_resume_reuse": e_reuse, "vllm_tok_s": v_tps,
+                              "vllm_resume_reuse": v_reuse, "vllm_vs_embedded_throughput": v_tps / e_tps},
+                  headline="vllm_vs_embedded_throughput", args=a)
 
 
 if __name__ == "__main__":

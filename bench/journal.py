@@ -27,6 +27,8 @@ from agentenv.engines.embedded import EmbeddedEngine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 
 async def one(engine, sandbox, env, tasks, group: int, log: Path | None) -> tuple[float, int]:
     j = journal.Journal.create(log, {"bench": True}) if log is not None else None
@@ -76,6 +78,11 @@ async def main() -> None:
           f"{1000 * encode_s:.1f} ms of event-loop time per run; read + replay {1000 * replay_s:.1f} ms")
     without, with_ = statistics.median(rates["without log"]), statistics.median(rates["with log"])
     print(f"log_overhead_pct: {100 * (without / with_ - 1):.1f}")
+    _report.write("journal", {"tok_s": rates, "median_tok_s_without_log": without, "median_tok_s_with_log": with_,
+                              "log_kib_per_trajectory": size / n / 1024, "records": len(records),
+                              "encode_ms": 1000 * encode_s, "read_replay_ms": 1000 * replay_s,
+                              "log_overhead_pct": 100 * (without / with_ - 1)},
+                  headline="log_overhead_pct", args=a)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+import _report  # bench/_report.py: the figures as JSON
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -72,6 +74,10 @@ def main() -> None:
         print(f"  {n:6d} written ({100 * frac:3.0f} %)  t={t:6.1f} s  RSS {rss:7.1f} MiB")
     (_, n0, r0), (_, n1, r1) = at(0.25), at(1.0)
     print(f"rss_growth_mb_per_1k_programs: {1000 * (r1 - r0) / max(1, n1 - n0):.2f}")
+    _report.write("memory", {"programs": total, "wall_s": samples[-1][0], "peak_rss_mib": max(s[2] for s in samples),
+                             "rss_mib_at": {f"{100 * f:.0f}%": at(f)[2] for f in (0.1, 0.25, 0.5, 0.75, 1.0)},
+                             "rss_growth_mb_per_1k_programs": 1000 * (r1 - r0) / max(1, n1 - n0)},
+                  headline="rss_growth_mb_per_1k_programs", args=a)
 
 
 if __name__ == "__main__":

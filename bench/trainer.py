@@ -38,6 +38,8 @@ from agentenv.envs.retool_math import RetoolMathEnv  # noqa: E402
 from agentenv.tools import PythonTool, ToolContext, ToolOutput  # noqa: E402
 from agentenv.train import TrainConfig, Trainer  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 
 def latency(key: str, median: float, sigma: float, cap: float) -> float:
     """Deterministic heavy-tailed (log-normal, capped) latency for one key."""
@@ -121,6 +123,8 @@ def main() -> None:
               f" s/step  staleness {json.dumps(r['staleness'])}  dropped {r['dropped_groups']}  reward "
               f"{r['reward_mean']:.3f}")
     print(f"async_speedup: {results['sync']['train_wall_s'] / results['async']['train_wall_s']:.2f}")
+    _report.write("trainer", {**results, "async_speedup": results["sync"]["train_wall_s"] / results["async"]["train_wall_s"]},
+                  headline="async_speedup", args=a)
 
 
 if __name__ == "__main__":

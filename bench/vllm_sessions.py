@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv.engines import SamplingParams, open_engine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
 
+import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
+
 
 def _ids(rnd: random.Random, n: int, vocab: int) -> list[int]:
     return [rnd.randrange(10, vocab) for _ in range(n)]
@@ -81,6 +83,8 @@ async def main_async(args) -> None:
     req, ses = statistics.median(rates["request"]), statistics.median(rates["session"])
     print(f"median: request {req:.0f} tok/s, session {ses:.0f} tok/s")
     print(f"session_speedup: {ses / req:.2f}")
+    _report.write("vllm_sessions", {"tok_s": rates, "median_request_tok_s": req, "median_session_tok_s": ses,
+                                    "session_speedup": ses / req}, headline="session_speedup", args=args)
 
 
 def main() -> None:
