@@ -162,7 +162,7 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
     async with LocalSandbox(prewarm=2) as sb:
 
         def busy() -> list[int]:  # workers in a call (their session holds its lock)
-            return sorted(s.pid for s in sb._sessions if s.pid is not None and s._lock.locked())
+            return sorted(sb.busy_pids)
 
         async def killer() -> None:
             # First the fork server (its templates and sessions die with it), as soon as the

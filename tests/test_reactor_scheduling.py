@@ -51,7 +51,7 @@ async def test_every_policy_yields_the_trace_exactly(engine, policy):
         async with Reactor(engine, env, sb, cfg(policy)) as reactor:
             groups = await reactor.collect(env.tasks(4, seed=1), 3)
         # Every session a program had is closed (only the pool's own prewarmed ones remain).
-        prewarmed = {x.pid for ready in sb._ready.values() for x in ready}
+        prewarmed = set(sb.ready_pids)
         assert set(sb.worker_pids) == prewarmed and len(prewarmed) <= sb.prewarm
     assert child_pids() - before == set()
     trajs = [t for g in groups for t in g.trajectories]

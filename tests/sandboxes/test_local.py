@@ -245,7 +245,7 @@ def test_workers_die_with_their_parent(tmp_path):
         "    sb = LocalSandbox(prewarm=0)\n"
         "    s = await sb.session()\n"
         "    await s.run('1')\n"
-        "    print(s.pid, sb._proc.pid, flush=True)\n"
+        "    print(s.pid, sb.server_pid, flush=True)\n"
         "    await anyio.sleep(60)\n"
         "anyio.run(main)\n"
     )
@@ -261,7 +261,7 @@ def test_workers_die_with_their_parent(tmp_path):
 async def test_a_full_pool_hands_over_prewarmed_sessions_instead_of_deadlocking():
     async with LocalSandbox(max_workers=3, prewarm=2) as sb:
         # The pool's own prewarm fills two of the three slots.
-        await until(lambda: len(sb._ready.get(None, [])) == 2, "two sessions prewarmed")
+        await until(lambda: len(sb.ready_pids) == 2, "two sessions prewarmed")
         held = []
         with anyio.fail_after(DEADLINE_S):
             # Five sessions through a three-slot pool: each takes a ready one or a free slot,

@@ -15,7 +15,7 @@ import psutil
 from agentenv.errors import SandboxError
 
 if TYPE_CHECKING:
-    from . import Limits
+    from .limits import Limits
 
 
 def _alive(pid: int) -> bool:
