@@ -1,0 +1,75 @@
+"""Checkpoints on real parts: the bundled model's policy saved and loaded, a real rollout's
+groups in the buffer file, the retool-math task stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agentenv.errors import ConfigError
+from agentenv.registry import make
+from agentenv.train import Policy, TrainConfig, latest_checkpoint
+from agentenv.train.checkpoints import Checkpoints
+from agentenv.train.generation import GenerationState, TaskStream
+
+
+def test_the_latest_checkpoint_is_the_newest_complete_one(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+    for step in (2, 4, 6):
+        (tmp_path / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+    for step in (2, 4):  # step 6 has no state.json yet: cut short while being written
+        (tmp_path / "checkpoints" / f"step-{step:06d}" / "state.json").write_text("{}")
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step-000004"
+
+
+def test_a_fresh_run_starts_at_zero_and_a_resume_needs_a_checkpoint(tmp_path):
+    assert Checkpoints(tmp_path, TrainConfig(out_dir=str(tmp_path))).resume_point() == (0, None)
+    with pytest.raises(ConfigError, match="no checkpoint under"):
+        Checkpoints(tmp_path, TrainConfig(out_dir=str(tmp_path), resume=True)).resume_point()
+
+
+def test_a_fresh_run_generates_from_its_start_step(tmp_path):
+    cfg = TrainConfig(out_dir=str(tmp_path), groups_per_step=3)
+    position, restored = Checkpoints(tmp_path, cfg).restore_generation(None, 2, TaskStream(make("retool-math"), 3, 0))
+    assert (position.cursor, position.redo, position.saved, restored) == (6, [], {}, [])
+
+
+def test_a_checkpoint_restores_the_policy_rng_and_generation(groups, model_dir, tmp_path):
+    cfg = TrainConfig(out_dir=str(tmp_path), groups_per_step=2, group_size=3, seed=5)
+    checkpoints = Checkpoints(tmp_path, cfg)
+    stream = TaskStream(make("retool-math"), cfg.groups_per_step, cfg.seed)
+    programs = {"some-task": {"partial": [], "finished": []}}
+    policy = Policy(model_dir)
+    state = GenerationState(next=11, in_flight=[9, 10], buffered=[(8, groups[0]), (7, groups[1])], programs=programs)
+    path = checkpoints.save(policy, 4, state)
+    drawn = torch.rand(4)
+
+    assert path == checkpoints.path(4) == latest_checkpoint(tmp_path)
+    saved = json.loads((path / "state.json").read_text())
+    assert (saved["step"], saved["version"], saved["task_cursor"]) == (4, 4, 8)
+    assert saved["tasks"] == {"next": 11, "in_flight": [9, 10], "buffered": 2, "programs": programs}
+    Checkpoints.restore_rng(path)
+    assert torch.equal(torch.rand(4), drawn)  # the RNG continues as it was at the checkpoint
+
+    position, restored = checkpoints.restore_generation(path, 4, stream)
+    assert (position.cursor, position.redo, position.saved) == (11, [9, 10], programs)
+    assert [i for i, _ in restored] == [8, 7]
+    for (index, group), original in zip(restored, groups):
+        assert group.task == stream.task(index)
+        assert [t.to_dict() for t in group.trajectories] == [t.to_dict() for t in original.trajectories]
+
+    loaded = Policy(model_dir)
+    loaded.load(path)
+    for (name, a), (_, b) in zip(policy.model.named_parameters(), loaded.model.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_a_resume_must_keep_the_checkpoints_settings(groups, model_dir, tmp_path):
+    cfg = dict(out_dir=str(tmp_path), groups_per_step=2, group_size=3)
+    Checkpoints(tmp_path, TrainConfig(**cfg)).save(Policy(model_dir), 2, GenerationState(4, [], [], {}))
+    assert Checkpoints(tmp_path, TrainConfig(resume=True, lr=1e-3, **cfg)).resume_point() == (
+        2, tmp_path / "checkpoints" / "step-000002")  # lr may change
+    with pytest.raises(ConfigError, match="group_size was 3"):
+        Checkpoints(tmp_path, TrainConfig(resume=True, **{**cfg, "group_size": 4})).resume_point()
