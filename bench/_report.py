@@ -6,7 +6,7 @@ headline figure (the last line's key). The file says where the figures came from
 benchmarks page (``docs/gen_benchmarks.py``) can print them with their machine::
 
     {"bench": "sandbox", "command": "python bench/sandbox.py --calls 3200", "date": "...Z",
-     "machine": {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 23.4, "kernel": "6.1.0"},
+     "machine": {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 23.4, "kernel": "6.1.0", "load_1m": 0.3},
      "versions": {"python": "3.11.2", "torch": "2.13.0", "transformers": "5.19.0",
                   "vllm": "0.32.0", "agentenv": "344d839"},
      "args": {...}, "headline": "sandbox_speedup", "figures": {"sandbox_speedup": 82.9, ...}}
@@ -83,8 +83,15 @@ def _git_rev() -> str | None:
 
 
 def machine() -> dict[str, Any]:
-    """The machine a bench ran on: CPU model, logical cores, memory and kernel."""
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(), "kernel": platform.release()}
+    """The machine a bench ran on: CPU model, logical cores, memory, kernel, and the load
+    average over the last minute when the figures were written (other work on the machine
+    skews them: the figures of a loaded machine are not comparable with an idle one's)."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(), "kernel": platform.release(),
+            "load_1m": load}
 
 
 def versions() -> dict[str, str | None]:

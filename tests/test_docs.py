@@ -1,0 +1,114 @@
+"""The documentation: the site builds strictly, the README stays a short guide, and the
+benchmark figures on both are the ones the benches wrote."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def _load(path: Path, name: str):
+    """A module from a file that is not on the import path (docs/, bench/)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_site_builds_strictly_without_importing_torch(tmp_path):
+    """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav or an API
+    reference to a name that does not exist fails it. The API reference is read from the
+    sources (griffe), so building it imports neither torch nor vLLM."""
+    site = tmp_path / "site"
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print('heavy modules loaded:', sorted(m for m in ('torch', 'vllm', 'transformers')"
+             " if m in sys.modules)))\n"
+             f"sys.argv = ['mkdocs', 'build', '--strict', '--site-dir', {str(site)!r}]\n"
+             "from mkdocs.__main__ import cli\n"
+             "cli()\n")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    took = time.perf_counter() - t0
+    assert r.returncode == 0, f"mkdocs build --strict failed after {took:.1f}s:\n{r.stdout}\n{r.stderr}"
+    assert "heavy modules loaded: []" in r.stdout, r.stdout
+    # The API reference rendered the docstrings, not empty pages.
+    env_page = (site / "reference" / "env" / "index.html").read_text()
+    assert "agentenv.env.Environment" in env_page and "The Environment base class users subclass" in env_page
+    assert "Sphinx" not in env_page and ":class:<code>" not in env_page  # docs/hooks.py dropped the roles
+    assert (site / "benchmarks" / "index.html").exists() and (site / "img" / "overview.png").exists()
+
+
+def test_readme_is_a_short_guide_with_a_contents_list():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 400, f"README.md has {len(lines)} lines; the guide keeps to 400 (the rest goes to docs/)"
+    headings = [line[3:] for line in lines if line.startswith("## ")]
+    assert headings and headings[0] == "Contents", "the first section is the contents list"
+    contents = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    anchors = re.findall(r"^- \[[^\]]+\]\(#([^)]+)\)$", contents, re.M)
+    assert anchors, "the contents list links to the sections"
+    slugs = {_slug(h) for h in headings}
+    assert [a for a in anchors if a not in slugs] == [], f"contents links with no heading; headings: {sorted(slugs)}"
+    assert sorted(anchors) == sorted(_slug(h) for h in headings[1:]), "every section is in the contents list"
+
+
+def test_readme_links_to_files_that_exist():
+    text = README.read_text()
+    targets = re.findall(r"\]\(((?!https?://|#)[^)#\s]+)(?:#[^)]*)?\)", text)
+    assert targets, "the README points into docs/"
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert missing == [], f"README.md links to files that do not exist: {missing}"
+
+
+def test_readme_test_command_is_the_one_ci_runs():
+    ci = next(line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m venv"))
+    assert ci in README.read_text().splitlines(), "README's test command and .ci/run differ"
+
+
+def test_benchmark_figures_are_the_ones_in_the_results_files():
+    """docs/benchmarks.md and README's headline table are what docs/gen_benchmarks.py makes
+    of bench/results/*.json now."""
+    gen = _load(ROOT / "docs" / "gen_benchmarks.py", "gen_benchmarks")
+    assert gen.main(["--check"]) == 0, "run: python docs/gen_benchmarks.py"
+
+
+def test_a_bench_result_reaches_the_page(tmp_path, monkeypatch):
+    """bench/_report.write records the figures with the machine and versions; the generator
+    shows them (the headline in bold) and turns its headline rows to the new figure."""
+    report = _load(ROOT / "bench" / "_report.py", "bench_report")
+    gen = _load(ROOT / "docs" / "gen_benchmarks.py", "gen_benchmarks")
+    monkeypatch.setenv("AGENTENV_BENCH_RESULTS", str(tmp_path))
+    path = report.write("sandbox", {"starts_per_s_after_close": 301.5, "starts_per_s_settled": 402.0,
+                                    "calls": {"pool_c1": {"p50_ms": 0.41}}, "sandbox_speedup": 77.25},
+                        headline="sandbox_speedup", args={"calls": 3200})
+    record = json.loads(path.read_text())
+    assert record["machine"]["cores"] == os.cpu_count() and record["machine"]["cpu"]
+    assert record["versions"]["python"] and record["args"] == {"calls": 3200}
+    results = gen.load_results(tmp_path)
+    block = gen.results_block("sandbox", results["sandbox"])
+    assert "| `sandbox_speedup` (headline) | **77.25** |" in block
+    assert "| `calls.pool_c1.p50_ms` | 0.410 |" in block
+    assert f"{os.cpu_count()} cores" in block
+    table = gen.headline_table(results, "docs/benchmarks.md")
+    assert "| 77.2x |" in table and "| 302/s (402/s after teardown) |" in table
+    assert "[reported earlier](docs/benchmarks.md#scheduling-policies)" in table
+    with pytest.raises(ValueError):
+        report.write("sandbox", {"x": 1}, headline="missing")
