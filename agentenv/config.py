@@ -1,58 +1,60 @@
-"""Rollout settings, validated once at the boundary."""
+"""Settings, declared once, by concern: each field is an option (``agentenv.options``) whose
+flag, help, default and check the CLI derives, validated once at the boundary.
+
+* :class:`RolloutConfig`: how programs run (limits, scheduling, sampling); what a
+  :class:`~agentenv.Reactor` takes.
+* :class:`EnvOptions` / :class:`EnvModules`: which environment, with which arguments.
+* :class:`EngineOptions`: which engine serves which model (see ``engines.spec.EngineSpec``).
+* :class:`SandboxOptions`, :class:`ClusterOptions`: where tools run, where workers run.
+* :class:`RunOptions`, :class:`OutputOptions`, :class:`EvalOptions`: what a rollout or an
+  evaluation run does and where it writes.
+
+The trainer's settings (``agentenv.train.config.TrainConfig``) declare the options they share
+with these as :func:`~agentenv.options.same_as` them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 from .errors import ConfigError
-
+from .options import NON_NEGATIVE, POSITIVE, UNIT, option, validate
 
 @dataclass(slots=True, frozen=True)
 class RolloutConfig:
-    #: Model turns per program (a turn = one generation request); None: the environment's
-    #: ``max_turns`` (as the CLI does).
-    max_turns: int | None = None
-    #: Sampled tokens per program, all turns together (the CLI's default too).
-    max_new_tokens: int = 384
-    #: Sampled tokens per turn.
-    max_tokens_per_turn: int = 256
-    #: Engine requests in flight at once (decode slots). Under the ``fifo`` policy also the
-    #: number of programs in flight, each holding its slot throughout.
-    concurrency: int = 32
-    #: How programs are scheduled: ``program`` (KV-aware, programs decoupled from decode
-    #: slots, environments prepared ahead), ``fifo`` (a program holds a slot from its sandbox
-    #: start to its end) or ``lockstep`` (the batch advances turn by turn). See
-    #: ``agentenv.scheduler``.
-    scheduling: str = "program"
-    #: Programs admitted at once, paused ones included (bounds open sandbox sessions); None:
-    #: 8 x concurrency, capped by the sandbox's ``max_workers`` when the env uses one. ``program``: the engine's KV capacity bounds it too; ``lockstep``: the
-    #: batch that advances turn by turn (its requests all go to the engine together).
-    max_programs: int | None = None
-    #: ``program`` policy: queued programs whose sandbox session is prepared ahead.
-    env_lookahead: int = 16
-    #: Wall-clock limit of one tool call; None: the environment's ``tool_timeout``.
-    tool_timeout: float | None = None
-    #: Wall-clock limit of one reward computation.
-    reward_timeout: float = 60.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    """How a run's programs go: their limits, how they are scheduled, how tokens are sampled."""
+
+    max_turns: int | None = option(
+        None, "model turns per program (a turn = one generation request; default: the env's max_turns)",
+        check=POSITIVE, resume=True)
+    max_new_tokens: int = option(384, "sampled tokens per program, all turns together", check=POSITIVE, resume=True)
+    max_tokens_per_turn: int = option(256, "sampled tokens per turn", check=POSITIVE, resume=True)
+    concurrency: int = option(
+        32, "engine requests in flight, the decode slots (default {default}); with --scheduling fifo or lockstep "
+            "also the programs in flight, each holding its slot throughout", check=POSITIVE)
+    scheduling: Literal["program", "fifo", "lockstep"] = option(
+        "program", "program: KV-aware, a program on a tool holds no slot, sandboxes prepared ahead; "
+                   "fifo: each program holds a slot from sandbox start to end; lockstep: turn by turn "
+                   "(see agentenv.scheduler; default {default})")
+    max_programs: int | None = option(
+        None, "programs admitted at once, paused ones included (bounds open sandbox sessions) under --scheduling "
+              "program or lockstep (default 8 x concurrency, at most the sandbox's 256 sessions; the engine's KV "
+              "capacity bounds it too)", check=POSITIVE)
+    env_lookahead: int = option(16, "with --scheduling program: queued programs whose sandbox session is "
+                                    "prepared ahead", check=NON_NEGATIVE)
+    tool_timeout: float | None = option(None, "seconds per tool call (default: the env's tool_timeout)",
+                                        check=POSITIVE, resume=True)
+    reward_timeout: float = option(60.0, "seconds per reward computation", check=POSITIVE)
+    temperature: float = option(1.0, "sampling temperature", check=NON_NEGATIVE, resume=True)
+    top_p: float = option(1.0, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True)
+    top_k: int = option(0, "sample among the k most likely tokens (default {default}; 0: off)", check=NON_NEGATIVE,
+                        resume=True)
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_new_tokens", "max_tokens_per_turn", "concurrency"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("tool_timeout", "reward_timeout"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.scheduling not in ("program", "fifo", "lockstep"):
-            raise ConfigError(f"scheduling must be program, fifo or lockstep, got {self.scheduling!r}")
-        if self.max_programs is not None and self.max_programs < 1:
-            raise ConfigError(f"max_programs must be >= 1, got {self.max_programs}")
-        if self.env_lookahead < 0:
-            raise ConfigError(f"env_lookahead must be >= 0, got {self.env_lookahead}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ConfigError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+        validate(self)
 
     def for_env(self, env: object) -> "RolloutConfig":
         """The limits left as None filled in from the environment's (``max_turns``,
@@ -62,3 +64,188 @@ class RolloutConfig:
             max_turns=self.max_turns if self.max_turns is not None else int(getattr(env, "max_turns", 4)),
             tool_timeout=self.tool_timeout if self.tool_timeout is not None else float(getattr(env, "tool_timeout", 5.0)),
         )
+
+
+def _env_args(items: list[str], earlier: dict[str, Any]) -> dict[str, Any]:
+    from .registry import env_kwargs
+
+    return env_kwargs(earlier["env"], items)
+
+
+def _load_modules(items: list[str], earlier: dict[str, Any]) -> list[str]:
+    """Import them now: the environment options declared after this one name what they register."""
+    from .registry import load_env_modules
+
+    load_env_modules(items)
+    return items
+
+
+def engine_args(items: list[str], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as engine keyword arguments, each VALUE parsed as JSON when it can be."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--engine-arg wants KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+ENGINE_ARG_HELP = ("engine setting, repeatable; VALUE is parsed as JSON when it can be. embedded: kv_cache_tokens, "
+                   "page_size, max_batch_tokens, max_model_len; vllm: any AsyncEngineArgs field (block_size=32, "
+                   "kv_cache_memory_bytes=268435456, tensor_parallel_size=2, max_model_len=4096), max_restarts, and "
+                   "sessions=true (a streaming-input session per program: a turn prefills only its new tokens), nice=N "
+                   "(the engine core's niceness; 10 on CPU, 0 leaves it be)")
+
+
+@dataclass(frozen=True)
+class EnvModules:
+    """Modules that register environments, imported before any environment is named."""
+
+    env_modules: list[str] = option(
+        factory=list, flag="--env-module", metavar="MODULE", convert=_load_modules,
+        help="a module or path/to/file.py to import first, so the environments it register()s can be named by id; "
+             "repeatable (also AGENTENV_ENV_MODULES, separated by ':')")
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """Which environment, made with which constructor arguments."""
+
+    env: str = option("retool-math", "environment: a registered id, package.module:Class or path/to/file.py:Class "
+                                     "(default {default}; `agentenv envs` lists them)", resume=True)
+    env_kwargs: dict[str, Any] = option(
+        factory=dict, flag="--env-arg", metavar="KEY=VALUE", convert=_env_args, resume="env_args",
+        help="environment constructor argument, repeatable (e.g. extra_digits=1); checked against the constructor "
+             "and converted to its annotated type")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Which engine serves which model."""
+
+    engine: Literal["embedded", "vllm", "openai"] = option(
+        "embedded", "embedded (CPU), vllm (in-process AsyncLLM), openai (HTTP server)")
+    model: str | None = option(None, "local Hugging Face model directory (default: bundled tiny model)", resume=True)
+    engine_kwargs: dict[str, Any] = option(factory=dict, flag="--engine-arg", metavar="KEY=VALUE",
+                                           convert=engine_args, help=ENGINE_ARG_HELP)
+    base_urls: list[str] | None = option(None, "server URL for --engine openai (repeat for several replicas)",
+                                         flag="--base-url", metavar="URL")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """Where tool calls run."""
+
+    sandbox: Literal["local", "e2b"] = option(
+        "local", "tool sandbox: the isolated local pool or E2B (E2B_API_KEY)")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a rollout run samples."""
+
+    tasks: int = option(32, "number of tasks", check=POSITIVE, resume=True)
+    group_size: int = option(4, "samples per task, a GRPO group", check=POSITIVE, resume=True)
+    seed: int = option(0, "task and sampling seed", resume=True)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where a rollout run writes, and what it does with an earlier run there."""
+
+    out: Path = option(Path("rollouts.jsonl"), "output JSONL file of trajectories; its event log is written beside "
+                                               "it as OUT.log (default {default})")
+    resume: bool = option(False, "continue an interrupted run with the same arguments: finished trajectories are "
+                                 "kept, programs in flight continue from their last logged turn")
+    overwrite: bool = option(False, "replace an existing non-empty --out (and its log)")
+    progress: bool = option(True, "no progress bar", flag="--no-progress")
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where a rollout run's workers run."""
+
+    cluster: Literal["none", "ray"] = option(
+        "none", "none: this process; ray: rollout workers as Ray actors (RAY_ADDRESS, or a local cluster "
+                "started for the run; pip install 'agentenv[ray]')")
+    workers: int = option(2, "rollout workers with --cluster ray, each with its own reactor and sandbox pool, and "
+                             "its own engine unless --engines is given", check=POSITIVE)
+    engines: int = option(0, "with --cluster ray: engine actors of --engine serving every worker, programs placed "
+                             "by KV room (default {default}; 0: each worker opens its own engine)", check=NON_NEGATIVE)
+    engine_gpus: float = option(0.0, "GPUs per engine actor with --engines (e.g. 1 for vllm; default {default})",
+                                check=NON_NEGATIVE)
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if (self.engines or self.engine_gpus) and self.cluster != "ray":
+            raise ConfigError("--engines and --engine-gpus need --cluster ray")
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How an evaluation scores and reports its samples."""
+
+    pass_threshold: float = option(1.0, "a sample passes when its reward is at least this")
+    report: Path | None = option(None, "JSON report: overall and per-task pass@k and components "
+                                       "(default: OUT.report.json)")
+
+
+
+
+@dataclass(frozen=True)
+class RolloutRunConfig:
+    """A rollout run's options (``agentenv rollout``), by concern."""
+
+    modules: EnvModules = field(default_factory=EnvModules)
+    env: EnvOptions = field(default_factory=EnvOptions)
+    run: RunOptions = field(default_factory=RunOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    sandbox: SandboxOptions = field(default_factory=SandboxOptions)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
+
+    #: How the command line names and defaults its options where they differ from the
+    #: fields' own (dotted path -> ``Option`` settings, dotted path -> default).
+    CHANGES: ClassVar[dict[str, dict[str, Any]]] = {}
+    DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+
+@dataclass(frozen=True)
+class EvalRunConfig(RolloutRunConfig):
+    """An evaluation's options (``agentenv eval``): a rollout of k samples per task, then its report."""
+
+    evaluation: EvalOptions = field(default_factory=EvalOptions)
+
+    CHANGES: ClassVar[dict[str, dict[str, Any]]] = {"run.group_size": {
+        "flag": "--k", "metavar": "K", "help": "samples per task; pass@1, pass@2, ... up to pass@k are reported"}}
+    DEFAULTS: ClassVar[dict[str, Any]] = {"output.out": Path("eval.jsonl")}
+
+    @property
+    def report_path(self) -> Path:
+        """Where the JSON report goes: ``--report``, or beside ``--out``."""
+        out = self.output.out
+        if self.evaluation.report is not None:
+            return self.evaluation.report
+        return Path(f"{out}.report.json") if out.suffix != ".jsonl" else out.with_suffix(".report.json")
+
+
+__all__ = ["ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions", "EvalRunConfig",
+           "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions", "SandboxOptions", "engine_args"]

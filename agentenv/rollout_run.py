@@ -6,14 +6,97 @@ holds back what the engine failed on for good, and ends with a summary table."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .errors import AgentEnvError
+
+if TYPE_CHECKING:
+    from .config import RolloutConfig, RolloutRunConfig
+    from .env import Environment, Task
+    from .journal import Journal, LogState
+
+
+@dataclass
+class RolloutJob:
+    """A rollout run, checked and ready to go: its options, the environment, the model, the
+    limits filled in from the environment, the tasks and the event log (with, on
+    ``--resume``, what the log and the output say is left to do)."""
+
+    options: RolloutRunConfig
+    command: str  # "rollout" or "eval", for the header line
+    env: Environment
+    model: Path
+    config: RolloutConfig
+    tasks: list[Task]
+    log: Journal
+    resume: LogState | None
+    t_start: float
+
+    @property
+    def out(self) -> Path:
+        return self.options.output.out
+
+    @property
+    def group_size(self) -> int:
+        return self.options.run.group_size
+
+    @property
+    def seed(self) -> int:
+        return self.options.run.seed
+
+    @classmethod
+    def open(cls, options: RolloutRunConfig, env: Environment, *, command: str = "rollout",
+             t_start: float | None = None) -> "RolloutJob":
+        """Check the model, take the tasks and open the event log; ``--resume`` refuses a log
+        written with other settings (:func:`~agentenv.options.resume_settings`) at once."""
+        from .engines.embedded import check_model_dir
+        from .models import default_model
+        from .options import resume_settings
+
+        model = Path(options.engine.model) if options.engine.model else default_model()
+        check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
+        config = options.rollout.for_env(env)
+        settings = resume_settings(options, env=env.id, model=str(model.resolve()), max_turns=config.max_turns,
+                                   tool_timeout=config.tool_timeout)
+        tasks = env.tasks(options.run.tasks, seed=options.run.seed)
+        log, resume = open_log(options.output.out, settings, options.output.resume)
+        return cls(options, command, env, model, config, tasks, log, resume,
+                   time.perf_counter() if t_start is None else t_start)
+
+
+def open_log(out: Path, settings: dict[str, Any], resume: bool) -> tuple[Journal, LogState | None]:
+    """The run's event log, and for ``--resume`` what it (and ``out``) say is left to do."""
+    from . import journal
+
+    log = Path(f"{out}.log")
+    if not resume:
+        return journal.Journal.create(log, settings), None
+    if not log.exists() or log.stat().st_size == 0:
+        raise AgentEnvError(f"nothing to resume: {log} does not exist or is empty")
+    j, state = journal.Journal.resume(log, settings)
+    if out.exists():
+        finished, good = journal.finished_lines(out)
+        with open(out, "r+b") as f:
+            f.truncate(good)  # a torn last line is dropped; its program runs again
+        state.done |= finished
+        for key in finished:
+            state.partial.pop(key, None)
+    return j, state
+
+
+def run(job: RolloutJob) -> int:
+    """Run ``job`` in this process or (``--cluster ray``) on Ray workers; 1 when programs were
+    held back because the engine failed for good, else 0."""
+    import anyio
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars between our own output
+    return anyio.run(run_cluster if job.options.cluster.cluster == "ray" else run_local, job)
 
 
 def _open_out(out: Path, append: bool) -> Any:
@@ -60,8 +143,7 @@ def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
         raise AgentEnvError(f"cannot write {out}: {exc.strerror or exc}{hint}") from None
 
 
-async def run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks: list,
-                       args: argparse.Namespace) -> int:
+async def run_cluster(job: RolloutJob) -> int:
     """``--cluster ray``: the same JSONL, from rollout workers on a Ray cluster. Its event log
     records the workers' snapshots (each program's completed turns) and each line written, so
     ``--resume`` continues every unfinished group: its finished lines are kept and its
@@ -74,18 +156,19 @@ async def run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks:
     from .cluster import RayRollouts
     from .stats import RunStats
 
+    env, env_args, model, config, tasks = job.env, job.options.env.env_kwargs, job.model, job.config, job.tasks
     console = Console(stderr=True)
-    console.print(f"[bold]agentenv[/] {args.command}: env={env.id} model={model} engine={args.engine} "
-                  f"tasks={len(tasks)} x group {args.group_size} on Ray, {args.workers} workers"
-                  + (f", {args.engines} engine actors" if args.engines else ""))
-    log, resume = args.log, args.resume_state
+    console.print(f"[bold]agentenv[/] {job.command}: env={env.id} model={model} engine={job.options.engine.engine} "
+                  f"tasks={len(tasks)} x group {job.group_size} on Ray, {job.options.cluster.workers} workers"
+                  + (f", {job.options.cluster.engines} engine actors" if job.options.cluster.engines else ""))
+    log, resume = job.log, job.resume
     done = resume.done if resume is not None else set()
-    todo = [t for t in tasks if any((t.id, i) not in done for i in range(args.group_size))]
-    total = len(tasks) * args.group_size - len(done)
+    todo = [t for t in tasks if any((t.id, i) not in done for i in range(job.group_size))]
+    total = len(tasks) * job.group_size - len(done)
     saved: dict[str, Any] = {}
     if resume is not None:  # unfinished groups continue: their finished lines and their programs' logged turns
         ids = {t.id for t in todo}
-        finished = journal.lines_of(args.out, ids)
+        finished = journal.lines_of(job.out, ids)
         for (tid, i), d in sorted(resume.held.items()):  # finished, held back with its group (below)
             if (tid, i) not in done:
                 finished.setdefault(tid, []).append(d)
@@ -97,23 +180,23 @@ async def run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks:
     stats, written = RunStats(), 0
     by_group, held_back, waiting, arrived = _has_group_reward(env), [], [], {}
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress)
+                        TextColumn("{task.fields[info]}"), console=console, disable=not job.options.output.progress)
     try:
-        async with RayRollouts(env, workers=args.workers, env_args=env_args, engine=args.engine, model=str(model),
-                               engine_kwargs=args.engine_kwargs, base_urls=args.base_url, sandbox=args.sandbox,
-                               config=config, seed=args.seed, engines=args.engines,
-                               engine_options={"num_gpus": args.engine_gpus} if args.engine_gpus else None) as cluster:
+        async with RayRollouts(env, workers=job.options.cluster.workers, env_args=env_args, engine=job.options.engine.engine, model=str(model),
+                               engine_kwargs=job.options.engine.engine_kwargs, base_urls=job.options.engine.base_urls, sandbox=job.options.sandbox.sandbox,
+                               config=config, seed=job.seed, engines=job.options.cluster.engines,
+                               engine_options={"num_gpus": job.options.cluster.engine_gpus} if job.options.cluster.engine_gpus else None) as cluster:
             stats.start(total)
-            with progress, _open_out(args.out, args.resume) as f:
+            with progress, _open_out(job.out, job.options.output.resume) as f:
                 bar = progress.add_task("rollouts", total=total, info="")
                 async for traj in cluster.rollouts(
-                        todo, args.group_size, saved=saved,
+                        todo, job.group_size, saved=saved,
                         on_snapshot=lambda tid, snap: journal.log_snapshot(log, snap, logged)):
                     # A group's trajectories come together, all of them: written as the local
                     # run writes them (_sort_group).
                     group = arrived.setdefault(traj.task_id, [])
                     group.append(traj)
-                    if len(group) < args.group_size:
+                    if len(group) < job.group_size:
                         continue
                     del arrived[traj.task_id]
                     new = [t for t in group if (t.task_id, t.sample_index) not in done]  # not in the output yet
@@ -125,26 +208,26 @@ async def run_cluster(env: Any, env_args: dict, model: Path, config: Any, tasks:
                         log.held(t)
                         waiting.append(t)
                     for t in to_write:
-                        _write_line(f, t, args.out, "; the lines before this one are intact (--resume continues)")
+                        _write_line(f, t, job.out, "; the lines before this one are intact (--resume continues)")
                         log.done(t)
                         written += 1
                     progress.update(bar, advance=len(new), info=f"{stats.tokens_per_s:.0f} tok/s")
             stats.stop()
             s = stats.summary()
-            t = Table(title=f"{written} trajectories -> {args.out}", show_header=False)
-            engines = (("engine actors", f"{args.engines}, shared by the workers"),) if args.engines else ()
+            t = Table(title=f"{written} trajectories -> {job.out}", show_header=False)
+            engines = (("engine actors", f"{job.options.cluster.engines}, shared by the workers"),) if job.options.cluster.engines else ()
             for k, v in (("workers (pids)", ", ".join(map(str, cluster.pids))), *engines,
                          ("workers replaced / groups run again (from a snapshot)",
                           f"{cluster.replaced} / {cluster.rerun} ({cluster.continued})"),
                          ("tool calls", s["tool_calls"]), ("tokens generated", s["tokens_generated"]),
                          ("tokens/s", s["tokens_per_s"]), ("mean reward", s["mean_reward"]),
                          ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),
-                         ("wall time", f"{s['wall_s']}s rollout, {time.perf_counter() - args.t_start:.1f}s with "
+                         ("wall time", f"{s['wall_s']}s rollout, {time.perf_counter() - job.t_start:.1f}s with "
                                        "start-up (cluster, workers)")):
                 t.add_row(k, str(v))
             console.print(t)
         if held_back:
-            _say_held_back(console, held_back, waiting, args.out)
+            _say_held_back(console, held_back, waiting, job.out)
             return 1
     finally:
         try:
@@ -169,27 +252,7 @@ def check_out(out: Path) -> None:
             raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def open_log(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The run's event log, and for ``--resume`` what it (and ``--out``) say is left to do."""
-    from . import journal
-
-    log = Path(f"{args.out}.log")
-    if not args.resume:
-        return journal.Journal.create(log, args.settings), None
-    if not log.exists() or log.stat().st_size == 0:
-        raise AgentEnvError(f"nothing to resume: {log} does not exist or is empty")
-    j, state = journal.Journal.resume(log, args.settings)
-    if args.out.exists():
-        finished, good = journal.finished_lines(args.out)
-        with open(args.out, "r+b") as f:
-            f.truncate(good)  # a torn last line is dropped; its program runs again
-        state.done |= finished
-        for key in finished:
-            state.partial.pop(key, None)
-    return j, state
-
-
-async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Namespace) -> int:
+async def run_local(job: RolloutJob) -> int:
     import anyio
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -200,26 +263,27 @@ async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Na
     from .trajectory import Trajectory
     from agentenv.sandboxes import default_sandbox
 
+    env, model, config, tasks = job.env, job.model, job.config, job.tasks
     console = Console(stderr=True)
-    console.print(f"[bold]agentenv[/] {args.command}: env={env.id} model={model} engine={args.engine} "
-                  f"tasks={len(tasks)} x group {args.group_size}")
+    console.print(f"[bold]agentenv[/] {job.command}: env={env.id} model={model} engine={job.options.engine.engine} "
+                  f"tasks={len(tasks)} x group {job.group_size}")
     try:
         async with contextlib.AsyncExitStack() as stack:
             # The sandbox first: the sessions the first programs will take start while the model
             # loads, not beside the first turns (see ``prepare_sessions``).
-            sandbox = await stack.enter_async_context(default_sandbox(args.sandbox))
-            prepared = await prepare_sessions(env, sandbox, config, len(tasks) * args.group_size)
+            sandbox = await stack.enter_async_context(default_sandbox(job.options.sandbox.sandbox))
+            prepared = await prepare_sessions(env, sandbox, config, len(tasks) * job.group_size)
             engine = await stack.enter_async_context(await open_engine(
-                args.engine, str(model), temperature=config.temperature, top_p=config.top_p, seed=args.seed,
-                base_urls=args.base_url, **args.engine_kwargs))
+                job.options.engine.engine, str(model), temperature=config.temperature, top_p=config.top_p, seed=job.seed,
+                base_urls=job.options.engine.base_urls, **job.options.engine.engine_kwargs))
             check_env(env, tokenizer=engine.tokenizer)
-            total = len(tasks) * args.group_size
+            total = len(tasks) * job.group_size
             written, held_back, waiting, reward_errors = 0, [], [], []
             progress = Progress(
                 TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.fields[info]}"), console=console, disable=args.no_progress,
+                TextColumn("{task.fields[info]}"), console=console, disable=not job.options.output.progress,
             )
-            log, resume = args.log, args.resume_state
+            log, resume = job.log, job.resume
             # An environment with a group reward rewards a group's samples only once the
             # whole group is done: their lines are written then, a group at a time (as a Ray
             # run writes them), so every line carries the reward the trainer would see.
@@ -229,7 +293,7 @@ async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Na
             if by_group and resume is not None:
                 # A group cut short mid-write, or held back (below), is scored whole again:
                 # with its lines in the output and its held samples, which do not run again.
-                resume.finished = _unfinished_groups(args.out, in_out, tasks, args.group_size)
+                resume.finished = _unfinished_groups(job.out, in_out, tasks, job.group_size)
                 held = {k: d for k, d in resume.held.items() if k not in in_out}
                 for (tid, _), d in held.items():
                     resume.finished.setdefault(tid, []).append(Trajectory.from_dict(d))
@@ -240,14 +304,14 @@ async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Na
                               + (f", {len(held)} finished wait for their groups" if held else ""))
                 total -= len(resume.done)
             async with Reactor(engine, env, sandbox, config, journal=log) as reactor:
-                with progress, _open_out(args.out, args.resume) as f:
+                with progress, _open_out(job.out, job.options.output.resume) as f:
                     bar = progress.add_task("rollouts", total=total, info="")
 
                     def write(traj: Trajectory) -> None:
                         nonlocal written
                         if traj.finish_reason == "error:reward":
                             reward_errors.append(traj.error)
-                        _write_line(f, traj, args.out, "; the lines before this one are intact (--resume continues)")
+                        _write_line(f, traj, job.out, "; the lines before this one are intact (--resume continues)")
                         log.done(traj)
                         written += 1
 
@@ -262,7 +326,7 @@ async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Na
                             progress.update(bar, info=info())
 
                     async with anyio.create_task_group() as ticker, \
-                            reactor.rollouts(tasks, args.group_size, resume=resume) as results:
+                            reactor.rollouts(tasks, job.group_size, resume=resume) as results:
                         ticker.start_soon(tick)
                         async for item in results:
                             if isinstance(item, Group):
@@ -283,22 +347,22 @@ async def run(env: Any, model: Path, config: Any, tasks: list, args: argparse.Na
                                 write(item)
                             progress.update(bar, advance=1, info=info())  # the bar counts finished programs
                         ticker.cancel_scope.cancel()
-                _summary(console, reactor.stats.summary(), args.out, written, time.perf_counter() - args.t_start,
+                _summary(console, reactor.stats.summary(), job.out, written, time.perf_counter() - job.t_start,
                          prepared)
             if reward_errors:
                 console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "
                               "trajectories (reward None, finish_reason error:reward); first error: "
                               f"{reward_errors[0]}")
             if held_back:
-                _say_held_back(console, held_back, waiting, args.out)
-                args.log.close()
+                _say_held_back(console, held_back, waiting, job.out)
+                job.log.close()
                 return 1
     except BaseException:
         with contextlib.suppress(AgentEnvError):  # the first error is the one to report
-            args.log.close()
+            job.log.close()
         raise
     else:
-        args.log.close()
+        job.log.close()
     finally:
         await env.aclose()
     return 0

@@ -1,105 +1,114 @@
 """The trainer's settings (:class:`TrainConfig`), in a module of their own that imports no
-torch: the CLI builds ``agentenv train``'s parser from its defaults."""
+torch: the CLI builds ``agentenv train``'s parser from its fields.
+
+Each field is an option (``agentenv.options``): its flag, help, default and check are declared
+here once; the options a rollout run has too (the environment, the engine, the scheduling
+limits) are :func:`~agentenv.options.same_as` those of ``agentenv.config``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal
 
+from ..config import EngineOptions, EnvOptions, RolloutConfig, RunOptions, SandboxOptions
 from ..errors import ConfigError
+from ..options import NON_NEGATIVE, POSITIVE, option, resume_keys, same_as, validate
+
+_RAY = "(RAY_ADDRESS, or a local cluster started for the run; pip install 'agentenv[ray]')"
 
 
 @dataclass
 class TrainConfig:
-    env: str = "retool-math"
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    model: str | None = None  # a local HF model dir; default: the bundled tiny model
-    engine: str = "embedded"
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    base_urls: list[str] | None = None
-    sandbox: str = "local"
-    mode: Literal["async", "sync"] = "async"
-    steps: int = 40
-    groups_per_step: int = 8
-    group_size: int = 4
-    max_staleness: int = 1
-    partial: Literal["continue", "drain"] = "continue"
-    lr: float = 2e-5
-    max_grad_norm: float = 1.0
-    micro_batch: int = 16
-    #: At most this many padded tokens per forward/backward pass (rows are grouped by length,
-    #: so a long sample does not widen a pass of short ones); None: only ``micro_batch`` bounds it.
-    micro_batch_tokens: int | None = 8192
-    lora_rank: int = 0  # 0: full fine-tuning
-    lora_alpha: float = 16.0
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    is_cap: float = 2.0
-    aggregation: Literal["token", "sequence"] = "token"
-    kl_coef: float = 0.0  # KL-to-reference penalty (0: off, no reference model)
-    concurrency: int = 32
-    scheduling: str = "program"  # program | fifo | lockstep (agentenv.scheduler)
-    max_turns: int | None = None
-    max_new_tokens: int = 384
-    temperature: float = 1.0
-    tool_timeout: float | None = None
-    seed: int = 0
-    out_dir: str = "runs/train"
-    checkpoint_every: int = 10
-    resume: bool = False
-    report_to: list[str] | None = None  # tensorboard / wandb; None: tensorboard when installed
-    eval_every: int = 0  # held-out evaluation every this many steps (and before the first, and after the last)
-    eval_tasks: int = 32  # held-out tasks: env.tasks(eval_tasks, seed=EVAL_SEED - seed), never trained on
-    eval_k: int = 4  # samples per held-out task (pass@1 .. pass@k)
-    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"split": "test"} for a dataset env
-    cluster: Literal["none", "ray"] = "none"  # ray: the policy as trainer_ranks data-parallel Ray actors
-    trainer_ranks: int = 2  # with cluster="ray" (agentenv.train.distributed)
-    engines: int = 0  # with cluster="ray": generation on this many engine actors (engines.actors); 0: here
-    fsdp: bool = False  # with cluster="ray": the ranks shard parameters, gradients and optimiser state (FSDP2)
-    rank_restarts: int = 2  # with cluster="ray": a rank that dies -> new ranks from the last checkpoint, this often
+    """Everything one training run is given (``agentenv train``'s options)."""
+
+    env: str = same_as(EnvOptions, "env")
+    env_kwargs: dict[str, Any] = same_as(EnvOptions, "env_kwargs", resume="env_kwargs")
+    model: str | None = same_as(EngineOptions, "model")  # a local HF model dir; default: the bundled tiny model
+    engine: Literal["embedded", "vllm", "openai"] = same_as(EngineOptions, "engine")
+    engine_kwargs: dict[str, Any] = same_as(EngineOptions, "engine_kwargs")
+    base_urls: list[str] | None = same_as(EngineOptions, "base_urls")
+    sandbox: Literal["local", "e2b"] = same_as(SandboxOptions, "sandbox")
+    mode: Literal["async", "sync"] = option(
+        "async", "async: generation and training overlap; sync: generate, train, sync in turn")
+    steps: int = option(40, "optimiser steps", check=POSITIVE)
+    groups_per_step: int = option(8, "GRPO groups (tasks) per step", check=POSITIVE, resume=True)
+    group_size: int = same_as(RunOptions, "group_size", help="samples per task, a GRPO group (at least 2)")
+    max_staleness: int = option(1, "async: a program starts only if consumed within this many versions",
+                                check=NON_NEGATIVE)
+    partial: Literal["continue", "drain"] = option(
+        "continue", "programs in flight at a weight update: continue with the new weights or drain first")
+    lr: float = option(2e-5, "learning rate", check=POSITIVE)
+    max_grad_norm: float = option(1.0, "gradients are clipped to this global norm", check=POSITIVE)
+    micro_batch: int = option(16, "sequences per forward/backward, gradients accumulated", check=POSITIVE)
+    micro_batch_tokens: int | None = option(
+        8192, "at most this many padded tokens per forward/backward; rows are grouped by length, so a long sample "
+              "does not widen a pass of short ones", check=POSITIVE)
+    lora_rank: int = option(0, "train a LoRA adapter of this rank and sync only it (default {default}; 0: full fine-tuning)",
+                            check=NON_NEGATIVE, resume=True)
+    lora_alpha: float = option(16.0, "LoRA scaling numerator: the update is scaled by alpha/rank", check=POSITIVE)
+    clip_low: float = option(0.2, "PPO ratio clip below 1 (ratio >= 1 - clip_low)")
+    clip_high: float = option(0.28, "PPO ratio clip above 1, DAPO's clip-higher (ratio <= 1 + clip_high)")
+    is_cap: float = option(2.0, "truncation of the per-token importance weight behaviour -> current policy",
+                           check=POSITIVE)
+    aggregation: Literal["token", "sequence"] = option(
+        "token", "loss mean over all tokens of the batch, or per sequence then over sequences")
+    kl_coef: float = option(0.0, "weight of a per-token KL(policy || starting model) penalty in the loss; 0 turns it "
+                                 "off and loads no reference model (default {default})", check=NON_NEGATIVE)
+    concurrency: int = same_as(RolloutConfig, "concurrency")
+    scheduling: Literal["program", "fifo", "lockstep"] = same_as(RolloutConfig, "scheduling")
+    max_turns: int | None = same_as(RolloutConfig, "max_turns", resume=False)
+    max_new_tokens: int = same_as(RolloutConfig, "max_new_tokens", resume=False)
+    # Training divides the logits by it, so it is > 0 (rollouts may sample greedily).
+    temperature: float = same_as(RolloutConfig, "temperature", check=POSITIVE, resume=False)
+    tool_timeout: float | None = same_as(RolloutConfig, "tool_timeout", resume=False)
+    seed: int = same_as(RunOptions, "seed", help="task, sampling and init seed")
+    out_dir: str = option("runs/train", "run directory: metrics.jsonl, checkpoints/")
+    checkpoint_every: int = option(10, "steps between checkpoints; one is also written at the end", check=POSITIVE)
+    resume: bool = option(False, "continue from the latest checkpoint in --out-dir")
+    report_to: list[Literal["tensorboard", "wandb", "none"]] | None = option(
+        None, "experiment tracker, repeatable: tensorboard (OUT_DIR/tensorboard), wandb (WANDB_PROJECT, "
+              "WANDB_MODE=offline works without an account) or none (default: tensorboard when installed)")
+    eval_every: int = option(0, "evaluate on held-out tasks every N steps, before the first and after the last; "
+                                "results in OUT_DIR/eval.jsonl and the trackers (default {default}; 0: never)", check=NON_NEGATIVE)
+    eval_tasks: int = option(32, "held-out tasks per evaluation, from a seed training never uses", check=POSITIVE)
+    eval_k: int = option(4, "samples per held-out task: pass@1 .. pass@k", check=POSITIVE)
+    eval_env_kwargs: dict[str, Any] = same_as(
+        EnvOptions, "env_kwargs", flag="--eval-env-arg", resume=False, convert=lambda items, earlier: _env_args(
+            earlier["env"], items, "--eval-env-arg"),
+        help="environment argument for the held-out tasks only, e.g. split=test for the dataset env")
+    cluster: Literal["none", "ray"] = option(
+        "none", "none: train in this process; ray: the policy as --trainer-ranks data-parallel Ray actors "
+                f"(torch.distributed, gloo), generation here or on --engines engine actors {_RAY}")
+    trainer_ranks: int = option(2, "trainer ranks with --cluster ray, each a whole copy of the policy", check=POSITIVE)
+    engines: int = option(0, "with --cluster ray: generate on this many engine actors of --engine, weights sent to "
+                             "each through the object store (default {default}; 0: the engine runs in this process)",
+                          check=NON_NEGATIVE)
+    fsdp: bool = option(False, "with --cluster ray: the trainer ranks shard parameters, gradients and optimiser "
+                               "state (FSDP2) instead of each holding a whole copy")
+    rank_restarts: int = option(2, "with --cluster ray: when a trainer rank dies, start the ranks again from the "
+                                   "last checkpoint, at most this often", check=NON_NEGATIVE)
+
+    #: Settings a resumed run must share with the checkpoint (the rest may change): the
+    #: fields declared with ``resume``.
+    RESUME_KEYS: ClassVar[tuple[str, ...]]
 
     def __post_init__(self) -> None:
-        if self.mode not in ("async", "sync"):
-            raise ConfigError(f"mode must be async or sync, got {self.mode!r}")
-        if self.partial not in ("continue", "drain"):
-            raise ConfigError(f"partial must be continue or drain, got {self.partial!r}")
-        for name in ("steps", "groups_per_step", "group_size", "micro_batch", "concurrency", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_staleness < 0 or self.lora_rank < 0:
-            raise ConfigError("max_staleness and lora_rank must be >= 0")
-        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
-            raise ConfigError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
+        validate(self)
         if self.group_size < 2:
             raise ConfigError("GRPO needs group_size >= 2 (advantages are relative to the group)")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-        if self.eval_every < 0 or self.eval_tasks < 1 or self.eval_k < 1:
-            raise ConfigError("eval_every must be >= 0, eval_tasks and eval_k >= 1")
-        if self.cluster not in ("none", "ray"):
-            raise ConfigError(f"cluster must be none or ray, got {self.cluster!r}")
         if self.cluster == "ray" and not 1 <= self.trainer_ranks <= self.groups_per_step * self.group_size:
             raise ConfigError(f"trainer_ranks must be between 1 and the batch's {self.groups_per_step * self.group_size} "
                               f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
-        if self.rank_restarts < 0:
-            raise ConfigError(f"rank_restarts must be >= 0, got {self.rank_restarts}")
         if self.fsdp and self.cluster != "ray":
             raise ConfigError("fsdp (sharding over trainer ranks) needs cluster='ray'")
-        if self.engines < 0 or (self.engines and self.cluster != "ray"):
-            raise ConfigError(f"engines (engine actors) must be >= 0 and need cluster='ray', got {self.engines}")
-        if self.kl_coef < 0:
-            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.engines and self.cluster != "ray":
+            raise ConfigError(f"engines (engine actors) need cluster='ray', got engines={self.engines}")
 
     @classmethod
     def for_env(cls, env: str = "retool-math", **settings: Any) -> "TrainConfig":
         """A config for ``env`` with its ``train_defaults`` where ``settings`` give no value
         (its ``env_kwargs`` merged under the ones given), as ``agentenv train`` does."""
-        from ..registry import describe
-
-        defaults = describe(env)["train_defaults"]
-        unknown = set(defaults) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"environment {env!r}: train_defaults has unknown settings {sorted(unknown)}")
+        defaults = env_train_defaults(env)
         merged = {**defaults, **settings, "env": env}
         merged["env_kwargs"] = {**defaults.get("env_kwargs", {}), **settings.get("env_kwargs", {})}
         return cls(**merged)
@@ -108,5 +117,22 @@ class TrainConfig:
     def staleness(self) -> int:
         return 0 if self.mode == "sync" else self.max_staleness
 
-    # Settings a resumed run must share with the checkpoint (the rest may change).
-    RESUME_KEYS = ("env", "env_kwargs", "model", "groups_per_step", "group_size", "lora_rank", "seed")
+
+TrainConfig.RESUME_KEYS = resume_keys(TrainConfig)
+
+
+def env_train_defaults(env: str) -> dict[str, Any]:
+    """The environment's ``train_defaults``, checked to name settings :class:`TrainConfig` has."""
+    from ..registry import describe
+
+    defaults = describe(env)["train_defaults"]
+    unknown = set(defaults) - {f.name for f in fields(TrainConfig)}
+    if unknown:
+        raise ConfigError(f"environment {env!r}: train_defaults has unknown settings {sorted(unknown)}")
+    return defaults
+
+
+def _env_args(env: str, items: list[str], flag: str) -> dict[str, Any]:
+    from ..registry import env_kwargs
+
+    return env_kwargs(env, items, flag)

@@ -1,0 +1,283 @@
+"""Options declared once: a config dataclass's field carries its command-line flag, help text,
+default and check, and the rest is derived from the fields.
+
+    @dataclass(frozen=True)
+    class Sampling:
+        temperature: float = option(1.0, "sampling temperature", check=NON_NEGATIVE)
+        top_p: float = option(1.0, "nucleus sampling mass (default {default}: off)", check=UNIT)
+
+        def __post_init__(self) -> None:
+            validate(self)
+
+* :func:`add_options` adds a flag per field to an ``argparse`` parser (``--top-p``; the type,
+  choices and ``(default X)`` come from the annotation and the default; a check runs as the
+  flag is parsed, so ``--top-p 2`` is refused as ``argument --top-p: must be > 0 and <= 1,
+  got 2``). A field whose type is a dataclass contributes that dataclass's flags: configs
+  compose by concern.
+* :func:`build` turns the parsed values into the config objects at once.
+* :func:`validate` runs each field's check and choices on a config built in Python
+  (``top_p must be > 0 and <= 1, got 2.0``).
+* :func:`resume_settings` collects the fields marked ``resume``: what a resumed run must
+  share with the run it continues.
+* :func:`same_as` declares a field of another config as the same option (the trainer's
+  ``temperature`` is the rollout's, with a stricter check).
+
+Annotations decide the flag's form: ``bool`` is a switch (``--flag`` sets True; a field that
+defaults to True is turned off by its ``flag``, e.g. ``--no-progress``), ``X | None`` takes an
+``X``, ``Literal[...]`` gives the choices, ``list[X]`` and ``dict[str, X]`` repeat the flag
+(a dict's items are ``KEY=VALUE``, turned into the dict by the option's ``convert``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import types
+import typing
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Mapping
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A condition a value meets, and the words that say so when it does not."""
+
+    test: Callable[[Any], bool]
+    says: str  # e.g. "must be > 0": follows the option's name in an error
+
+    def __call__(self, value: Any) -> bool:
+        return value is None or bool(self.test(value))
+
+
+POSITIVE = Check(lambda v: v > 0, "must be > 0")
+NON_NEGATIVE = Check(lambda v: v >= 0, "must be >= 0")
+UNIT = Check(lambda v: 0 < v <= 1, "must be > 0 and <= 1")
+
+
+def at_least(bound: float) -> Check:
+    return Check(lambda v: v >= bound, f"must be >= {bound}")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """What a field says about itself as an option (``field(metadata={"option": ...})``)."""
+
+    help: str
+    #: The flag (default ``--`` + the field's name with ``-`` for ``_``); without a leading
+    #: ``-``, a positional argument.
+    flag: str | None = None
+    check: Check | None = None
+    #: The allowed values, where the annotation is not a ``Literal`` that lists them.
+    choices: tuple[Any, ...] | None = None
+    metavar: str | None = None
+    #: For a repeated flag: ``convert(items, earlier)`` turns the strings given into the
+    #: field's value; ``earlier`` holds the values of the fields declared before it in the
+    #: same config (an environment's arguments are typed against the environment named).
+    convert: Callable[[list[str], dict[str, Any]], Any] | None = None
+    #: A resumed run must have the same value: True, or the name it has in the run's settings.
+    resume: bool | str = False
+
+
+def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
+           **spec: Any) -> Any:
+    """A dataclass field declared as an option (see :class:`Option` for ``spec``). ``help`` may
+    hold ``{default}``; without it and without the word "default", ``(default X)`` is added where X
+    says something. Write ``{default}`` rather than a value: the command line's default may be
+    another one (an environment's training defaults)."""
+    return field(default=default, default_factory=factory, metadata={"option": Option(help, **spec)})
+
+
+def same_as(cls: type, name: str, **changes: Any) -> Any:
+    """The field ``name`` of the config ``cls`` declared again as the same option, with
+    ``changes`` to its default (``default=``) or its :class:`Option` settings."""
+    f = cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
+    default = changes.pop("default", f.default)
+    spec = replace(f.metadata["option"], **changes)
+    return field(default=default, default_factory=f.default_factory, metadata={"option": spec})
+
+
+def option_of(f: Field) -> Option | None:
+    return f.metadata.get("option")
+
+
+# -- what an annotation means ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    kind: Any  # the type of one value given on the command line (int, float, str, Path, bool)
+    choices: tuple[Any, ...] | None
+    repeat: bool  # list[...] or dict[...]: the flag repeats
+    config: type | None  # a nested config dataclass
+
+
+def _shape(hint: Any) -> _Shape:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in args if a is not type(None))
+        args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return _Shape(type(args[0]), tuple(args), False, None)
+    if origin in (list, dict):
+        inner = _shape(args[0] if origin is list else str)
+        return _Shape(inner.kind, inner.choices, True, None)
+    if isinstance(hint, type) and is_dataclass(hint):
+        return _Shape(None, None, False, hint)
+    return _Shape(hint if hint in (int, float, bool, Path) else str, None, False, None)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Field, _Shape]]:
+    """Every option of ``cls`` and of the configs it holds: (dotted path, field, shape)."""
+    hints = _hints(cls)
+    for f in fields(cls):
+        if not f.init:
+            continue
+        shape = _shape(hints[f.name])
+        if shape.config is not None:
+            yield from walk(shape.config, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, shape
+
+
+def flag_of(f: Field) -> str:
+    opt = option_of(f)
+    return opt.flag if opt is not None and opt.flag else "--" + f.name.replace("_", "-")
+
+
+def _default_of(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+def _value_parser(kind: type, check: Check | None) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if check is not None and not check(value):
+            raise argparse.ArgumentTypeError(f"{check.says}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _help(opt: Option, default: Any, shape: _Shape) -> str:
+    text = opt.help
+    shown = default.name if isinstance(default, Path) else default
+    if "{default}" in text:
+        text = text.replace("{default}", str(shown))
+    elif shape.kind is not bool and default not in (None, "", [], {}) and "default" not in text:
+        text += f" (default {shown})"
+    return text.replace("%", "%%")  # argparse %-formats help
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: Mapping[str, Any] | None = None,
+                changes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """A flag for every option of ``cls`` (nested configs included). ``defaults`` (dotted path
+    -> value) replaces fields' defaults (an environment's training defaults); ``changes``
+    (dotted path -> :class:`Option` settings) re-declares an option for one command (``eval``
+    calls the group size ``--k``)."""
+    for path, f, shape in walk(cls):
+        opt = option_of(f)
+        if opt is None:
+            raise ConfigError(f"{cls.__name__}.{path} is not declared with option()")
+        opt = replace(opt, **(changes or {}).get(path, {}))
+        default = (defaults or {}).get(path, _default_of(f))
+        flag = opt.flag or flag_of(f)
+        kw: dict[str, Any] = {"help": _help(opt, default, shape), "metavar": opt.metavar or f.name.upper()}
+        if not flag.startswith("-"):  # positional
+            kind = _value_parser(shape.kind, opt.check) if shape.kind in (int, float) else shape.kind
+            parser.add_argument(path, type=kind, help=kw["help"], metavar=opt.metavar)
+            continue
+        kw["dest"] = path
+        if shape.kind is bool:
+            kw.pop("metavar")
+            parser.add_argument(flag, action="store_false" if default else "store_true", default=default, **kw)
+            continue
+        kw["choices"] = opt.choices or shape.choices
+        if kw["choices"] and not opt.metavar:
+            kw["metavar"] = None  # argparse shows {a,b,c}
+        if shape.repeat:  # None, not a shared list: argparse appends to its default
+            parser.add_argument(flag, action="append", default=None, **kw)
+        else:
+            kind = _value_parser(shape.kind, opt.check) if shape.kind in (int, float) else shape.kind
+            parser.add_argument(flag, type=kind, default=default, **kw)
+
+
+def build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
+    """The config ``cls`` from parsed ``values`` (dotted path -> value, as :func:`add_options`
+    names them); a repeated flag not given leaves its field's default."""
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if not f.init:
+            continue
+        path, shape = prefix + f.name, _shape(hints[f.name])
+        if shape.config is not None:
+            kwargs[f.name] = build(shape.config, values, path + ".")
+            continue
+        if path not in values:
+            continue
+        value, opt = values[path], option_of(f)
+        if shape.repeat and value is None and f.default_factory is not MISSING:
+            value = f.default_factory()  # type: ignore[misc]
+        if opt is not None and opt.convert is not None and value is not None:
+            value = opt.convert(list(value), dict(kwargs))
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def validate(config: Any) -> None:
+    """Each option's check and choices, on a config built in Python; the first failure is a
+    :class:`~agentenv.errors.ConfigError` that names the field and the value."""
+    hints = _hints(type(config))
+    for f in fields(config):
+        opt, value = option_of(f), getattr(config, f.name)
+        if opt is None or value is None:
+            continue
+        shape = _shape(hints[f.name])
+        if opt.check is not None and not shape.repeat and not opt.check(value):
+            raise ConfigError(f"{f.name} {opt.check.says}, got {value!r}")
+        choices = opt.choices or shape.choices
+        if choices and not shape.repeat and value not in choices:
+            listed = ", ".join(map(str, choices[:-1])) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+            raise ConfigError(f"{f.name} must be {listed}, got {value!r}")
+
+
+def resume_settings(config: Any, **resolved: Any) -> dict[str, Any]:
+    """The options marked ``resume`` (nested configs included), by their settings name;
+    ``resolved`` gives a value in the form the run used (``model`` as a resolved path)."""
+    out: dict[str, Any] = {}
+    for path, f, _ in walk(type(config)):
+        opt = option_of(f)
+        if opt is None or not opt.resume:
+            continue
+        value = config
+        for part in path.split("."):
+            value = getattr(value, part)
+        name = opt.resume if isinstance(opt.resume, str) else f.name
+        out[name] = resolved.get(name, value)
+    return out
+
+
+def resume_keys(cls: type) -> tuple[str, ...]:
+    """The names :func:`resume_settings` gives for ``cls``."""
+    return tuple(o.resume if isinstance(o.resume, str) else f.name
+                 for _, f, _ in walk(cls) if (o := option_of(f)) is not None and o.resume)
+
+
+__all__ = ["Check", "NON_NEGATIVE", "Option", "POSITIVE", "UNIT", "add_options", "at_least", "build", "flag_of",
+           "option", "option_of", "resume_keys", "resume_settings", "same_as", "validate", "walk"]

@@ -1,0 +1,157 @@
+"""Each option is declared once, as a config field: the CLI's flags, help, defaults, checks and
+the resume settings are derived from the fields (``agentenv.options``)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from agentenv.cli import TrainRunConfig, build_parser
+from agentenv.config import EvalRunConfig, RolloutConfig, RolloutRunConfig
+from agentenv.errors import ConfigError
+from agentenv.options import add_options, build, flag_of, option, option_of, resume_keys, resume_settings, walk
+from agentenv.registry import describe
+from agentenv.train.config import TrainConfig
+
+COMMANDS = {"rollout": RolloutRunConfig, "eval": EvalRunConfig, "train": TrainRunConfig}
+
+
+def subparser(name: str, argv: list[str] | None = None) -> argparse.ArgumentParser:
+    parser = build_parser(argv or [name])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> flag of every option the parser takes (``--help`` aside)."""
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest != "help"}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_flag_is_a_config_field_and_every_field_a_flag(name):
+    cls = COMMANDS[name]
+    options = {path: f for path, f, _ in walk(cls)}
+    got = flags(subparser(name))
+    assert set(got) == set(options)
+    changes = getattr(cls, "CHANGES", {})
+    for path, flag in got.items():
+        f = options[path]
+        assert flag == changes.get(path, {}).get("flag", flag_of(f))
+        assert option_of(f).help, f"{path} has no help"
+    # The public configs are whole inside their commands: each of their fields is an option.
+    inner = {"rollout": (RolloutConfig, "rollout."), "eval": (RolloutConfig, "rollout."),
+             "train": (TrainConfig, "config.")}[name]
+    assert {f"{inner[1]}{f.name}" for f in fields(inner[0])} <= set(got)
+
+
+def other_value(path: str, f, shape) -> tuple[list[str], object]:
+    """Command-line tokens that set ``path`` to a value other than its default, and that value."""
+    flag, default = flag_of(f), f.default
+    special = {
+        "env_kwargs": (["--env-arg", "extra_digits=3"], {"extra_digits": 3}),
+        "eval_env_kwargs": (["--eval-env-arg", "extra_digits=2"], {"extra_digits": 2}),
+        "engine_kwargs": (["--engine-arg", "page_size=32", "--engine-arg", "note=x"], {"page_size": 32, "note": "x"}),
+        "env_modules": (["--env-module", "json"], ["json"]),
+        "base_urls": (["--base-url", "http://a:1", "--base-url", "http://b:2"], ["http://a:1", "http://b:2"]),
+        "env": (["--env", "agentenv.envs.retool_math:RetoolMathEnv"], "agentenv.envs.retool_math:RetoolMathEnv"),
+    }
+    name = path.rsplit(".", 1)[-1]
+    if name in special:
+        return special[name]
+    if shape.kind is bool:
+        return [flag], not default
+    if shape.choices:
+        pick = next(c for c in shape.choices if c != default)
+        return [flag, str(pick)], [pick] if shape.repeat else pick
+    if shape.kind is int:
+        value = 3 if default is None else default + 1
+    elif shape.kind is float:
+        value = 2.5 if default is None else (default / 2 if default else 0.5)
+    elif shape.kind is Path:
+        value = Path(f"{name}.other")
+    else:
+        value = f"{name}-other"
+    return [flag, str(value)], value
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_flag_reaches_its_field(name):
+    """Every option given a value other than its default on the command line: the configs
+    built from the parse carry each of them."""
+    cls = COMMANDS[name]
+    argv, expected = [name], {}
+    for path, f, shape in walk(cls):
+        if path == "output.overwrite":  # excludes --resume: below
+            continue
+        tokens, value = other_value(path, f, shape)
+        if path == "run.group_size" and name == "eval":
+            tokens[0] = "--k"
+        argv += tokens
+        expected[path] = value
+    values = vars(build_parser(argv).parse_args(argv))
+    values.pop("command")
+    config = build(cls, values)
+    for path, value in expected.items():
+        got = config
+        for part in path.split("."):
+            got = getattr(got, part)
+        assert got == value, path
+    assert build(cls, {"output.overwrite": True}).output.overwrite is True
+    with pytest.raises(ConfigError, match="--resume and --overwrite exclude each other"):
+        build(cls, {"output.overwrite": True, **({"config.resume": True} if name == "train" else
+                                                   {"output.resume": True})})
+
+
+def test_train_help_shows_the_chosen_envs_training_defaults():
+    defaults = describe("retool-math")["train_defaults"]
+    helps = {a.dest: a.help for a in subparser("train")._actions}
+    for key, value in defaults.items():
+        if key == "env_kwargs":
+            assert "retool-math's training defaults: extra_digits=1" in helps["config.env_kwargs"]
+        else:
+            assert f"default {value}" in helps[f"config.{key}"], key
+    # Another env: the trainer's own defaults.
+    helps = {a.dest: a.help for a in subparser("train", ["train", "--env", "trace"])._actions}
+    assert "(default 40)" in helps["config.steps"] and "(default 2e-05)" in helps["config.lr"]
+    parsed = build_parser(["train", "--env", "trace"]).parse_args(["train", "--env", "trace"])
+    assert vars(parsed)["config.steps"] == TrainConfig().steps
+
+
+def test_a_check_names_the_option_and_the_value():
+    with pytest.raises(ConfigError, match=r"^top_p must be > 0 and <= 1, got 2$"):
+        RolloutConfig(top_p=2)
+    with pytest.raises(ConfigError, match=r"^top_k must be >= 0, got -1$"):
+        RolloutConfig(top_k=-1)
+    with pytest.raises(ConfigError, match=r"^scheduling must be program, fifo or lockstep, got 'x'$"):
+        RolloutConfig(scheduling="x")
+    with pytest.raises(ConfigError, match=r"^temperature must be > 0, got 0$"):  # training divides by it
+        TrainConfig(temperature=0)
+    assert RolloutConfig(temperature=0).temperature == 0  # a rollout may sample greedily
+    with pytest.raises(ConfigError, match=r"^max_staleness must be >= 0, got -1$"):
+        TrainConfig(max_staleness=-1)
+
+
+def test_resume_settings_are_the_fields_marked_resume():
+    assert TrainConfig.RESUME_KEYS == resume_keys(TrainConfig) == (
+        "env", "env_kwargs", "model", "groups_per_step", "group_size", "lora_rank", "seed")
+    opts = RolloutRunConfig()
+    settings = resume_settings(opts, model="/m")
+    assert set(settings) == {"env", "env_args", "tasks", "group_size", "seed", "model", "max_turns",
+                             "max_new_tokens", "max_tokens_per_turn", "tool_timeout", "temperature", "top_p",
+                             "top_k"}
+    assert settings["model"] == "/m" and settings["env_args"] == {} and settings["tasks"] == 32
+
+
+def test_a_field_without_an_option_declaration_is_refused():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Loose:
+        declared: int = option(1, "an option")
+        bare: int = 2
+
+    with pytest.raises(ConfigError, match="Loose.bare is not declared with option"):
+        add_options(argparse.ArgumentParser(), Loose)
