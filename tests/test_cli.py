@@ -1,4 +1,6 @@
-"""The CLI as a user runs it: a real subprocess, the bundled model, real sandboxes."""
+"""The CLI as a user runs it: the bundled model, real sandboxes. Runs go through a real
+subprocess (the console script's exit status, signals, its stdout and stderr); argument and
+input errors are checked in this process (``cli.main``), as they need no model."""
 
 import json
 import os
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agentenv.cli import main
 from agentenv.envs.retool_math import RetoolMathEnv
 
 from .waiting import wait_for
@@ -39,11 +42,20 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
     assert ds.num_rows == 6 and "input_ids" in ds.column_names
 
 
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``agentenv ARGS`` in this process: (exit status, stdout, stderr)."""
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["rollout", "--tasks", "0"], "must be > 0"),
+        (["rollout", "--tasks", "0"], "argument --tasks: must be > 0, got 0"),
         (["rollout", "--tasks", "many"], "expected a number"),
+        (["rollout", "--top-p", "2"], "argument --top-p: must be > 0 and <= 1, got 2"),
+        (["rollout", "--top-k", "-1"], "argument --top-k: must be >= 0, got -1"),
         (["rollout", "--model", "/nonexistent/model"], "model directory not found"),
         (["rollout", "--env-arg", "extra_digits=99"], "cannot create environment"),
         (["rollout", "--env", "retool-mat"], "Did you mean 'retool-math'"),
@@ -58,13 +70,32 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
         (["rollout", "--env-arg", "extra_digits=abc"], "--env-arg extra_digits='abc': not a valid int"),
         (["rollout", "--env", "./no_such_file.py:Env"], "no such file"),
         (["rollout", "--env-module", "no_such_module_xyz"], "cannot import 'no_such_module_xyz'"),
+        (["rollout", "--engines", "1"], "--engines and --engine-gpus need --cluster ray"),
+        (["rollout", "--resume", "--overwrite"], "--resume and --overwrite exclude each other"),
+        (["rollout", "--resume"], "nothing to resume"),
+        (["eval", "--report", "/nonexistent/dir/r.json"], "--report /nonexistent/dir/r.json: not a file"),
     ],
 )
-def test_bad_input_is_one_clear_line(args, message):
-    r = agentenv(*args)
-    assert r.returncode == 2
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and message in lines[0], r.stderr
+def test_bad_input_is_one_clear_line(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where the default --out goes
+    (tmp_path / "pyproject.toml").write_text("")
+    rc, out, err = cli(capsys, *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert (rc, out) == (2, "") and len(lines) == 1 and message in lines[0], err
+
+
+def test_the_console_script_reports_a_bad_argument_in_one_line_and_exit_2():
+    script = Path(sys.executable).with_name("agentenv")
+    r = subprocess.run([str(script), "rollout", "--tasks", "0"], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "agentenv rollout: error: argument --tasks: must be > 0, "
+                                                           "got 0\n")
+
+
+def test_help_exits_0_and_lists_every_option(capsys):
+    rc, out, _ = cli(capsys, "rollout", "--help")
+    assert rc == 0
+    for flag in ("--top-k", "--max-tokens-per-turn", "--env-lookahead", "--reward-timeout", "--engine-gpus"):
+        assert flag in out
 
 
 def test_envs_lists_the_bundled_environments():
@@ -211,13 +242,13 @@ def test_eval_on_a_dataset_file_reports_pass_at_k_consistent_with_its_trajectori
     assert json.loads(r.stdout.splitlines()[-1])["pass@k"] == rep["pass@k"]
 
 
-def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path):
+def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    r = agentenv("train", "--out-dir", str(run), timeout=120)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "holds an earlier run (metrics.jsonl): pass --resume" in r.stderr
+    rc, _, err = cli(capsys, "train", "--out-dir", str(run))
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "holds an earlier run (metrics.jsonl): pass --resume" in err
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
@@ -306,13 +337,16 @@ def test_train_then_resume_then_plot(tmp_path, model_dir):
     [
         (["train", "--group-size", "1"], "group_size >= 2"),
         (["train", "--mode", "fast"], "invalid choice"),
+        (["train", "--temperature", "0"], "argument --temperature: must be > 0, got 0"),
+        (["train", "--env", "retool-mat"], "Did you mean 'retool-math'"),
+        (["train", "--resume", "--overwrite"], "--resume and --overwrite exclude each other"),
         (["train", "--resume", "--out-dir", "/nonexistent/run"], "no checkpoint"),
         (["plot", "/nonexistent/run"], "no metrics.jsonl"),
     ],
 )
-def test_bad_train_and_plot_input_is_one_line_and_exit_2(args, message):
-    r = agentenv(*args, timeout=120)
-    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+def test_bad_train_and_plot_input_is_one_line_and_exit_2(args, message, capsys):
+    rc, _, err = cli(capsys, *args)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 class BrokenReward(RetoolMathEnv):
