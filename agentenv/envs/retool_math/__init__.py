@@ -38,7 +38,7 @@ class RetoolMathEnv(Environment):
     #: nearly deterministic at temperature 1.0 (most groups score alike, so GRPO has no signal);
     #: at 1.6 on one fewer digit most groups are mixed, and sequence aggregation at lr 2e-4 is
     #: stable (token aggregation at 5e-4 collapsed). 100 steps: shorter runs stay within the
-    #: noise of a held-out evaluation (see the README's training section). Right answers take
+    #: noise of a held-out evaluation (see docs/training.md). Right answers take
     #: under 60 sampled tokens, so 128 cuts only failing samples short (they score 0 either way)
     #: and keeps their long tail from widening the training passes and delaying their groups.
     train_defaults = {"temperature": 1.6, "lr": 2e-4, "aggregation": "sequence", "groups_per_step": 4,

@@ -3,7 +3,7 @@ read-only ``/proc``, privilege dropping to an unprivileged uid, seccomp, rlimits
 
 Used inside the fork server's children (``forkserver.py``); nothing here talks to the host.
 Each function either succeeds or raises ``OSError``: a session that cannot be isolated as asked
-is not started. What each step guards against is in the README's threat model.
+is not started. What each step guards against is in the threat model (docs/sandboxes.md).
 """
 
 from __future__ import annotations
