@@ -112,3 +112,15 @@ def test_a_bench_result_reaches_the_page(tmp_path, monkeypatch):
     assert "[reported earlier](docs/benchmarks.md#scheduling-policies)" in table
     with pytest.raises(ValueError):
         report.write("sandbox", {"x": 1}, headline="missing")
+
+
+def test_files_the_docs_name_exist():
+    """Every `agentenv/...`, `tests/...`, `bench/...` or `examples/...` path the README and the
+    pages name in code spans is a file or folder of the checkout (the module table in
+    docs/architecture.md included), so a moved module cannot leave the docs pointing at
+    nothing. A bench's results file is named before the bench has written it."""
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    named = {m for page in pages for m in re.findall(r"`((?:agentenv|tests|bench|examples)/[\w./-]+)`", page.read_text())}
+    assert len(named) > 50
+    missing = sorted(p for p in named if not (ROOT / p).exists() and not p.startswith("bench/results/"))
+    assert missing == [], f"the docs name paths that do not exist: {missing}"
