@@ -33,7 +33,10 @@ from typing import Any, AsyncIterator
 
 
 @dataclass(eq=False)
-class Session:
+class InputStream:
+    """One program's streaming-input request: the chunks fed to it, the outputs it streams
+    back, and the token sequence the engine holds for it between turns."""
+
     program: str
     request_id: str
     version: int
@@ -61,21 +64,22 @@ async def feed(queue: asyncio.Queue, make: Any) -> AsyncIterator[Any]:
         yield make(*item)
 
 
-class Sessions:
-    """The open sessions of one engine incarnation, least recently used first."""
+class InputStreams:
+    """A vLLM engine's open streaming-input sessions, least recently used first; at most
+    ``limit`` (0: sessions are off)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = max(0, limit)
-        self.open: OrderedDict[str, Session] = OrderedDict()
-        self._closing: list[Session] = []
+        self.open: OrderedDict[str, InputStream] = OrderedDict()
+        self._closing: list[InputStream] = []
         self._ids = itertools.count()
         #: Counts: sessions opened, turns that continued one, sessions closed to make room.
         self.opened = self.continued = self.evicted = 0
 
-    def get(self, program: str) -> Session | None:
+    def get(self, program: str) -> InputStream | None:
         return self.open.get(program)
 
-    def new(self, program: str, version: int, lora: str | None, incarnation: int) -> Session | None:
+    def new(self, program: str, version: int, lora: str | None, incarnation: int) -> InputStream | None:
         """A new session for ``program`` (closing its old one), or None when every open
         session is mid-turn and there is no room for another."""
         self.close(program)
@@ -85,12 +89,41 @@ class Sessions:
                 return None
             self.close(idle)
             self.evicted += 1
-        s = Session(program, f"{program}-session{next(self._ids)}", version, lora, incarnation)
+        s = InputStream(program, f"{program}-session{next(self._ids)}", version, lora, incarnation)
         self.open[program] = s
         self.opened += 1
         return s
 
-    def touch(self, s: Session) -> None:
+    def for_turn(self, program: str, prompt_ids: list[int], version: int, lora: str | None,
+                 incarnation: int) -> tuple[InputStream | None, list[int], bool]:
+        """The session a turn of ``program`` on ``prompt_ids`` runs on, the chunk to feed it,
+        and whether the session is new (its request starts with this chunk). The program's
+        session is continued when it is idle, under the same weight version, adapter and
+        engine incarnation, and the prompt extends its sequence; otherwise a new one is
+        opened, fed the whole prompt. (None, [], True) when every open session is mid-turn and
+        there is no room for another (the turn runs as a plain request)."""
+        s = self.open.get(program)
+        if (s is not None and not s.busy and s.version == version and s.lora == lora
+                and s.incarnation == incarnation):
+            chunk = s.chunk_for(prompt_ids)
+            if chunk is not None:
+                self.continued += 1
+                return s, chunk, False
+        s = self.new(program, version, lora, incarnation)
+        return s, (list(prompt_ids) if s is not None else []), True
+
+    def end_turn(self, s: InputStream, prompt_ids: list[int], tokens: list[int], finish_reason: str | None) -> None:
+        """A turn on ``s`` finished with ``tokens`` sampled: the session holds the sequence
+        for the next turn, or is closed when the turn did not end at a stop or the length
+        limit (an abort: the request is over)."""
+        s.busy = False
+        s.sampled += len(tokens)
+        s.seq = [*prompt_ids, *tokens]
+        self.touch(s)
+        if finish_reason not in ("stop", "length"):
+            self.close(s.program)
+
+    def touch(self, s: InputStream) -> None:
         if self.open.get(s.program) is s:
             self.open.move_to_end(s.program)
 
@@ -101,7 +134,7 @@ class Sessions:
         if s is not None:
             self.drop(s)
 
-    def drop(self, s: Session) -> None:
+    def drop(self, s: InputStream) -> None:
         """End this session (its program may have a newer one, which stays)."""
         if self.open.get(s.program) is s:
             del self.open[s.program]
@@ -121,3 +154,14 @@ class Sessions:
                     await s.outputs.aclose()
                 except Exception:  # noqa: BLE001 - the engine may be dead: nothing left to free
                     pass
+
+
+def session_limit(config: Any) -> int:
+    """Streaming-input sessions an engine with vLLM config ``config`` may keep open: none where
+    a finished turn may leave more than its last sampled token uncomputed (async scheduling,
+    speculative decoding: see the module doc), else vLLM's request slots less a few for plain
+    requests."""
+    if getattr(config.scheduler_config, "async_scheduling", False) or getattr(config, "speculative_config", None):
+        return 0
+    slots = int(config.scheduler_config.max_num_seqs)
+    return max(0, slots - max(4, slots // 8))

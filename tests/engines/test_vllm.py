@@ -32,7 +32,27 @@ async def vengine(model_dir):
 
 
 async def test_engine_contract(vengine):
+    # The interface's attributes: vLLM's KV block size (32 on the CPU backend) and capacity.
+    cache = vengine.llm.vllm_config.cache_config
+    assert vengine.page_size == cache.block_size and vengine.sampling is None
+    assert vengine.kv_capacity_tokens == cache.num_gpu_blocks * cache.block_size
     await testing.engine_contract(vengine)
+
+
+def test_vllm_args_on_cpu_and_on_gpus(tmp_path):
+    """What ``create`` starts vLLM with: the CPU backend's needs where there is no GPU, and
+    any further ``AsyncEngineArgs`` field over the defaults."""
+    from agentenv.engines.vllm import WORKER_EXTENSION, vllm_args
+
+    cpu = vllm_args(tmp_path, on_cpu=True, sessions=True, enable_lora=True, max_lora_rank=8)
+    assert (cpu["dtype"], cpu["block_size"], cpu["kv_cache_memory_bytes"], cpu["enforce_eager"]) == (
+        "float32", 32, 256 * 1024**2, True)
+    assert cpu["max_num_seqs"] == 1024 and (cpu["max_lora_rank"], cpu["max_loras"]) == (8, 2)
+    assert cpu["logprobs_mode"] == "processed_logprobs" and cpu["worker_extension_cls"] == WORKER_EXTENSION
+    assert cpu["scheduling_policy"] == "priority" and cpu["enable_prefix_caching"]
+    gpu = vllm_args(tmp_path, on_cpu=False, dtype="bfloat16", scheduling_policy="fcfs")
+    assert gpu["dtype"] == "bfloat16" and not gpu["enforce_eager"] and gpu["scheduling_policy"] == "fcfs"
+    assert not {"block_size", "kv_cache_memory_bytes", "max_num_seqs", "max_lora_rank"} & set(gpu)
 
 
 def _thread_nices(pid: int) -> set[int]:
@@ -134,7 +154,7 @@ async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(
         return out
 
     plain = await turns(lambda ids, t: vengine.generate_turn("plain", ids, params, f"plain-{t}"))
-    assert not vengine._sessions.open  # sessions are off by default: a request per turn
+    assert not vengine._streams.open  # sessions are off by default: a request per turn
     sessions(True)
     assert vengine.sessions
     kept = await turns(lambda ids, t: vengine.generate_turn("prog", ids, params, f"prog-{t}"))
@@ -145,10 +165,10 @@ async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
     for t in range(1, 4):  # the spliced tokens and the one sampled last, nothing more
         assert kept[t].prompt_tokens - kept[t].cached_tokens == len(spliced[t - 1]) + 1
-    assert list(vengine._sessions.open) == ["prog"]
+    assert list(vengine._streams.open) == ["prog"]
     vengine.release("prog")
-    assert not vengine._sessions.open
-    await vengine._sessions.reap()
+    assert not vengine._streams.open
+    await vengine._streams.reap()
     await _no_requests_left(vengine)
 
 
@@ -158,15 +178,15 @@ async def test_a_cancelled_session_turn_leaves_no_session_and_no_request(vengine
     async with anyio.create_task_group() as tg:  # cancelled mid-turn
         tg.start_soon(vengine.generate_turn, "gone", prompt, SamplingParams(max_tokens=600), "gone-0")
         # A session's turn runs as its streaming request, named by the session.
-        await until(lambda: (s := vengine._sessions.get("gone")) is not None and _sampled(vengine, s.request_id) >= 4,
+        await until(lambda: (s := vengine._streams.get("gone")) is not None and _sampled(vengine, s.request_id) >= 4,
                     "the turn sampled its first tokens")
         tg.cancel_scope.cancel()
-    assert "gone" not in vengine._sessions.open
+    assert "gone" not in vengine._streams.open
     await _no_requests_left(vengine)
     g = await vengine.generate_turn("gone", prompt, SamplingParams(max_tokens=4), "gone-1")
     assert len(g.token_ids) == 4
     vengine.release("gone")
-    await vengine._sessions.reap()
+    await vengine._streams.reap()
     await _no_requests_left(vengine)
 
 
@@ -177,7 +197,7 @@ async def test_a_weight_update_ends_a_session_so_old_kv_is_not_reused(vengine, m
     norm = load_file(f"{model_dir}/model.safetensors")["model.norm.weight"]
     prompt = testing.chat_prompt(vengine, "Compute 9 * 9.", system="Solve the problem with Python. " * 6)
     g = await vengine.generate_turn("upd", prompt, SamplingParams(max_tokens=8), "upd-0")
-    assert "upd" in vengine._sessions.open
+    assert "upd" in vengine._streams.open
     v = await vengine.load_weights({"model.norm.weight": norm})  # the same weights, a new version
     g2 = await vengine.generate_turn("upd", prompt + g.token_ids + [5], SamplingParams(max_tokens=8), "upd-1")
     assert g2.weight_version == v == g.weight_version + 1
@@ -202,10 +222,10 @@ async def test_reactor_on_vllm(vengine, sessions, with_sessions):
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
         assert not t.finish_reason.startswith("error"), t.error
     # Every program's session was closed when it ended (the reactor releases it).
-    await vengine._sessions.reap()
-    assert not vengine._sessions.open
+    await vengine._streams.reap()
+    assert not vengine._streams.open
     if with_sessions:
-        assert vengine._sessions.continued > 0
+        assert vengine._streams.continued > 0
     await _no_requests_left(vengine)
 
 
@@ -220,7 +240,7 @@ async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(ve
     from agentenv.sandboxes.local import LocalSandbox
 
     sessions(with_sessions)
-    opened = vengine._sessions.opened
+    opened = vengine._streams.opened
     env = make("retool-math", extra_digits=0)
     tasks, restarts, trajs, at_kill = env.tasks(6, seed=2), vengine.restarts, [], None
     async with LocalSandbox() as sb:
@@ -246,9 +266,9 @@ async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(ve
     for t in trajs:
         t.validate()
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
-    await vengine._sessions.reap()
-    assert not vengine._sessions.open
-    assert (vengine._sessions.opened > opened) == with_sessions
+    await vengine._streams.reap()
+    assert not vengine._streams.open
+    assert (vengine._streams.opened > opened) == with_sessions
     await _no_requests_left(vengine)
 
 
