@@ -39,6 +39,8 @@ async def rengine(ray_cluster, model_dir):
 async def test_engine_contract_over_two_engine_actors(rengine):
     assert len(set(rengine.pids)) == 2
     assert rengine.kv_capacity_tokens and rengine.router.capacity and len(rengine.router.capacity) == 2
+    # The interface's attributes, as the embedded engines in the actors report them.
+    assert rengine.page_size == 16 and rengine.sampling == (1.0, 1.0, 0)
     await testing.engine_contract(rengine)
     release_all(rengine)
 

@@ -116,6 +116,8 @@ async def oengine(server, model_dir):
 
 async def test_engine_contract(oengine):
     assert oengine.max_model_len == 1024
+    # The interface's attributes: the server's block size as given, its capacity from /metrics.
+    assert oengine.page_size == 32 and oengine.sampling is None and oengine.kv_capacity_tokens
     await testing.engine_contract(oengine)
 
 
