@@ -130,8 +130,8 @@ async def test_setup_runs_once_and_sessions_fork_the_prepared_state():
 
 
 async def test_a_burst_of_starts_for_a_new_setup_makes_at_most_spawn_servers_templates():
-    # Before: every start that found the templates busy made one more, so 48 concurrent starts
-    # made ~48 templates (each runs the setup code), one after another: ~15 starts/s.
+    # Starts that find the templates busy queue on them: one template per start would run the
+    # setup code 48 times, one after another (~15 starts/s).
     setup = "import time\nPREPARED_AT = time.time()"
     async with LocalSandbox(prewarm=0, spawn_servers=2) as sb:
         base = psutil.Process(sb.server_pid)
@@ -334,9 +334,9 @@ async def test_a_setup_that_kills_its_process_is_a_setup_error_and_the_server_li
 
 @pytest.mark.parametrize("allow_unisolated", [False, True])
 async def test_a_fork_server_that_dies_during_the_isolation_check_is_a_clear_error(allow_unisolated):
-    # Before: the retry tried to take the start lock the check already held ("RuntimeError:
-    # Attempted to acquire an already held Lock"). A crash must never read as a host without
-    # isolation either, so allow_unisolated does not turn it into an unisolated pool.
+    # The check's own start is not retried on a new server (that server was never checked),
+    # and a crash must never read as a host without isolation either, so allow_unisolated does
+    # not turn it into an unisolated pool.
     class DiesAtTheCheck(LocalSandbox):
         async def _probe(self) -> None:
             proc = psutil.Process(self.server_pid)
@@ -355,3 +355,28 @@ async def test_a_fork_server_that_dies_during_the_isolation_check_is_a_clear_err
         s = await fresh.session()
         assert (await s.run("1 + 1")).value == "2"
         await s.aclose()
+
+
+async def test_no_session_is_handed_out_before_the_isolation_check_completes():
+    # A start cancelled during the check leaves the pool unchecked: the next session() runs
+    # the check again before it hands anything out.
+    class CancelledCheck(LocalSandbox):
+        checks = 0
+        scope: anyio.CancelScope
+
+        async def _probe(self) -> None:
+            self.checks += 1
+            if self.checks == 1:
+                self.scope.cancel()
+                await anyio.lowlevel.checkpoint()
+            await super()._probe()
+
+    sb = CancelledCheck(prewarm=0)
+    try:
+        with anyio.CancelScope() as sb.scope:
+            await sb.session()
+        assert sb.scope.cancelled_caught and sb.checks == 1 and sb.worker_pids == []
+        s = await sb.session()
+        assert sb.checks == 2 and (await s.run("import os\nos.getpid()")).value == "1"
+    finally:
+        await sb.aclose()
