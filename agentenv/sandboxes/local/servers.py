@@ -52,7 +52,8 @@ async def _exits_soon(pid: int, within: float = 1.0) -> bool:
 
 
 class _ForkServers:
-    """The base fork server, its templates per setup code, and the workers forked from them.
+    """The base fork server, its templates per setup code, and the workers forked from them
+    (:meth:`spawn`, :meth:`end`, :meth:`freeze`, :meth:`thaw`: ``sessions.Workers``).
 
     The owner calls :meth:`start` once and sets :attr:`replace_dead` once the host's
     isolation is confirmed; from then on a start that finds its server dead replaces it and
@@ -90,7 +91,8 @@ class _ForkServers:
 
     @property
     def pid(self) -> int | None:
-        """Host pid of the base fork server (its templates and sessions die with it)."""
+        """Host pid of the base fork server (its templates and sessions die with it); None
+        before it starts and once it is closed."""
         return self._proc.pid if self._proc is not None else None
 
     @property
