@@ -19,8 +19,8 @@ process rather than a request:
   kernel work that sandbox sessions wait on: a session's fork or exit waits for its template's
   anon_vma lock while a reclaim walk holding it is preempted, and a cgroup join for an RCU
   grace period. With vLLM decoding beside a churn of sessions, session starts took p99 1.6-9.1
-  s at equal priority and 0.4 s with the engine core at nice 10 (README, "Sandboxes beside the
-  engine"). Its workers, which compute the model, keep their priority. A restarted core gets
+  s at equal priority and 0.4 s with the engine core at nice 10 (docs/sandboxes.md, "Sandboxes
+  beside the engine"). Its workers, which compute the model, keep their priority. A restarted core gets
   the same niceness.
 * **Shutdown** that logs nothing for a clean close (see :func:`stop_output_handler`,
   :func:`shut_down`).
