@@ -3,7 +3,9 @@
 Format (version ``LOG_VERSION``): UTF-8 text, one record per line, ``<crc32 as 8 hex
 digits> <json object>``. The CRC covers the JSON bytes, so a torn or corrupted record (a
 crash mid-write) is detected; reading stops at the first bad record and a resume truncates
-the file there. Records (``"e"`` names the event):
+the file there. Each record is a typed dataclass (:class:`Header`, :class:`Start`,
+:class:`Turn`, :class:`Held`, :class:`Done`) whose ``to_json()`` gives its object (``"e"``
+names the event) and whose ``from_json()`` reads it back:
 
   {"e": "header", "v": 1, "settings": {...}}        first line: what the run is
   {"e": "start", "k": key, "task": id, "sample": i, "group": gid, "prompt": [ids]}   a program started
@@ -17,9 +19,10 @@ the file there. Records (``"e"`` names the event):
 
 A program is resumed from its last ``turn`` record: the state at the start of a turn is the
 trajectory so far, so the rest of the program runs as if it had never stopped (its notebook
-state is rebuilt by replaying its logged tool calls). Records are buffered and fsynced in
-batches (``flush_interval``): a crash loses at most the last interval's turns, which are
-then generated again.
+state is rebuilt by replaying its logged tool calls). :func:`load_state` reads a log's
+records into that state (:class:`LogState`). Records are buffered and fsynced in batches
+(``flush_interval``): a crash loses at most the last interval's turns, which are then
+generated again.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import threading
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Sequence, Union
 
 from .errors import AgentEnvError
 from .trajectory import Segment, ToolCall, Trajectory, TurnStats
@@ -38,13 +41,15 @@ from .trajectory import Segment, ToolCall, Trajectory, TurnStats
 LOG_VERSION = 1
 
 
-def encode(record: dict[str, Any]) -> bytes:
-    body = json.dumps(record, ensure_ascii=True, separators=(",", ":")).encode()
+def encode(obj: dict[str, Any]) -> bytes:
+    """One record's line: ``obj`` (a record's ``to_json()``) as compact JSON, after its CRC."""
+    body = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode()
     return b"%08x " % zlib.crc32(body) + body + b"\n"
 
 
 def read(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The good records of a log and the byte length they span (a torn tail is ignored)."""
+    """The JSON objects of a log's good records and the byte length they span (a torn tail is
+    ignored); :func:`parse` makes each a typed record."""
     records: list[dict[str, Any]] = []
     good = 0
     with open(path, "rb") as f:
@@ -62,23 +67,155 @@ def read(path: Path) -> tuple[list[dict[str, Any]], int]:
     return records, good
 
 
-@dataclass(slots=True)
-class Partial:
-    """An unfinished program as the log left it."""
+# -- records --------------------------------------------------------------------------------
+def _extent(t: Trajectory) -> tuple[int, int, int]:
+    """How far ``t`` goes: its numbers of segments, tool calls and turns."""
+    return len(t.segments), len(t.tool_calls), len(t.turns)
 
+
+@dataclass(slots=True)
+class Header:
+    """The first record: the log's format version and the run's settings (a resume must use
+    the same)."""
+
+    E: ClassVar[str] = "header"
+    settings: dict[str, Any]
+    version: int | None = LOG_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {"e": self.E, "v": self.version, "settings": self.settings}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Header":
+        return cls(obj.get("settings", {}), obj.get("v"))
+
+
+@dataclass(slots=True)
+class Start:
+    """A program started, with its prompt's ids (``key`` is the trajectory's id)."""
+
+    E: ClassVar[str] = "start"
     key: str
     task_id: str
     sample_index: int
+    group_id: str
     prompt_ids: list[int]
-    segments: list[Segment] = field(default_factory=list)
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    turns: list[TurnStats] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, traj: Trajectory) -> "Start":
+        return cls(traj.id, traj.task_id, traj.sample_index, traj.group_id, traj.prompt_ids)
+
+    def trajectory(self) -> Trajectory:
+        """The program's trajectory as it started (its environment's id is not logged: empty)."""
+        return Trajectory(self.key, "", self.task_id, self.group_id, self.sample_index, list(self.prompt_ids))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"e": self.E, "k": self.key, "task": self.task_id, "sample": self.sample_index,
+                "group": self.group_id, "prompt": self.prompt_ids}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Start":
+        return cls(obj["k"], obj["task"], obj["sample"], obj.get("group") or "", obj["prompt"])
 
 
 @dataclass(slots=True)
+class Turn:
+    """A program completed turns: the segments, tool calls and engine stats its trajectory
+    gained since its previous record; ``turn`` is how many turns it has completed."""
+
+    E: ClassVar[str] = "turn"
+    key: str
+    turn: int
+    segments: list[Segment]
+    tool_calls: list[ToolCall]
+    stats: list[TurnStats]
+
+    @classmethod
+    def of(cls, traj: Trajectory, since: Sequence[int]) -> "Turn":
+        """What ``traj`` gained past ``since`` (its extent at the previous record)."""
+        seg, tools, turns = since
+        return cls(traj.id, len(traj.turns), traj.segments[seg:], traj.tool_calls[tools:], traj.turns[turns:])
+
+    def extend(self, traj: Trajectory) -> None:
+        """Add what this record holds to ``traj``, the program's trajectory so far."""
+        traj.segments += self.segments
+        traj.tool_calls += self.tool_calls
+        traj.turns += self.stats
+
+    def to_json(self) -> dict[str, Any]:
+        return {"e": self.E, "k": self.key, "turn": self.turn, "segments": [asdict(s) for s in self.segments],
+                "tools": [asdict(t) for t in self.tool_calls], "stats": [asdict(t) for t in self.stats]}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Turn":
+        return cls(obj["k"], obj["turn"], [Segment(**s) for s in obj["segments"]],
+                   [ToolCall(**t) for t in obj["tools"]], [TurnStats(**t) for t in obj["stats"]])
+
+
+@dataclass(slots=True)
+class Held:
+    """A program finished, but its line waits for its group (see the module docstring);
+    ``trajectory`` is the line it will be (:meth:`Trajectory.to_dict`)."""
+
+    E: ClassVar[str] = "held"
+    key: str
+    task_id: str
+    sample_index: int
+    trajectory: dict[str, Any]
+
+    @classmethod
+    def of(cls, traj: Trajectory) -> "Held":
+        return cls(traj.id, traj.task_id, traj.sample_index, traj.to_dict())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"e": self.E, "k": self.key, "task": self.task_id, "sample": self.sample_index,
+                "traj": self.trajectory}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Held":
+        return cls(obj["k"], obj["task"], obj["sample"], obj["traj"])
+
+
+@dataclass(slots=True)
+class Done:
+    """A program's trajectory is in the output."""
+
+    E: ClassVar[str] = "done"
+    key: str
+    task_id: str
+    sample_index: int
+
+    @classmethod
+    def of(cls, traj: Trajectory) -> "Done":
+        return cls(traj.id, traj.task_id, traj.sample_index)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"e": self.E, "k": self.key, "task": self.task_id, "sample": self.sample_index}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Done":
+        return cls(obj["k"], obj["task"], obj["sample"])
+
+
+Record = Union[Header, Start, Turn, Held, Done]
+_KINDS: dict[str, Any] = {k.E: k for k in (Header, Start, Turn, Held, Done)}
+
+
+def parse(obj: dict[str, Any]) -> Record | None:
+    """The typed record of one JSON object of a log (None for an event this version does not
+    know, which a reader skips)."""
+    kind = _KINDS.get(obj.get("e"))  # type: ignore[arg-type]
+    return None if kind is None else kind.from_json(obj)
+
+
+# -- the state a log leaves -----------------------------------------------------------------
+@dataclass(slots=True)
 class LogState:
+    """What a run's log (or a checkpoint's snapshot) says: what to skip and what to continue."""
+
     settings: dict[str, Any]
-    partial: dict[tuple[str, int], Partial]  # (task id, sample index) -> its last state
+    # (task id, sample index) -> the unfinished program's trajectory as of its last logged turn
+    partial: dict[tuple[str, int], Trajectory]
     done: set[tuple[str, int]]
     groups: dict[str, str] = field(default_factory=dict)  # task id -> its group's id (resumed groups keep it)
     # task id -> the trajectories of its unfinished group that are in the output already: a
@@ -88,38 +225,35 @@ class LogState:
     held: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
 
-def replay(records: list[dict[str, Any]]) -> LogState:
-    if not records or records[0].get("e") != "header":
+def load_state(records: list[dict[str, Any]]) -> LogState:
+    """The state a log's records (as :func:`read` gives them) leave: its settings, the samples
+    done, the finished ones held back, and each unfinished program's trajectory as of its last
+    ``turn`` record (a later ``start`` of the same sample wins)."""
+    if not records or records[0].get("e") != Header.E:
         raise AgentEnvError("the event log has no header record")
-    if records[0].get("v") != LOG_VERSION:
-        raise AgentEnvError(f"event log version {records[0].get('v')!r} is not {LOG_VERSION}")
-    by_key: dict[str, Partial] = {}
-    partial: dict[tuple[str, int], Partial] = {}
-    done: set[tuple[str, int]] = set()
-    groups: dict[str, str] = {}
-    held: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in records[1:]:
-        e = r.get("e")
-        if e == "start":
-            p = Partial(r["k"], r["task"], r["sample"], r["prompt"])
-            by_key[p.key] = p
-            partial[(p.task_id, p.sample_index)] = p  # a later start of the same sample wins
-            held.pop((p.task_id, p.sample_index), None)
-            if r.get("group"):
-                groups[p.task_id] = r["group"]
-        elif e == "turn" and r["k"] in by_key:
-            p = by_key[r["k"]]
-            p.segments += [Segment(**s) for s in r["segments"]]
-            p.tool_calls += [ToolCall(**t) for t in r["tools"]]
-            p.turns += [TurnStats(**t) for t in r["stats"]]
-        elif e == "held":
-            held[(r["task"], r["sample"])] = r["traj"]
-            partial.pop((r["task"], r["sample"]), None)
-        elif e == "done":
-            done.add((r["task"], r["sample"]))
-            partial.pop((r["task"], r["sample"]), None)
-            held.pop((r["task"], r["sample"]), None)
-    return LogState(records[0]["settings"], partial, done, groups, held=held)
+    head = Header.from_json(records[0])
+    if head.version != LOG_VERSION:
+        raise AgentEnvError(f"event log version {head.version!r} is not {LOG_VERSION}")
+    state = LogState(head.settings, {}, set())
+    by_key: dict[str, Trajectory] = {}
+    for obj in records[1:]:
+        r = parse(obj)
+        if isinstance(r, Start):
+            t = by_key[r.key] = r.trajectory()
+            state.partial[(r.task_id, r.sample_index)] = t
+            state.held.pop((r.task_id, r.sample_index), None)
+            if r.group_id:
+                state.groups[r.task_id] = r.group_id
+        elif isinstance(r, Turn) and r.key in by_key:
+            r.extend(by_key[r.key])
+        elif isinstance(r, Held):
+            state.held[(r.task_id, r.sample_index)] = r.trajectory
+            state.partial.pop((r.task_id, r.sample_index), None)
+        elif isinstance(r, Done):
+            state.done.add((r.task_id, r.sample_index))
+            state.partial.pop((r.task_id, r.sample_index), None)
+            state.held.pop((r.task_id, r.sample_index), None)
+    return state
 
 
 def finished_lines(out: Path) -> tuple[set[tuple[str, int]], int]:
@@ -186,16 +320,19 @@ class Journal:
 
     @classmethod
     def create(cls, path: Path, settings: dict[str, Any], **kw: Any) -> "Journal":
+        """A new log at ``path`` (replacing any), its header written and synced."""
         with open(path, "wb") as f:
-            f.write(encode({"e": "header", "v": LOG_VERSION, "settings": settings}))
+            f.write(encode(Header(settings).to_json()))
             f.flush()
             os.fsync(f.fileno())
         return cls(path, **kw)
 
     @classmethod
     def resume(cls, path: Path, settings: dict[str, Any], **kw: Any) -> tuple["Journal", LogState]:
+        """The log at ``path``, to append to, and the state its records leave; refused when it
+        was written with other ``settings``."""
         records, good = read(path)
-        state = replay(records)
+        state = load_state(records)
         diff = settings_difference(state.settings, settings)
         if diff is not None:
             raise AgentEnvError(f"cannot resume with different settings: {diff}")
@@ -203,26 +340,22 @@ class Journal:
             f.truncate(good)
         return cls(path, **kw), state
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Record) -> None:
+        """Append ``record`` (written to disk by the next batch's fsync)."""
         if self._error is not None:
             raise AgentEnvError(f"cannot write the event log {self.path}: {self._error}")
-        data = encode(record)
+        data = encode(record.to_json())
         with self._lock:
             self._f.write(data)
             self.records += 1
 
     def start(self, traj: Trajectory) -> None:
-        self.write({"e": "start", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index,
-                    "group": traj.group_id, "prompt": traj.prompt_ids})
+        self.write(Start.of(traj))
 
     def turn(self, traj: Trajectory, mark: list[int]) -> None:
         """Log what ``traj`` gained since ``mark`` (segments, tool calls, turns), then move it."""
-        seg, tools, turns = mark
-        self.write({"e": "turn", "k": traj.id, "turn": len(traj.turns),
-                    "segments": [asdict(s) for s in traj.segments[seg:]],
-                    "tools": [asdict(t) for t in traj.tool_calls[tools:]],
-                    "stats": [asdict(t) for t in traj.turns[turns:]]})
-        mark[:] = [len(traj.segments), len(traj.tool_calls), len(traj.turns)]
+        self.write(Turn.of(traj, mark))
+        mark[:] = _extent(traj)
 
     def resumed(self, traj: Trajectory) -> None:
         """A program continues from the log: its records are there already."""
@@ -232,11 +365,11 @@ class Journal:
 
     def held(self, traj: Trajectory) -> None:
         """A finished program whose line waits for its group (see the module's ``held``)."""
-        self.write({"e": "held", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index,
-                    "traj": traj.to_dict()})
+        self.write(Held.of(traj))
 
     def done(self, traj: Trajectory) -> None:
-        self.write({"e": "done", "k": traj.id, "task": traj.task_id, "sample": traj.sample_index})
+        """``traj``'s line is in the output."""
+        self.write(Done.of(traj))
 
     def sync(self) -> None:
         try:
@@ -283,12 +416,11 @@ class InFlight:
         self._live.setdefault(traj.task_id, {})[traj.id] = (traj, (0, 0, 0))
 
     def resumed(self, traj: Trajectory) -> None:
-        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, (len(traj.segments), len(traj.tool_calls),
-                                                                  len(traj.turns)))
+        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, _extent(traj))
 
     def turn(self, traj: Trajectory, mark: list[int]) -> None:
-        mark[:] = [len(traj.segments), len(traj.tool_calls), len(traj.turns)]
-        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, tuple(mark))  # type: ignore[assignment]
+        mark[:] = _extent(traj)
+        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, _extent(traj))
 
     def finished(self, traj: Trajectory) -> None:
         self._live.get(traj.task_id, {}).pop(traj.id, None)
@@ -314,10 +446,7 @@ class InFlight:
             for t, m in self._live.get(tid, {}).values():
                 base = None if held is None else held["partial"].get(t.id)
                 start = base if base is not None and all(b <= x for b, x in zip(base, m)) else (0, 0, 0)
-                entry = {"k": t.id, "task": t.task_id, "sample": t.sample_index, "group": t.group_id,
-                         "segments": [asdict(x) for x in t.segments[start[0]:m[0]]],
-                         "tools": [asdict(x) for x in t.tool_calls[start[1]:m[1]]],
-                         "stats": [asdict(x) for x in t.turns[start[2]:m[2]]]}
+                entry = _entry(t, t.group_id, start, m)
                 if base is None:  # new to the caller
                     entry["prompt"] = t.prompt_ids
                 if held is not None:
@@ -375,21 +504,38 @@ def log_snapshot(log: Journal, snapshot: dict[str, Any], written: dict[str, tupl
         n = (len(p["segments"]), len(p["tools"]), len(p["stats"]))
         seen = written.get(p["k"])
         if seen is None:
-            log.write({"e": "start", "k": p["k"], "task": p["task"], "sample": p["sample"], "group": p["group"],
-                       "prompt": p["prompt"]})
+            log.write(Start.from_json(p))  # an entry has a start record's fields
             seen = written[p["k"]] = (0, 0, 0)
         if n[0] > seen[0]:
-            log.write({"e": "turn", "k": p["k"], "turn": n[2], "segments": p["segments"][seen[0]:],
-                       "tools": p["tools"][seen[1]:], "stats": p["stats"][seen[2]:]})
+            log.write(Turn.from_json({"k": p["k"], "turn": n[2], "segments": p["segments"][seen[0]:],
+                                      "tools": p["tools"][seen[1]:], "stats": p["stats"][seen[2]:]}))
             written[p["k"]] = n
 
 
+def _entry(t: Trajectory, group: str, start: Sequence[int] = (0, 0, 0),
+           end: Sequence[int] | None = None) -> dict[str, Any]:
+    """A program's entry in a snapshot (JSON-ready): the segments, tool calls and stats of
+    ``t`` from ``start`` to ``end`` (its whole extent by default)."""
+    end = _extent(t) if end is None else end
+    return {"k": t.id, "task": t.task_id, "sample": t.sample_index, "group": group,
+            "segments": [asdict(x) for x in t.segments[start[0]:end[0]]],
+            "tools": [asdict(x) for x in t.tool_calls[start[1]:end[1]]],
+            "stats": [asdict(x) for x in t.turns[start[2]:end[2]]]}
+
+
+def _prefix(entry: dict[str, Any]) -> Trajectory:
+    """The trajectory a snapshot's program entry holds (its environment's id is not in a
+    snapshot: empty)."""
+    return Trajectory(entry["k"], "", entry["task"], entry.get("group") or "", entry["sample"], entry["prompt"],
+                      [Segment(**x) for x in entry["segments"]], [ToolCall(**x) for x in entry["tools"]],
+                      [TurnStats(**x) for x in entry["stats"]])
+
+
 def snapshot_of(state: LogState, task_id: str, finished: list[dict[str, Any]]) -> dict[str, Any]:
-    """The :meth:`InFlight.snapshot` entry of one task from a replayed log (its partial
+    """The :meth:`InFlight.snapshot` entry of one task from a loaded log (its partial
     programs) and its trajectories already in the output (``finished``, as dicts)."""
-    partial = [{"k": p.key, "task": p.task_id, "sample": p.sample_index, "group": state.groups.get(task_id, ""),
-                "prompt": p.prompt_ids, "segments": [asdict(x) for x in p.segments],
-                "tools": [asdict(x) for x in p.tool_calls], "stats": [asdict(x) for x in p.turns]}
+    group = state.groups.get(task_id, "")
+    partial = [{**_entry(p, group), "prompt": p.prompt_ids}
                for (tid, _), p in sorted(state.partial.items()) if tid == task_id]
     return {"partial": partial, "finished": finished}
 
@@ -400,9 +546,8 @@ def restore(snapshot: dict[str, Any]) -> tuple[LogState, list[Trajectory]]:
     finished = [Trajectory.from_dict(d) for d in snapshot["finished"]]
     partial = {}
     for r in snapshot["partial"]:
-        p = Partial(r["k"], r["task"], r["sample"], r["prompt"], [Segment(**x) for x in r["segments"]],
-                    [ToolCall(**x) for x in r["tools"]], [TurnStats(**x) for x in r["stats"]])
-        partial[(p.task_id, p.sample_index)] = p
+        t = _prefix(r)
+        partial[(t.task_id, t.sample_index)] = t
     groups = {r["task"]: r["group"] for r in snapshot["partial"] if r.get("group")}
     groups.update({t.task_id: t.group_id for t in finished})
     by_task: dict[str, list[Trajectory]] = {}

@@ -106,14 +106,14 @@ def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_index: int,
-                      hooks: ProgramHooks, program_id: str | None = None, resume: Any = None) -> Trajectory:
-    """Run one program. ``resume`` (an ``agentenv.journal.Partial``) continues a program from
-    its last logged turn: the same ids, logprobs and versions so far, its notebook rebuilt
-    by replaying its tool calls."""
+async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_index: int, hooks: ProgramHooks,
+                      program_id: str | None = None, resume: Trajectory | None = None) -> Trajectory:
+    """Run one program. ``resume`` (its trajectory as of its last logged turn, from
+    ``agentenv.journal.load_state`` or ``restore``) continues a program from there: the same
+    id, ids, logprobs and versions so far, its notebook rebuilt by replaying its tool calls."""
     tok = ctx.tokenizer
     traj = Trajectory(
-        id=resume.key if resume is not None else program_id or uuid.uuid4().hex[:16],
+        id=resume.id if resume is not None else program_id or uuid.uuid4().hex[:16],
         env=ctx.env.id,
         task_id=task.id,
         group_id=group_id,

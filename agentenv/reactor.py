@@ -97,7 +97,7 @@ class _Slot:
         self.env_error: BaseException | None = None
         self.used_session = False
         self.started = False
-        self.partial: Any = None  # agentenv.journal.Partial: resume from its last logged turn
+        self.partial: Trajectory | None = None  # the program as of its last logged turn: resume from there
 
 
 class _Hooks:
@@ -306,8 +306,8 @@ class Reactor:
                     slot = _Slot(pid, task, i, group, pending, send, tg, batch)
                     slot.partial = partial.get((task.id, i))
                     if slot.partial is not None:
-                        slot.key = slot.partial.key
-                        tokens = len(slot.partial.prompt_ids) + sum(len(x.token_ids) for x in slot.partial.segments)
+                        slot.key = slot.partial.id
+                        tokens = slot.partial.num_tokens
                     else:
                         tokens = len(self._ctx.prompt_ids(task))
                     self._slots[pid] = slot

@@ -67,7 +67,7 @@ async def main() -> None:
             size = log.stat().st_size
             t0 = time.perf_counter()
             records, _ = journal.read(log)
-            journal.replay(records)
+            journal.load_state(records)
             replay_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             for rec in records:

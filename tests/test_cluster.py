@@ -129,7 +129,7 @@ def test_cli_rollout_on_a_ray_cluster_killed_and_resumed(tmp_path):
     with out.open("a") as f:
         f.write('{"task_id": "torn')
     records, _ = journal.read(log)
-    logged = journal.replay(records).partial  # what the log says is in flight, before the resume
+    logged = journal.load_state(records).partial  # what the log says is in flight, before the resume
     r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming:" in r.stderr and "workers replaced" in r.stderr

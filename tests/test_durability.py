@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from transformers import AutoTokenizer
 
 from agentenv import Reactor, RolloutConfig, journal
 from agentenv.models import default_model
-from agentenv.trajectory import Trajectory
+from agentenv.trajectory import ToolCall, Trajectory, TurnStats
 from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.sandboxes.local import LocalSandbox
 
@@ -85,8 +86,8 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
             if not kill_at(proc, out, at if k == 0 else log_records(out) + at):
                 break
             done_before = out.read_bytes() if out.exists() else b""
-            state = journal.replay(journal.read(Path(f"{out}.log"))[0])
-            partial_before = {p.key: p for p in state.partial.values()}
+            state = journal.load_state(journal.read(Path(f"{out}.log"))[0])
+            partial_before = {p.id: p for p in state.partial.values()}
             proc = cli(out, "--resume")
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-2000:]
@@ -109,6 +110,45 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
             assert d["segments"][: len(p.segments)] == [asdict(s) for s in p.segments]
             assert d["prompt_ids"] == p.prompt_ids
     assert resumed_programs > 0, "no trial caught a program mid-flight"
+
+
+def test_a_version_1_log_reads_and_the_typed_records_write_it_byte_for_byte(tmp_path):
+    """The on-disk format is version 1 as documented: a log framed by hand (CRC-32, a space,
+    compact JSON in the documented key order; one ``start`` without a ``group``, as a log may
+    hold) loads into the state it describes, and the typed records written for the same events
+    are the same bytes."""
+    t = Trajectory(id="k0", env="e", task_id="t", group_id="t#g", sample_index=0, prompt_ids=[1, 2])
+    t.add_model([3, 4], [-0.5, -0.25], 0)
+    t.tool_calls.append(ToolCall(0, "python", {"code": "1"}, "1", "ok", 0.5))
+    t.add_env([5])
+    t.turns.append(TurnStats(2, 0, 2, "stop", 0.1, 0))
+    seg = ('[{"kind":"model","token_ids":[3,4],"logprobs":[-0.5,-0.25],"weight_versions":[0,0]},'
+           '{"kind":"env","token_ids":[5],"logprobs":null,"weight_versions":null}]')
+    bodies = ['{"e":"header","v":1,"settings":{"seed":3}}',
+              '{"e":"start","k":"k0","task":"t","sample":0,"group":"t#g","prompt":[1,2]}',
+              '{"e":"turn","k":"k0","turn":1,"segments":' + seg + ','
+              '"tools":[{"turn":0,"name":"python","arguments":{"code":"1"},"output":"1","status":"ok",'
+              '"duration_s":0.5,"error":null}],"stats":[{"prompt_tokens":2,"cached_tokens":0,"new_tokens":2,'
+              '"finish_reason":"stop","latency_s":0.1,"weight_version":0}]}',
+              '{"e":"start","k":"k1","task":"t","sample":1,"prompt":[1,2]}',
+              '{"e":"done","k":"k1","task":"t","sample":1}']
+    framed = b"".join(b"%08x %s\n" % (zlib.crc32(b.encode()), b.encode()) for b in bodies)
+    old = tmp_path / "old.log"
+    old.write_bytes(framed)
+    state = journal.load_state(journal.read(old)[0])
+    assert state.settings == {"seed": 3} and state.done == {("t", 1)} and state.groups == {"t": "t#g"}
+    p = state.partial[("t", 0)]
+    assert (p.id, p.prompt_ids, p.segments, p.tool_calls, p.turns) == ("k0", [1, 2], t.segments, t.tool_calls, t.turns)
+    new = journal.Journal.create(tmp_path / "new.log", {"seed": 3})
+    new.start(t)
+    new.turn(t, [0, 0, 0])
+    new.write(journal.Start("k1", "t", 1, "", [1, 2]))
+    new.done(Trajectory(id="k1", env="e", task_id="t", group_id="", sample_index=1, prompt_ids=[1, 2]))
+    new.close()
+    written = new.path.read_bytes().splitlines(keepends=True)
+    assert written[:3] + written[4:] == framed.splitlines(keepends=True)[:3] + framed.splitlines(keepends=True)[4:]
+    assert [journal.parse(json.loads(line[9:])) for line in written] == \
+        [journal.parse(json.loads(b)) for b in bodies]  # the start without a group reads as group ""
 
 
 def test_existing_output_is_refused_without_resume_or_overwrite(tmp_path):
@@ -230,7 +270,7 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
         assert {k: by_id[d["id"]].to_dict()[k] for k in ("prompt_ids", "segments", "tool_calls")} == \
             {k: d[k] for k in ("prompt_ids", "segments", "tool_calls")}
     for p in mid:
-        t = by_id[p.key]
+        t = by_id[p.id]
         assert t.metadata["resumed"]["from_turn"] == len(p.turns) and t.segments[: len(p.segments)] == p.segments
         assert t.reward is not None and not t.finish_reason.startswith("error")
         t.validate()

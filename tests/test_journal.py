@@ -39,16 +39,16 @@ def test_a_program_logged_turn_by_turn_replays_as_its_last_state_until_done(tmp_
     turn(a, log, marks["ka"], n=3)
     turn(b, log, marks["kb"])
     log.close()
-    state = journal.replay(journal.read(path)[0])
+    state = journal.load_state(journal.read(path)[0])
     assert state.settings == {"seed": 1} and state.groups == {"t": "t#g"} and state.done == set()
     p = state.partial[("t", 0)]
-    assert (p.key, p.prompt_ids) == ("ka", a.prompt_ids)
+    assert (p.id, p.prompt_ids) == ("ka", a.prompt_ids)
     assert (p.segments, p.tool_calls, p.turns) == (a.segments, a.tool_calls, a.turns)  # two turns, in order
     assert state.partial[("t", 1)].segments == b.segments
     log = journal.Journal(path)  # appending to an existing log
     log.done(a)
     log.close()
-    state = journal.replay(journal.read(path)[0])
+    state = journal.load_state(journal.read(path)[0])
     assert state.done == {("t", 0)} and set(state.partial) == {("t", 1)}
 
 
@@ -73,9 +73,9 @@ def test_resume_drops_a_torn_tail_and_refuses_other_settings(tmp_path: Path):
 
 def test_a_log_without_a_header_or_of_another_version_is_refused():
     with pytest.raises(AgentEnvError, match="no header"):
-        journal.replay([{"e": "start"}])
+        journal.load_state([{"e": "start"}])
     with pytest.raises(AgentEnvError, match=f"version 99 is not {journal.LOG_VERSION}"):
-        journal.replay([{"e": "header", "v": 99, "settings": {}}])
+        journal.load_state([{"e": "header", "v": 99, "settings": {}}])
 
 
 def test_the_outputs_complete_lines_are_found_and_a_torn_last_line_is_not(tmp_path: Path):
@@ -110,20 +110,20 @@ def test_an_in_flight_snapshot_restores_and_logs_what_the_disk_log_would_hold(tm
     disk.close()
     snap = json.loads(json.dumps(mem.snapshot({"t"})["t"]))  # as a checkpoint stores it
     state, finished = journal.restore(snap)
-    replayed = journal.replay(journal.read(disk.path)[0])
+    replayed = journal.load_state(journal.read(disk.path)[0])
     assert [f.id for f in finished] == ["k1"] and state.done == {("t", 1)} and state.groups == {"t": "t#g"}
     assert set(state.partial) == set(replayed.partial) == {("t", 0), ("t", 2)}
     for key, p in state.partial.items():
         q = replayed.partial[key]
-        assert (p.key, p.prompt_ids, p.segments, p.tool_calls, p.turns) == \
-            (q.key, q.prompt_ids, q.segments, q.tool_calls, q.turns)
+        assert (p.id, p.prompt_ids, p.segments, p.tool_calls, p.turns) == \
+            (q.id, q.prompt_ids, q.segments, q.tool_calls, q.turns)
     relog, written = journal.Journal.create(tmp_path / "relog.log", {}), {}
     journal.log_snapshot(relog, snap, written)
     journal.log_snapshot(relog, snap, written)  # a second poll with nothing new writes nothing
     relog.close()
     records = journal.read(relog.path)[0]
     assert [r["e"] for r in records] == ["header", "start", "turn", "start"]
-    again = journal.snapshot_of(journal.replay(records), "t", snap["finished"])
+    again = journal.snapshot_of(journal.load_state(records), "t", snap["finished"])
     assert sorted(again["partial"], key=lambda p: p["k"]) == sorted(snap["partial"], key=lambda p: p["k"])
     mem.forget("t")
     assert mem.snapshot({"t"}) == {}
@@ -132,12 +132,12 @@ def test_an_in_flight_snapshot_restores_and_logs_what_the_disk_log_would_hold(tm
 def test_a_torn_log_record_is_ignored(tmp_path):
     path = tmp_path / "x.log"
     j = journal.Journal.create(path, {"a": 1})
-    j.write({"e": "done", "k": "k1", "task": "t", "sample": 0})
+    j.write(journal.Done("k1", "t", 0))
     j.close()
     good = path.read_bytes()
     path.write_bytes(good + journal.encode({"e": "done", "k": "k2", "task": "t", "sample": 1})[:-7])
     records, size = journal.read(path)
-    assert size == len(good) and journal.replay(records).done == {("t", 0)}
+    assert size == len(good) and journal.load_state(records).done == {("t", 0)}
     flipped = bytearray(good)
     flipped[-5] ^= 1  # a corrupted last record fails its checksum
     path.write_bytes(bytes(flipped))
@@ -153,19 +153,19 @@ def test_a_held_trajectory_replays_as_held_until_its_line_is_done(tmp_path):
                     finish_reason="stop")
     t0.add_model([3, 4], [-0.5, -0.25], [0, 0])
     for k, i in (("k0", 0), ("k1", 1), ("k2", 2)):
-        j.write({"e": "start", "k": k, "task": "t", "sample": i, "group": "g", "prompt": [1, 2]})
+        j.write(journal.Start(k, "t", i, "g", [1, 2]))
     j.held(t0)
     j.held(Trajectory(id="k1", env="e", task_id="t", group_id="g", sample_index=1, prompt_ids=[1, 2],
                       finish_reason="stop"))
     j.close()
-    state = journal.replay(journal.read(path)[0])
+    state = journal.load_state(journal.read(path)[0])
     assert set(state.partial) == {("t", 2)} and set(state.held) == {("t", 0), ("t", 1)}
     assert Trajectory.from_dict(state.held[("t", 0)]).segments == t0.segments
     j = journal.Journal(path)
     j.done(t0)
-    j.write({"e": "start", "k": "k3", "task": "t", "sample": 1, "group": "g", "prompt": [1, 2]})
+    j.write(journal.Start("k3", "t", 1, "g", [1, 2]))
     j.close()
-    state = journal.replay(journal.read(path)[0])
+    state = journal.load_state(journal.read(path)[0])
     assert state.held == {} and state.done == {("t", 0)} and set(state.partial) == {("t", 1), ("t", 2)}
 
 

@@ -14,7 +14,7 @@ from agentenv import RolloutConfig
 from agentenv.env import TurnPlan
 from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.formats import get_format
-from agentenv.journal import Journal, read, replay
+from agentenv.journal import Journal, load_state, read
 from agentenv.program import (ProgramContext, apply_reward, observation_ids, render_prompt, run_program,
                               score_program, stop_token_ids)
 from agentenv.sandboxes.local import LocalSandbox
@@ -134,12 +134,12 @@ async def test_a_program_resumed_from_its_logged_turns_continues_from_the_same_t
             task = env.tasks(1, seed=seed)[0]
             first, _ = await run(engine, sb, env, task, config, journal=log, program_id=f"p{seed}")
             log.close()
-            partial = replay(read(log.path)[0]).partial.get((task.id, 0))
+            partial = load_state(read(log.path)[0]).partial.get((task.id, 0))
             if partial is not None and partial.turns and any(c.status == "ok" for c in partial.tool_calls):
                 break
         else:
             pytest.fail("no program logged a completed turn with a tool call that ran")
-        assert partial.key == first.id and partial.prompt_ids == first.prompt_ids
+        assert partial.id == first.id and partial.prompt_ids == first.prompt_ids
         assert first.segments[:len(partial.segments)] == partial.segments  # logged as it was sampled
         resumed, hooks = await run(engine, sb, env, task, config, resume=partial)
     assert resumed.id == first.id and resumed.segments[:len(partial.segments)] == partial.segments
