@@ -86,7 +86,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def hostile(sandbox, code: str, timeout: float = 2.0, *, session_survives: bool = True):
+async def hostile(sandbox, code: str, timeout: float = 10.0, *, session_survives: bool = True):
     """Run ``code`` in a fresh session; check the host is unchanged, and that the session (or,
     when the code got it killed, its replacement) and the pool still work."""
     before = host_state()
