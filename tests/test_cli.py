@@ -132,6 +132,7 @@ register("digit-sum", DigitSum)
 '''
 
 
+@pytest.mark.slow
 def test_an_environment_from_the_users_own_file(tmp_path, model_dir):
     """A module beside the user (as `python -m` finds it), a file path, and a module that
     register()s its ids, loaded with --env-module or AGENTENV_ENV_MODULES."""
@@ -162,6 +163,7 @@ class RankedDigitSum(DigitSum):
 """)
 
 
+@pytest.mark.slow
 def test_rollout_lines_carry_the_group_reward(tmp_path, model_dir):
     """An environment with ``group_reward``: every line is written once its group is scored,
     with the group's reward (not the per-sample one), and the summary agrees."""
@@ -187,6 +189,7 @@ class WholeGroupSum(DigitSum):
 """)
 
 
+@pytest.mark.slow
 def test_a_group_cut_short_mid_write_is_scored_whole_on_resume(tmp_path, model_dir):
     """A crash between a group's lines leaves part of the group in the output: --resume runs
     the rest and scores the whole group again, from its per-sample rewards, so every line
@@ -220,6 +223,7 @@ def test_a_group_cut_short_mid_write_is_scored_whole_on_resume(tmp_path, model_d
     check([json.loads(x) for x in after])
 
 
+@pytest.mark.slow
 def test_eval_on_a_dataset_file_reports_pass_at_k_consistent_with_its_trajectories(tmp_path, model_dir):
     data = tmp_path / "mini.jsonl"
     rows = [{"q": f"Compute {a} * {b}.", "a": a * b, "src": "mini"} for a, b in ((12, 34), (56, 78), (91, 23))]
@@ -252,6 +256,7 @@ def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path, caps
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
     import signal
 
@@ -296,6 +301,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
         json.loads(line)
 
 
+@pytest.mark.slow
 def test_train_then_resume_then_plot(tmp_path, model_dir):
     run = tmp_path / "run"
     common = ["--groups-per-step", "2", "--group-size", "2", "--max-new-tokens", "64", "--model", model_dir,
@@ -354,6 +360,7 @@ class BrokenReward(RetoolMathEnv):
         raise RuntimeError("grader is down")
 
 
+@pytest.mark.slow
 def test_failing_rewards_are_warned_about_and_start_up_is_in_the_wall_time(tmp_path):
     out = tmp_path / "r.jsonl"
     r = agentenv("rollout", "--env", "tests.test_cli:BrokenReward", "--tasks", "2", "--group-size", "2",

@@ -59,6 +59,7 @@ def progressed(snapshot) -> bool:
     return bool(snapshot["finished"]) or any(p["segments"] for p in snapshot["partial"])
 
 
+@pytest.mark.slow
 async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(cluster):
     # Trace programs (several turns, tools of ~0.3 s), so a worker dies with programs mid-way.
     spec = {"profile": "lognormal", "mean_turns": 4.0, "turn_tokens": 16, "tool_tokens": 8, "tool_median": 0.3,
@@ -101,6 +102,7 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
     assert kept >= 1
 
 
+@pytest.mark.slow
 def test_cli_rollout_on_a_ray_cluster_killed_and_resumed(tmp_path):
     """The CLI on a local cluster, SIGKILLed mid-run (a torn line added to its output, as a
     crash mid-write leaves one), then ``--resume``: every sample exactly once, the finished
@@ -150,6 +152,7 @@ def test_cli_rollout_on_a_ray_cluster_killed_and_resumed(tmp_path):
         assert t.metadata["resumed"]["from_turn"] >= 1
 
 
+@pytest.mark.slow
 async def test_workers_share_engine_actors_and_a_killed_engine_loses_nothing(cluster):
     """Two rollout workers, two engine actors serving both (every worker routes over both by
     KV room); one engine actor is killed mid-run: Ray restarts it, the requests it had are

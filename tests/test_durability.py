@@ -71,6 +71,7 @@ def check_output(out: Path, tok) -> list[str]:
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.slow
 def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(default_model()))
     rng = random.Random(0)
@@ -170,6 +171,7 @@ def test_resume_with_different_settings_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+@pytest.mark.slow
 def test_a_full_disk_is_a_clear_error_and_earlier_lines_survive(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
@@ -195,6 +197,7 @@ class SlowPrint(RetoolMathEnv):
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(engine):
     env, rng = SlowPrint(extra_digits=0), random.Random(1)
     config = RolloutConfig(max_turns=4, max_new_tokens=256, concurrency=4, tool_timeout=5)

@@ -99,6 +99,7 @@ async def test_sessions_are_prepared_ahead_and_unused_ones_handed_on(engine):
     assert reactor.stats.env_waits <= sum(1 for t in trajs if t.tool_calls)
 
 
+@pytest.mark.slow
 async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir):
     """A KV cache far smaller than the working set: the scheduler pauses and restores whole
     programs, every program finishes, and the trajectories are still exactly the trace."""
@@ -148,6 +149,7 @@ def _tree_cpu() -> float:
     return total
 
 
+@pytest.mark.slow
 async def test_cpu_bound_trace_tools_compute_in_the_sandbox(engine):
     with pytest.raises(ValueError, match="tool_cpu"):
         make("trace", tool_cpu=1.5)

@@ -36,6 +36,7 @@ async def kill_in_its_call(session) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 async def test_worker_killed_mid_call_is_a_tool_error_and_the_state_is_rebuilt():
     tool, traj = PythonTool(), trajectory()
     async with LocalSandbox(prewarm=0) as sb:

@@ -118,6 +118,7 @@ async def test_new_programs_go_where_every_clients_programs_leave_room(rengine, 
     assert await held_by_actors(rengine) == [0, 0]
 
 
+@pytest.mark.slow
 async def test_a_killed_engine_actor_is_restarted_and_no_request_is_lost(rengine, model_dir):
     import ray
     import torch

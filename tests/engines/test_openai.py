@@ -114,6 +114,7 @@ async def oengine(server, model_dir):
     await eng.aclose()
 
 
+@pytest.mark.slow
 async def test_engine_contract(oengine):
     assert oengine.max_model_len == 1024
     # The interface's attributes: the server's block size as given, its capacity from /metrics.
@@ -121,6 +122,7 @@ async def test_engine_contract(oengine):
     await testing.engine_contract(oengine)
 
 
+@pytest.mark.slow
 async def test_resume_is_served_from_the_prefix_cache(oengine):
     prompt = testing.chat_prompt(oengine, "Compute 4364 + 83 * 54.", system="Solve the problem with Python. " * 6)
     g = await oengine.generate(prompt, SamplingParams(max_tokens=40), "o-resume-0")
@@ -129,6 +131,7 @@ async def test_resume_is_served_from_the_prefix_cache(oengine):
     assert g2.cached_tokens >= ((len(prompt) + len(g.token_ids) - 1) // 32) * 32 > 0
 
 
+@pytest.mark.slow
 async def test_weight_update_over_http(oengine, model_dir):
     import torch
     from safetensors.torch import load_file
@@ -145,6 +148,7 @@ async def test_weight_update_over_http(oengine, model_dir):
         await oengine.load_weights({"model.norm.weight": norm})
 
 
+@pytest.mark.slow
 async def test_sticky_routing_and_least_loaded(server, model_dir):
     from agentenv.engines.openai import OpenAIEngine
 
@@ -171,6 +175,7 @@ async def test_dead_server_is_a_clear_engine_error(model_dir):
         await OpenAIEngine.create(f"http://127.0.0.1:{_free_port()}", model_dir, retries=2)
 
 
+@pytest.mark.slow
 async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir):
     from agentenv.engines.openai import OpenAIEngine
 
@@ -197,6 +202,7 @@ async def test_kv_capacity_from_metrics_and_routing_by_kv_room(server, model_dir
         await eng.aclose()
 
 
+@pytest.mark.slow
 async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(server, model_dir):
     """The server is killed (SIGKILL) with requests in flight and started again on the same
     port: every request completes, after the engine pushed the trained weights to it again."""
@@ -247,6 +253,7 @@ async def test_a_restarted_server_is_reconnected_and_gets_the_weights_again(serv
         await eng.aclose()
 
 
+@pytest.mark.slow
 async def test_a_server_restarted_with_nothing_in_flight_gets_the_weights_before_it_serves(server, model_dir):
     """Killed and started again between two requests, the server reloads its checkpoint and no
     request sees the connection drop. Its next response names a new engine: the engine
@@ -299,6 +306,7 @@ def kill_the_server_mid_run(server, args: list, ready, **popen) -> tuple[int, st
     return cli.returncode, err
 
 
+@pytest.mark.slow
 def test_when_the_server_stays_down_programs_are_held_back_and_resume_finishes_them(server, tmp_path):
     """The CLI against a server that dies for good mid-run: once reconnecting gives up, the
     in-flight programs are not written as results (exit 1, one message); with the server back,
@@ -383,6 +391,7 @@ class WholeGroup(RetoolMathEnv):
 
 
 @pytest.mark.parametrize("cluster", [[], ["--cluster", "ray", "--workers", "2"]], ids=["local", "ray"])
+@pytest.mark.slow
 def test_a_group_with_a_sample_the_engine_failed_on_is_written_whole_after_resume(server, tmp_path, cluster):
     """An environment with a group reward, and a server that dies for good mid-run: a group
     whose sample 1 the engine failed on does not write its finished sample 0 with a reward

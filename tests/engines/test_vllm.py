@@ -63,6 +63,7 @@ def _thread_nices(pid: int) -> set[int]:
     return {os.getpriority(os.PRIO_PROCESS, t.id) for t in psutil.Process(pid).threads()}
 
 
+@pytest.mark.slow
 async def test_the_engine_core_yields_the_cpu_and_its_workers_do_not(vengine):
     """On CPU every thread of the engine core (it busy-polls between steps) runs at nice 10,
     so sandbox sessions and the kernel work they wait on are not queued behind it; the
@@ -86,6 +87,7 @@ async def test_the_engine_core_yields_the_cpu_and_its_workers_do_not(vengine):
     await testing.engine_contract(vengine)  # still serves at whatever priority
 
 
+@pytest.mark.slow
 async def test_resume_is_served_from_the_prefix_cache(vengine):
     prompt = testing.chat_prompt(vengine, "Compute 4364 + 83 * 54.", system="Solve the problem with Python. " * 6)
     tok = vengine.tokenizer
@@ -96,6 +98,7 @@ async def test_resume_is_served_from_the_prefix_cache(vengine):
     assert g2.cached_tokens >= (seen // vengine.page_size) * vengine.page_size > 0
 
 
+@pytest.mark.slow
 async def test_weight_update_changes_outputs_version_and_cache_salt(vengine, model_dir):
     import torch
     from safetensors.torch import load_file
@@ -139,6 +142,7 @@ def sessions(vengine):
     vengine.sessions = False
 
 
+@pytest.mark.slow
 async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(vengine, sessions):
     prompt = testing.chat_prompt(vengine, "Compute 77 * 3.", system="Solve the problem with Python. " * 6)
     tok = vengine.tokenizer
@@ -172,6 +176,7 @@ async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(
     await _no_requests_left(vengine)
 
 
+@pytest.mark.slow
 async def test_a_cancelled_session_turn_leaves_no_session_and_no_request(vengine, sessions):
     sessions(True)
     prompt = testing.chat_prompt(vengine, "Compute 5 * 5.")
@@ -190,6 +195,7 @@ async def test_a_cancelled_session_turn_leaves_no_session_and_no_request(vengine
     await _no_requests_left(vengine)
 
 
+@pytest.mark.slow
 async def test_a_weight_update_ends_a_session_so_old_kv_is_not_reused(vengine, model_dir, sessions):
     from safetensors.torch import load_file
 
@@ -206,6 +212,7 @@ async def test_a_weight_update_ends_a_session_so_old_kv_is_not_reused(vengine, m
 
 
 @pytest.mark.parametrize("with_sessions", [False, True])
+@pytest.mark.slow
 async def test_reactor_on_vllm(vengine, sessions, with_sessions):
     from agentenv import Reactor, RolloutConfig, make
     from agentenv.sandboxes.local import LocalSandbox
@@ -230,6 +237,7 @@ async def test_reactor_on_vllm(vengine, sessions, with_sessions):
 
 
 @pytest.mark.parametrize("with_sessions", [False, True])
+@pytest.mark.slow
 async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(vengine, sessions, with_sessions):
     """SIGKILL vLLM's engine core while programs are mid-flight: the engine starts a new core
     and resubmits what the dead one lost; every program finishes from its last completed turn
@@ -272,6 +280,7 @@ async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(ve
     await _no_requests_left(vengine)
 
 
+@pytest.mark.slow
 async def test_a_weight_update_on_a_dead_engine_core_restarts_it_and_lands(vengine, model_dir):
     """The core dies between requests: the next weight update finds it dead, starts a new one
     and makes the update there; the next request is sampled with the new weights."""
@@ -302,6 +311,7 @@ async def test_a_weight_update_on_a_dead_engine_core_restarts_it_and_lands(vengi
         await vengine.load_weights({"model.norm.weight": norm})
 
 
+@pytest.mark.slow
 def test_a_clean_shutdown_logs_no_error(model_dir, tmp_path):
     """Create, generate, close, exit: nothing on stderr says an error happened (AsyncLLM's
     ``__del__`` must not fail at interpreter exit, and its output handler, if cancelled only
@@ -367,6 +377,7 @@ def make_lora_adapter(model_dir: str, out: str, rank: int = 8) -> str:
     return out
 
 
+@pytest.mark.slow
 async def test_lora_adapter_is_loaded_by_path_and_routed_per_request(vengine, model_dir, tmp_path):
     from agentenv.errors import ConfigError
 
@@ -382,6 +393,7 @@ async def test_lora_adapter_is_loaded_by_path_and_routed_per_request(vengine, mo
         await vengine.add_lora("missing", tmp_path / "nope")
 
 
+@pytest.mark.slow
 async def test_update_during_a_request_keeps_it_running_with_per_token_versions(vengine, model_dir):
     import anyio
     from safetensors.torch import load_file
@@ -406,6 +418,7 @@ async def test_update_during_a_request_keeps_it_running_with_per_token_versions(
     assert versions == sorted(versions)  # old-version tokens, then new-version tokens
 
 
+@pytest.mark.slow
 async def test_trainer_syncs_full_weights_then_only_a_lora_adapter_into_vllm(vengine, tmp_path):
     """The bundled trainer on vLLM: after training, vLLM's logprobs on a fixed sequence are
     the trainer's (the weights arrived through the update path); with LoRA only the adapter

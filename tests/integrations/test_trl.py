@@ -66,6 +66,7 @@ def test_trl_loss_sees_our_masks_and_the_engine_serves_the_trained_weights(model
     assert tool_tokens > 0, "no tool output in any trained sequence"
 
 
+@pytest.mark.slow
 def test_the_trl_example_trains_and_prints_its_steps():
     r = subprocess.run([sys.executable, "examples/trl_grpo.py", "--steps", "2"], capture_output=True, text=True,
                        timeout=600, env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"})

@@ -22,6 +22,7 @@ def test_an_unknown_family_is_a_config_error():
     ("qwen3", {"<|im_end|>": 151645, "<tool_response>": 151665, "<think>": 151667, "</think>": 151668}),
     ("llama3", {"<|begin_of_text|>": 151643, "<|eot_id|>": 151648, "<|python_tag|>": 151649}),
 ])
+@pytest.mark.slow
 def test_special_tokens_have_the_familys_ids(family, ids):
     tok = family_tokenizer(family)
     assert {t: tok.convert_tokens_to_ids(t) for t in ids} == ids
@@ -29,6 +30,7 @@ def test_special_tokens_have_the_familys_ids(family, ids):
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
+@pytest.mark.slow
 def test_a_copy_cached_on_disk_is_the_same_tokenizer(tmp_path):
     tok = family_tokenizer("qwen3", cache_dir=tmp_path)
     assert (tmp_path / "qwen3" / "tokenizer.json").is_file()
@@ -38,6 +40,7 @@ def test_a_copy_cached_on_disk_is_the_same_tokenizer(tmp_path):
     assert again.chat_template == tok.chat_template and again.eos_token == tok.eos_token
 
 
+@pytest.mark.slow
 def test_each_template_renders_its_familys_format():
     toks = {f: family_tokenizer(f) for f in FAMILIES}  # built once per process
     user = [{"role": "user", "content": "Hi"}]

@@ -49,6 +49,7 @@ def test_copy_drills_repeat_the_question_and_depend_only_on_the_seed():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_few_steps_write_a_model_directory_the_engine_serves(tmp_path):
     from agentenv.engines.embedded import EmbeddedEngine
 

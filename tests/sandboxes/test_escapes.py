@@ -14,7 +14,7 @@ from agentenv.sandboxes.local import LocalSandbox, _Cgroups
 from ..waiting import until
 from .hostile import FORGE, LIBC, LIMITS, SPIN, hostile, spinners, syscall, x86_64
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # -- 1. host kernel settings ----------------------------------------------------------------
 @pytest.mark.parametrize("knob", ["kernel/core_pattern", "vm/panic_on_oom", "kernel/pid_max", "vm/drop_caches",

@@ -23,7 +23,7 @@ from agentenv.sandboxes.local.uids import _Uids
 from .hostile import (FORGE, FRAME, LIBC, LIMITS, SIBLING_CHECK, SIBLING_OK, SPIN, check_sibling, host_state,
                       hostile, proc_path, sibling, spinners, syscall, wait_for, x86_64)
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 # -- 10. malformed answer frames (issue 35) ---------------------------------------------------

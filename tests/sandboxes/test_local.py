@@ -152,6 +152,7 @@ async def test_a_burst_of_starts_for_a_new_setup_makes_at_most_spawn_servers_tem
             await s.aclose()
 
 
+@pytest.mark.slow
 async def test_a_setup_that_times_out_leaves_the_fork_server_answering_in_order():
     # Requests to a fork server are pipelined and answered in order: the answer to a request
     # whose caller gave up (here the template's setup ran past its timeout) must be dropped,

@@ -39,6 +39,7 @@ def test_a_batch_takes_rows_in_any_order_trimmed_to_their_width(groups):
 
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
+@pytest.mark.slow
 def test_the_gradient_does_not_depend_on_how_rows_are_split(groups, model_dir, aggregation):
     batch = collate(groups)
     grads = []

@@ -42,6 +42,7 @@ def test_shares_are_contiguous_and_cover_every_row():
 @pytest.mark.parametrize("lora, aggregation, shard", [(False, "token", False), (True, "sequence", False),
                                                       (False, "token", True), (True, "sequence", True)],
                          ids=["full-token", "lora-sequence", "fsdp-full-token", "fsdp-lora-sequence"])
+@pytest.mark.slow
 def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir, lora, aggregation, shard):
     # Adam divides by the gradient's own scale, so the ranks' different summation order (about
     # 1e-7 in the gradients) can move a weight by up to ~1 % of lr: at lr 1e-4 that stays
@@ -75,6 +76,7 @@ def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_the_trainer_runs_on_ray_ranks_and_the_engine_serves_their_weights(ray_cluster, model_dir, tmp_path):
     eng = EmbeddedEngine(model_dir, seed=0)
     try:
@@ -99,6 +101,7 @@ async def test_the_trainer_runs_on_ray_ranks_and_the_engine_serves_their_weights
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_sharded_trainer_rank_killed_mid_run_is_replaced_from_the_last_checkpoint(ray_cluster, model_dir,
                                                                                          tmp_path):
     """FSDP ranks: after the step-2 checkpoint a rank is killed; new ranks load their shards of
@@ -141,6 +144,7 @@ async def test_a_sharded_trainer_rank_killed_mid_run_is_replaced_from_the_last_c
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_the_trainer_generates_on_engine_actors_that_get_each_steps_weights(ray_cluster, tmp_path):
     # The held-out evaluations before step 1 and after step 2 are sampled by versions 0 and 2,
     # as the engine actors themselves report (a Generation's version is the actor's engine's own).

@@ -87,6 +87,7 @@ def test_a_checkpoint_continues_exactly_and_serves_as_a_model_directory(model_di
         b.load(tmp_path / "ckpt")
 
 
+@pytest.mark.slow
 def test_lora_trains_and_syncs_only_the_adapter_and_its_reference_is_the_base(model_dir, tokenizer, tmp_path):
     torch.manual_seed(0)
     base = Policy(model_dir)

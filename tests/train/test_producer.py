@@ -69,6 +69,7 @@ async def test_closing_right_after_a_batch_is_taken_is_clean(model_dir):
             assert producer.started >= 1
 
 
+@pytest.mark.slow
 def test_the_minimal_pytorch_loop_example_trains_and_syncs(tmp_path):
     import subprocess
     import sys

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow
+
 WORLD = 2
 
 

@@ -41,6 +41,7 @@ def test_tensorboard_gets_each_steps_scalars(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_an_offline_wandb_run_is_continued_by_a_resume(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -90,6 +90,7 @@ async def test_async_training_syncs_weights_into_the_running_engine(model_dir, t
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_sync_mode_consumes_only_fresh_tokens_and_resume_continues(model_dir, tmp_path):
     cfg = dict(mode="sync", out_dir=str(tmp_path), checkpoint_every=1, **SMALL)
     first = await Trainer(TrainConfig(steps=2, **cfg), print_steps=False).run()
@@ -139,6 +140,7 @@ async def test_lora_syncs_only_the_adapter_and_changes_outputs(model_dir):
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_dead_engine_stops_training_with_a_clear_error(model_dir, tmp_path):
     from agentenv.errors import EngineError
 
@@ -149,6 +151,7 @@ async def test_a_dead_engine_stops_training_with_a_clear_error(model_dir, tmp_pa
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_drain_syncs_only_when_no_program_is_in_flight(tmp_path):
     trainer = Trainer(TrainConfig(steps=2, partial="drain", out_dir=str(tmp_path), **SMALL), print_steps=False)
     await trainer.run()
@@ -193,6 +196,7 @@ class Recording(AlternatingReward):
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_resume_continues_the_saved_work_and_trains_no_task_twice(model_dir, tmp_path):
     """A checkpoint saves the complete groups waiting in the buffer, and for the tasks in
     flight their programs (finished ones whole, running ones up to their last completed turn).
@@ -241,6 +245,7 @@ async def test_resume_continues_the_saved_work_and_trains_no_task_twice(model_di
 
 
 @pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.slow
 def test_the_kl_penalty_is_measured_against_the_starting_model(groups, model_dir, lora):
     from agentenv.train import LossConfig
 
@@ -261,6 +266,7 @@ def test_the_kl_penalty_is_measured_against_the_starting_model(groups, model_dir
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_the_baseline_evaluation_sees_only_the_starting_weights(model_dir, tmp_path):
     # 64 held-out programs take longer than the first step: the first weight sync waits for them,
     # so the baseline that later evaluations are compared with is the starting model.
@@ -274,6 +280,7 @@ async def test_the_baseline_evaluation_sees_only_the_starting_weights(model_dir,
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
