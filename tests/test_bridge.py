@@ -18,12 +18,14 @@ def families(tmp_path_factory):
 
 @pytest.mark.parametrize("family, fmt", [("qwen2.5", "hermes"), ("qwen3", "hermes"), ("llama3", "llama3-json"),
                                          ("qwen2.5", "llama3-json")])
+@pytest.mark.slow
 def test_each_familys_own_tool_format_is_exact(families, family, fmt):
     report = check_tokenizer(families[family], fmt)
     assert report.exact, str(report)
     assert all(report.checks.values()) and len(report.checks) >= 6
 
 
+@pytest.mark.slow
 def test_the_spliced_tool_tokens_are_what_each_template_renders(families):
     """The same functions the reactor uses, compared with the template's own rendering."""
     for family, fmt_name, role_text in (("qwen2.5", "hermes", "<|im_start|>user\n<tool_response>\n391\n"),
@@ -38,13 +40,15 @@ def test_the_spliced_tool_tokens_are_what_each_template_renders(families):
                                                                             add_generation_prompt=True)[-12:])
 
 
+@pytest.mark.slow
 def test_qwen3_rewrites_history_and_the_report_says_so(families):
     notes = " ".join(check_tokenizer(families["qwen3"], "hermes").notes)
     assert "rewrites earlier turns" in notes and "<think>" in notes
     assert not check_tokenizer(families["qwen2.5"], "hermes").notes  # Qwen2.5 keeps history as it was
 
 
-def test_what_breaks_is_named_with_what_to_do(families, model_dir):
+@pytest.mark.slow
+def test_what_breaks_is_named_with_what_to_do(families):
     llama_hermes = check_tokenizer(families["llama3"], "hermes")
     assert not llama_hermes.exact
     assert any("'</tool_call>' is 4 tokens" in p and "tokenizer.add_tokens" in p for p in llama_hermes.problems)
@@ -60,6 +64,8 @@ def test_what_breaks_is_named_with_what_to_do(families, model_dir):
     assert not report.exact and "is not what ends an assistant turn" in report.problems[0]
     assert "'<|im_end|>\\n'" in report.problems[0]
 
+
+def test_the_bundled_tokenizer_is_exact_for_both_its_formats(model_dir):
     from transformers import AutoTokenizer
 
     bundled = AutoTokenizer.from_pretrained(model_dir)
