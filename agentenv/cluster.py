@@ -2,8 +2,8 @@
 and local sandbox pool on its node; the driver keeps the global queue of groups.
 
     async with RayRollouts("retool-math", workers=2, config=RolloutConfig()) as cluster:
-        async for traj in cluster.rollouts(env.tasks(64), group_size=4):
-            ...   # the same Trajectory objects a one-machine run yields
+        async for group in cluster.rollouts(env.tasks(64), group_size=4):
+            ...   # the same Group objects a one-machine run yields, each complete
 
 ``env`` is an id or spec string, or an :class:`~agentenv.env.Environment` instance (the workers
 then make its class, imported with the driver's ``sys.path``, and give it the instance's id;
@@ -15,8 +15,10 @@ Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` 
 * **Placement.** A group goes to the live worker with the fewest groups in flight, up to
   ``groups_per_worker`` each (by default enough to fill its reactor's decode slots), so a
   worker whose programs are slow (long tool calls, a busy node) is given less.
-* **Streaming.** Trajectories come back a group at a time, as each group completes (rewards
-  and ``group_reward`` applied on the worker), in the same format as a local run.
+* **Streaming.** Groups come back as each completes (rewards and ``group_reward`` applied on
+  the worker), as :class:`~agentenv.reactor.Group` objects, as a local run's reactor yields them.
+* **Workers** open their sandbox first and start the sessions their first programs will take
+  (``prepare_sessions``), then the engine, as a one-machine run does.
 * **Faults.** A worker that dies (node lost, process killed) is replaced by a new actor; the
   groups it had in flight continue on the live workers from their latest snapshot: every
   ``snapshot_interval`` seconds the driver asks each worker for its in-flight programs as of
@@ -39,68 +41,98 @@ the model per worker; ``vllm``: give each worker a GPU with ``worker_options={"n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from .config import RolloutConfig
+from .engines.spec import EngineSpec
 from .env import Environment, Task
 from .errors import ConfigError, EngineError, describe
 from .journal import holding, merge_snapshot
 from .raycluster import actor_options, connect, cpu_share, died_errors
 from .raycluster import ray_module as _ray
+from .reactor import Group
 from .trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a rollout worker opens: its environment (``registry.portable_spec`` form, or an id),
+    its engine (or the driver's engine actors), its sandbox and the reactor's config."""
+
+    env: dict[str, Any]
+    env_id: str | None
+    env_args: dict[str, Any]
+    engine: EngineSpec
+    sandbox: str
+    config: RolloutConfig
+    workers: int  # how many share the engine actors: each keeps to 1/workers of their KV
+    sys_path: list[str]
+    engine_actors: list[Any] | None = None
+
+    def make_env(self) -> Environment:
+        from .registry import make_portable
+
+        sys.path.extend(p for p in self.sys_path if p not in sys.path)
+        env = make_portable(self.env, **self.env_args)
+        if self.env_id:
+            env.id = self.env_id
+        return env
 
 
 class RolloutWorker:
     """The Ray actor (wrapped by ``ray.remote`` at start): one reactor, engine and sandbox pool,
     open for the actor's life in a task that owns them, serving ``group`` calls concurrently."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         from .journal import InFlight
 
         self.spec = spec
         self.reactor: Any = None
         self.log = InFlight()  # every program's state at its last completed turn
+        self.prepared = 0  # sandbox sessions started while the engine loaded
         self._ready: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._error: str | None = None
 
-    async def start(self) -> int:
+    async def start(self) -> dict[str, int]:
+        """Open everything; this worker's pid and the sandbox sessions it prepared."""
         self._ready, self._stop = asyncio.Event(), asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._hold())
         await self._ready.wait()
         if self._error is not None:
             raise RuntimeError(self._error)
-        return os.getpid()
+        return {"pid": os.getpid(), "prepared": self.prepared}
 
     async def _hold(self) -> None:
-        from .engines import open_engine
-        from .reactor import Reactor
-        from .registry import make_portable
+        from .checker import check_env
+        from .reactor import Reactor, prepare_sessions
         from .sandboxes import default_sandbox
 
         s = self.spec
         try:
-            sys.path.extend(p for p in s.get("sys_path", ()) if p not in sys.path)
-            env = make_portable(s["env"], **s["env_args"])
-            if s.get("env_id"):
-                env.id = s["env_id"]
-            config = RolloutConfig(**s["config"])
-            if s.get("engine_actors"):  # the driver's engine actors, shared by every worker
-                from .engines.actors import RayEngine
+            env = s.make_env()
+            async with contextlib.AsyncExitStack() as stack:
+                stack.push_async_callback(env.aclose)
+                # The sandbox first: the sessions the first programs will take start while the
+                # model loads (a worker's first groups fill its decode slots: ``concurrency``).
+                sandbox = await stack.enter_async_context(default_sandbox(s.sandbox))
+                self.prepared = await prepare_sessions(env, sandbox, s.config, s.config.concurrency)
+                if s.engine_actors:  # the driver's engine actors, shared by every worker
+                    from .engines.actors import RayEngine
 
-                engine = await RayEngine.connect(s["engine_actors"], s["model"], share=1 / s["workers"])
-            else:
-                engine = await open_engine(s["engine"], s["model"], temperature=config.temperature,
-                                           top_p=config.top_p, seed=s["seed"], base_urls=s["base_urls"],
-                                           **s["engine_kwargs"])
-            async with engine, default_sandbox(s["sandbox"]) as sandbox, \
-                    Reactor(engine, env, sandbox, config, journal=self.log) as reactor:
-                self.reactor = reactor
+                    engine = await RayEngine.connect(s.engine_actors, s.engine.model, share=1 / s.workers)
+                else:
+                    engine = await s.engine.open()
+                await stack.enter_async_context(engine)
+                check_env(env, tokenizer=engine.tokenizer)
+                self.reactor = await stack.enter_async_context(Reactor(engine, env, sandbox, s.config,
+                                                                       journal=self.log))
                 self._ready.set()
                 await self._stop.wait()
         except Exception as exc:  # noqa: BLE001 - reported to the driver by start() and group()
@@ -139,33 +171,39 @@ class RolloutWorker:
 
 
 class RayRollouts:
-    """Rollout workers on a Ray cluster behind one async iterator (see the module doc)."""
+    """Rollout workers on a Ray cluster behind one async iterator of groups (see the module doc).
+
+    ``engine`` is an engine name (with ``model``, ``engine_kwargs``, ``base_urls``, ``seed``
+    and the config's sampling settings) or an :class:`~agentenv.engines.spec.EngineSpec`."""
 
     def __init__(self, env: "str | Environment", *, workers: int = 2, env_args: dict[str, Any] | None = None,
-                 engine: str = "embedded", model: str | None = None, engine_kwargs: dict[str, Any] | None = None,
-                 base_urls: Sequence[str] | None = None, sandbox: str = "local", config: RolloutConfig | None = None,
-                 seed: int = 0, groups_per_worker: int | None = None, address: str | None = None,
+                 engine: str | EngineSpec = "embedded", model: str | None = None,
+                 engine_kwargs: dict[str, Any] | None = None, base_urls: Sequence[str] | None = None,
+                 sandbox: str = "local", config: RolloutConfig | None = None, seed: int = 0,
+                 groups_per_worker: int | None = None, address: str | None = None,
                  worker_options: dict[str, Any] | None = None, snapshot_interval: float | None = 1.0,
                  engines: int = 0, engine_options: dict[str, Any] | None = None) -> None:
-        if workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {workers}")
-        if model is None:
-            from .models import default_model
-
-            model = str(default_model())
-        self.config = config or RolloutConfig()
         from .registry import portable_spec
 
+        if workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
+        if engines < 0:
+            raise ConfigError(f"engines must be >= 0, got {engines}")
+        self.config = config or RolloutConfig()
+        if isinstance(engine, str):
+            if model is None:
+                from .models import default_model
+
+                model = str(default_model())
+            c = self.config
+            engine = EngineSpec(engine, str(model), dict(engine_kwargs or {}), list(base_urls or []) or None,
+                                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed)
         # An instance: the workers make its class, under its id; a user's one-file module goes
         # with it, for workers on nodes without the file. The workers' sys.path is extended
         # with this one's, so what this process imports, a worker on this machine does too.
-        env, env_id = ({"env": env, "source": None}, None) if isinstance(env, str) else (portable_spec(env), env.id)
-        self.spec = {"env": env, "env_id": env_id, "sys_path": list(sys.path), "env_args": dict(env_args or {}),
-                     "engine": engine, "model": str(model), "engine_kwargs": dict(engine_kwargs or {}),
-                     "base_urls": list(base_urls or []) or None, "sandbox": sandbox, "config": asdict(self.config),
-                     "seed": seed, "workers": workers}
-        if engines < 0:
-            raise ConfigError(f"engines must be >= 0, got {engines}")
+        env_spec, env_id = ({"env": env, "source": None}, None) if isinstance(env, str) else (portable_spec(env), env.id)
+        self.spec = WorkerSpec(env_spec, env_id, dict(env_args or {}), engine, sandbox, self.config, workers,
+                               list(sys.path))
         self.engines_wanted = engines
         self.engine_options = dict(engine_options or {})
         self.engine_actors: list[Any] = []
@@ -176,6 +214,7 @@ class RayRollouts:
         self._cpus_given = "num_cpus" in (worker_options or {}) or "num_cpus" in (engine_options or {})
         self.workers: list[Any] = []
         self.pids: list[int] = []
+        self.prepared = 0  # sandbox sessions the workers started while their engines loaded
         self.replaced = 0  # workers that died and were replaced
         self.rerun = 0  # groups run again because their worker died
         self.continued = 0  # ... of which continued from a snapshot, not from the start
@@ -196,12 +235,9 @@ class RayRollouts:
             if self.engines_wanted:
                 from .engines.actors import start_actors
 
-                s, c = self.spec, self.config
-                self.engine_actors = start_actors(s["engine"], s["model"], replicas=self.engines_wanted,
-                                                  options=self.engine_options, temperature=c.temperature,
-                                                  top_p=c.top_p, seed=s["seed"], base_urls=s["base_urls"],
-                                                  **s["engine_kwargs"])
-                self.spec["engine_actors"] = self.engine_actors
+                self.engine_actors = start_actors(self.spec.engine, replicas=self.engines_wanted,
+                                                  options=self.engine_options)
+                self.spec = replace(self.spec, engine_actors=self.engine_actors)
             await asyncio.gather(*(self._add_worker() for _ in range(self.workers_wanted)))
         except BaseException:
             await self.aclose()
@@ -214,18 +250,19 @@ class RayRollouts:
     async def _add_worker(self, index: int | None = None) -> None:
         actor = self._actor_cls.remote(self.spec)
         try:
-            pid = await actor.start.remote()
+            started = await actor.start.remote()
         except Exception as exc:  # noqa: BLE001 - the worker could not open its engine/sandbox
             _ray().kill(actor)
             hint = ("; the environment's own module travels with the workers, but what it imports must be "
                     "installed on every node (or shipped with worker_options={'runtime_env': ...})"
                     if "EnvNotFoundError" in str(exc) else "")
             raise EngineError(f"a rollout worker failed to start: {exc}{hint}") from exc
+        self.prepared += started["prepared"]
         if index is None:
             self.workers.append(actor)
-            self.pids.append(pid)
+            self.pids.append(started["pid"])
         else:
-            self.workers[index], self.pids[index] = actor, pid
+            self.workers[index], self.pids[index] = actor, started["pid"]
 
     async def aclose(self) -> None:
         ray = _ray()
@@ -251,105 +288,128 @@ class RayRollouts:
         return max(1, -(-self.config.concurrency // max(1, group_size)))
 
     async def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, dict[str, Any]] | None = None,
-                       on_snapshot: Callable[[str, dict[str, Any]], None] | None = None) -> AsyncIterator[Trajectory]:
-        """Run ``group_size`` programs of every task on the workers; yield each trajectory when
-        its group is complete. Cancelling the iteration leaves the workers running nothing of it.
+                       on_snapshot: Callable[[str, dict[str, Any]], None] | None = None) -> AsyncIterator[Group]:
+        """Run ``group_size`` programs of every task on the workers; yield each group when it is
+        complete. Cancelling the iteration leaves the workers running nothing of it.
 
         ``saved`` (task id -> snapshot, see ``journal.snapshot_of``) continues groups a run
         left unfinished; ``on_snapshot(task_id, snapshot)`` sees every snapshot taken (the CLI
         logs them, so ``--resume`` continues the programs). A group given its finished
         trajectories yields them again with the rest."""
-        ray = _ray()
         self.snapshots.update(saved or {})
-        queue = deque(tasks)
-        per_worker = self._per_worker(group_size)
-        inflight: dict[asyncio.Future, tuple[int, Any, Task]] = {}  # future -> (worker index, actor, task)
-        load = [0] * len(self.workers)
-
-        refs: dict[asyncio.Future, Any] = {}
-        died = died_errors()
-
-        def call(actor: Any, task: Task, saved: dict[str, Any] | None) -> asyncio.Future:
-            ref = actor.group.remote(asdict(task), group_size, saved)
-
-            async def wait() -> list[dict[str, Any]]:
-                return await ref
-
-            fut = asyncio.ensure_future(wait())
-            refs[fut] = ref
-            return fut
-
-        async def poll() -> None:
-            """Keep each in-flight group's latest snapshot (its programs at their last completed
-            turn), so a group whose worker dies continues from there."""
-            while True:
-                await asyncio.sleep(self.snapshot_interval)
-                by_actor: dict[Any, list[str]] = {}
-                for _, actor, task in list(inflight.values()):
-                    by_actor.setdefault(actor, []).append(task.id)
-                # Each worker sends only what the driver lacks (``journal.InFlight.snapshot``):
-                # new turns and newly finished programs, not every program's whole prefix.
-                have = {a: {tid: holding(self.snapshots.get(tid)) for tid in ids} for a, ids in by_actor.items()}
-                replies = await asyncio.gather(*(a.snapshot.remote(ids, have[a]) for a, ids in by_actor.items()),
-                                               return_exceptions=True)
-                running = {task.id for _, _, task in inflight.values()}
-                for reply in replies:
-                    if isinstance(reply, dict):
-                        for tid, part in reply.items():
-                            if tid in running:
-                                snap = self.snapshots[tid] = merge_snapshot(self.snapshots.get(tid), part)
-                                if on_snapshot is not None:
-                                    on_snapshot(tid, snap)
-
-        poller = asyncio.ensure_future(poll()) if self.snapshot_interval else None
+        d = _Dispatch(self, list(tasks), group_size, on_snapshot)
+        poller = asyncio.ensure_future(d.poll()) if self.snapshot_interval else None
         try:
-            while queue or inflight:
-                while queue:
-                    free = [i for i in range(len(self.workers)) if load[i] < per_worker]
-                    if not free:
-                        break
-                    i = min(free, key=lambda j: load[j])
-                    task = queue.popleft()
-                    fut = call(self.workers[i], task, self.snapshots.get(task.id))
-                    inflight[fut] = (i, self.workers[i], task)
-                    self.placed[task.id] = self.workers[i]
-                    load[i] += 1
-                done, _ = await asyncio.wait([*inflight, *([poller] if poller else [])],
+            while d.queue or d.inflight:
+                d.fill()
+                done, _ = await asyncio.wait([*d.inflight, *([poller] if poller else [])],
                                              return_when=asyncio.FIRST_COMPLETED)
                 if poller in done:
                     poller.result()  # it ends only by failing (on_snapshot raised): raise that here
                 for fut in done - {poller}:
-                    i, actor, task = inflight.pop(fut)
-                    refs.pop(fut, None)
-                    if actor is self.workers[i]:
-                        load[i] -= 1
-                    try:
-                        dicts = fut.result()
-                    except died:
-                        self.rerun += 1
-                        self.continued += task.id in self.snapshots
-                        queue.appendleft(task)  # again, elsewhere: from its snapshot, or whole
-                        if actor is self.workers[i]:  # the first of its failures: replace it
-                            self.replaced += 1
-                            load[i] = 0
-                            await self._add_worker(i)
-                        continue
-                    self.snapshots.pop(task.id, None)
-                    self.placed.pop(task.id, None)
-                    for d in dicts:
-                        yield Trajectory.from_dict(d)
+                    group = await d.settle(fut)
+                    if group is not None:
+                        yield group
         finally:  # stop what is still running on the workers (their reactors cancel its programs)
             if poller is not None:
                 poller.cancel()
                 await asyncio.gather(poller, return_exceptions=True)
-            for fut in inflight:
-                try:
-                    ray.cancel(refs[fut])
-                except Exception:  # noqa: BLE001 - its worker may be gone
-                    pass
-                fut.cancel()
-            if inflight:
-                await asyncio.gather(*inflight, return_exceptions=True)
+            await d.cancel()
 
 
-__all__ = ["RayRollouts", "RolloutWorker", "connect"]
+class _Dispatch:
+    """One :meth:`RayRollouts.rollouts` call: the queue of groups, each worker's load, the calls
+    in flight, and the snapshots of their programs."""
+
+    def __init__(self, owner: RayRollouts, tasks: list[Task], group_size: int,
+                 on_snapshot: Callable[[str, dict[str, Any]], None] | None) -> None:
+        self.owner = owner
+        self.queue = deque(tasks)
+        self.group_size = group_size
+        self.per_worker = owner._per_worker(group_size)
+        self.on_snapshot = on_snapshot
+        self.inflight: dict[asyncio.Future, tuple[int, Any, Task]] = {}  # future -> (worker index, actor, task)
+        self.refs: dict[asyncio.Future, Any] = {}
+        self.load = [0] * len(owner.workers)
+        self.died = died_errors()
+
+    def fill(self) -> None:
+        """Place queued groups on the least loaded workers that have room."""
+        o = self.owner
+        while self.queue:
+            free = [i for i in range(len(o.workers)) if self.load[i] < self.per_worker]
+            if not free:
+                return
+            i = min(free, key=lambda j: self.load[j])
+            task = self.queue.popleft()
+            ref = o.workers[i].group.remote(asdict(task), self.group_size, o.snapshots.get(task.id))
+
+            async def wait(ref: Any = ref) -> list[dict[str, Any]]:
+                return await ref
+
+            fut = asyncio.ensure_future(wait())
+            self.refs[fut] = ref
+            self.inflight[fut] = (i, o.workers[i], task)
+            o.placed[task.id] = o.workers[i]
+            self.load[i] += 1
+
+    async def settle(self, fut: asyncio.Future) -> Group | None:
+        """A finished call: its group, or (its worker died) None, the group queued again to
+        continue from its snapshot on a live worker, and the worker replaced."""
+        o = self.owner
+        i, actor, task = self.inflight.pop(fut)
+        self.refs.pop(fut, None)
+        if actor is o.workers[i]:
+            self.load[i] -= 1
+        try:
+            dicts = fut.result()
+        except self.died:
+            o.rerun += 1
+            o.continued += task.id in o.snapshots
+            self.queue.appendleft(task)  # again, elsewhere: from its snapshot, or whole
+            if actor is o.workers[i]:  # the first of its failures: replace it
+                o.replaced += 1
+                self.load[i] = 0
+                await o._add_worker(i)
+            return None
+        o.snapshots.pop(task.id, None)
+        o.placed.pop(task.id, None)
+        return Group(task, [Trajectory.from_dict(d) for d in dicts])
+
+    async def poll(self) -> None:
+        """Keep each in-flight group's latest snapshot (its programs at their last completed
+        turn), so a group whose worker dies continues from there."""
+        o = self.owner
+        while True:
+            await asyncio.sleep(o.snapshot_interval or 1.0)
+            by_actor: dict[Any, list[str]] = {}
+            for _, actor, task in list(self.inflight.values()):
+                by_actor.setdefault(actor, []).append(task.id)
+            # Each worker sends only what the driver lacks (``journal.InFlight.snapshot``):
+            # new turns and newly finished programs, not every program's whole prefix.
+            have = {a: {tid: holding(o.snapshots.get(tid)) for tid in ids} for a, ids in by_actor.items()}
+            replies = await asyncio.gather(*(a.snapshot.remote(ids, have[a]) for a, ids in by_actor.items()),
+                                           return_exceptions=True)
+            running = {task.id for _, _, task in self.inflight.values()}
+            for reply in replies:
+                if isinstance(reply, dict):
+                    for tid, part in reply.items():
+                        if tid in running:
+                            snap = o.snapshots[tid] = merge_snapshot(o.snapshots.get(tid), part)
+                            if self.on_snapshot is not None:
+                                self.on_snapshot(tid, snap)
+
+    async def cancel(self) -> None:
+        """Cancel the calls still in flight (the workers' reactors cancel their programs)."""
+        ray = _ray()
+        for fut in self.inflight:
+            try:
+                ray.cancel(self.refs[fut])
+            except Exception:  # noqa: BLE001 - its worker may be gone
+                pass
+            fut.cancel()
+        if self.inflight:
+            await asyncio.gather(*self.inflight, return_exceptions=True)
+
+
+__all__ = ["RayRollouts", "RolloutWorker", "WorkerSpec", "connect"]

@@ -1,24 +1,31 @@
 """A rollout run to a JSONL file: what ``agentenv rollout`` and ``agentenv eval`` do once their
-arguments are checked. One machine (:func:`run`) or a Ray cluster (:func:`run_cluster`); each
-writes a trajectory per line as it is scored (a group at a time with a ``group_reward``),
-keeps the event log beside the output (``agentenv.journal``) so ``--resume`` continues a run,
-holds back what the engine failed on for good, and ends with a summary table."""
+arguments are checked. One path for a run in this process and one on a Ray cluster: only
+where the programs run differs (``agentenv.sources``: a :class:`~agentenv.sources.GroupSource`).
+The run writes a trajectory per line as it is scored (a group at a time with a
+``group_reward``: ``agentenv.writer``), keeps the event log beside the output
+(``agentenv.journal``) so ``--resume`` continues a run, holds back what the engine failed on
+for good, and ends with one summary table (``agentenv.summary``).
+
+    job = RolloutJob.open(options, env)      # checked; the log opened
+    result = await execute(job)              # or run(job) from synchronous code
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import AgentEnvError
 
 if TYPE_CHECKING:
     from .config import RolloutConfig, RolloutRunConfig
+    from .engines.spec import EngineSpec
     from .env import Environment, Task
     from .journal import Journal, LogState
+    from .sources import GroupSource
 
 
 @dataclass
@@ -46,8 +53,13 @@ class RolloutJob:
         return self.options.run.group_size
 
     @property
-    def seed(self) -> int:
-        return self.options.run.seed
+    def engine_spec(self) -> EngineSpec:
+        """The engine to open: ``--engine`` serving the model, sampling as the config says."""
+        from .engines.spec import EngineSpec
+
+        e, c = self.options.engine, self.config
+        return EngineSpec(e.engine, str(self.model), dict(e.engine_kwargs), e.base_urls, temperature=c.temperature,
+                          top_p=c.top_p, top_k=c.top_k, seed=self.options.run.seed)
 
     @classmethod
     def open(cls, options: RolloutRunConfig, env: Environment, *, command: str = "rollout",
@@ -96,145 +108,116 @@ def run(job: RolloutJob) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bars between our own output
-    return anyio.run(run_cluster if job.options.cluster.cluster == "ray" else run_local, job)
+    return anyio.run(execute, job).code
 
 
-def _open_out(out: Path, append: bool) -> Any:
-    """The output, unbuffered: each line goes to the OS as it is written, so closing the file
-    has nothing left to write (and cannot fail after a write error was reported)."""
-    return open(out, "ab" if append else "wb", buffering=0)
+@dataclass
+class RunResult:
+    """How a run ended: its exit status (1: programs held back), the stats summary it
+    reported and the lines it wrote."""
+
+    code: int
+    summary: dict[str, Any]
+    written: int
 
 
-def _has_group_reward(env: Any) -> bool:
-    """Whether ``env`` rewards whole groups (overrides ``Environment.group_reward``)."""
-    from .env import Environment
+def source_of(job: RolloutJob) -> GroupSource:
+    """Where ``job``'s programs run: this process, or rollout workers on Ray."""
+    from .sources import LocalGroups, RayGroups
+    from .writer import has_group_reward
 
-    return type(env).group_reward is not Environment.group_reward  # as the checker tests overrides
-
-
-def _unfinished_groups(out: Path, done: set, tasks: list, group_size: int) -> dict[str, list]:
-    """The trajectories in ``out`` of each task whose group is only partly there."""
-    from . import journal
-    from .trajectory import Trajectory
-
-    ids = {t.id for t in tasks if 0 < sum((t.id, i) in done for i in range(group_size)) < group_size}
-    return {tid: [Trajectory.from_dict(d) for d in lines] for tid, lines in journal.lines_of(out, ids).items()}
+    o = job.options
+    if o.cluster.cluster == "ray":
+        return RayGroups(job.env, o.env.env_kwargs, job.engine_spec, o.sandbox.sandbox, job.config, job.log,
+                         out=job.out, workers=o.cluster.workers, engines=o.cluster.engines,
+                         engine_gpus=o.cluster.engine_gpus)
+    return LocalGroups(job.env, job.engine_spec, o.sandbox.sandbox, job.config, job.log,
+                       programs=len(job.tasks) * job.group_size, out=job.out, by_group=has_group_reward(job.env))
 
 
-def _sort_group(new: list, by_group: bool) -> tuple[list, list, list]:
-    """A complete group's trajectories that are not in the output yet: (to write, to hold in
-    the log, failed). What the engine failed on for good is not a result: it is not written,
-    and ``--resume`` continues it from its log records. With a group reward the group's other
-    samples are held too (``held`` records keep them whole, not to be run again), so that
-    every line of a group carries the reward of the whole group."""
-    failed = [t for t in new if t.finish_reason == "error:engine"]
-    ok = [t for t in new if t.finish_reason != "error:engine"]
-    return ([], ok, failed) if failed and by_group else (ok, [], failed)
-
-
-def _write_line(f: Any, traj: Any, out: Path, hint: str = "") -> None:
-    """One trajectory as one JSONL line, written whole; a write error is one clear line (a
-    line cut short by it is dropped by --resume)."""
-    data = memoryview((json.dumps(traj.to_dict(), ensure_ascii=False) + "\n").encode("utf-8"))
-    try:
-        while data:
-            data = data[f.write(data):]  # a raw write may take fewer bytes than given
-    except OSError as exc:
-        raise AgentEnvError(f"cannot write {out}: {exc.strerror or exc}{hint}") from None
-
-
-async def run_cluster(job: RolloutJob) -> int:
-    """``--cluster ray``: the same JSONL, from rollout workers on a Ray cluster. Its event log
-    records the workers' snapshots (each program's completed turns) and each line written, so
-    ``--resume`` continues every unfinished group: its finished lines are kept and its
-    programs go on from their last logged turn."""
+async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResult:
+    """The run: a header line, the programs from ``source`` (default :func:`source_of`) written
+    as they finish (``agentenv.writer``) under a progress bar, the summary table, and what was
+    held back. The event log is closed and the environment too, whatever happens."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from . import journal
-    from .cluster import RayRollouts
-    from .stats import RunStats
-
-    env, env_args, model, config, tasks = job.env, job.options.env.env_kwargs, job.model, job.config, job.tasks
     console = Console(stderr=True)
-    console.print(f"[bold]agentenv[/] {job.command}: env={env.id} model={model} engine={job.options.engine.engine} "
-                  f"tasks={len(tasks)} x group {job.group_size} on Ray, {job.options.cluster.workers} workers"
-                  + (f", {job.options.cluster.engines} engine actors" if job.options.cluster.engines else ""))
-    log, resume = job.log, job.resume
-    done = resume.done if resume is not None else set()
-    todo = [t for t in tasks if any((t.id, i) not in done for i in range(job.group_size))]
-    total = len(tasks) * job.group_size - len(done)
-    saved: dict[str, Any] = {}
-    if resume is not None:  # unfinished groups continue: their finished lines and their programs' logged turns
-        ids = {t.id for t in todo}
-        finished = journal.lines_of(job.out, ids)
-        for (tid, i), d in sorted(resume.held.items()):  # finished, held back with its group (below)
-            if (tid, i) not in done:
-                finished.setdefault(tid, []).append(d)
-        with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
-        saved = {tid: journal.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
-        console.print(f"resuming: {len(done)} trajectories done; {len(todo)} tasks unfinished, {len(resume.partial)} "
-                      "programs continue from their last logged turn")
-    logged: dict[str, tuple[int, int, int]] = {}  # program -> how far its records in the log go
-    stats, written = RunStats(), 0
-    by_group, held_back, waiting, arrived = _has_group_reward(env), [], [], {}
+    source = source or source_of(job)
+    console.print(f"[bold]agentenv[/] {job.command}: env={job.env.id} model={job.model} engine={job.engine_spec.kind} "
+                  f"tasks={len(job.tasks)} x group {job.group_size}{source.where}")
+    try:
+        async with source:
+            result = await _stream(job, source, console)
+    except BaseException:
+        with contextlib.suppress(AgentEnvError):  # the first error is the one to report
+            job.log.close()
+        raise
+    else:
+        job.log.close()
+    finally:
+        await job.env.aclose()
+    return result
+
+
+async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResult:
+    import anyio
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .writer import RunWriter, has_group_reward
+
+    resume, g = job.resume, job.group_size
+    in_out = set(resume.done) if resume is not None else set()  # lines in the output already
+    held = {k for k in (resume.held if resume is not None else ()) if k not in in_out}
+    if resume is not None:
+        console.print(f"resuming: {len(in_out)} trajectories done, {len(resume.partial)} in flight continue from "
+                      "their last logged turn" + (f", {len(held)} finished wait for their groups" if held else ""))
+    writer = RunWriter(job.out, job.log, by_group=has_group_reward(job.env), in_out=in_out, already=held,
+                       append=job.options.output.resume)
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[info]}"), console=console, disable=not job.options.output.progress)
-    try:
-        async with RayRollouts(env, workers=job.options.cluster.workers, env_args=env_args, engine=job.options.engine.engine, model=str(model),
-                               engine_kwargs=job.options.engine.engine_kwargs, base_urls=job.options.engine.base_urls, sandbox=job.options.sandbox.sandbox,
-                               config=config, seed=job.seed, engines=job.options.cluster.engines,
-                               engine_options={"num_gpus": job.options.cluster.engine_gpus} if job.options.cluster.engine_gpus else None) as cluster:
-            stats.start(total)
-            with progress, _open_out(job.out, job.options.output.resume) as f:
-                bar = progress.add_task("rollouts", total=total, info="")
-                async for traj in cluster.rollouts(
-                        todo, job.group_size, saved=saved,
-                        on_snapshot=lambda tid, snap: journal.log_snapshot(log, snap, logged)):
-                    # A group's trajectories come together, all of them: written as the local
-                    # run writes them (_sort_group).
-                    group = arrived.setdefault(traj.task_id, [])
-                    group.append(traj)
-                    if len(group) < job.group_size:
-                        continue
-                    del arrived[traj.task_id]
-                    new = [t for t in group if (t.task_id, t.sample_index) not in done]  # not in the output yet
-                    to_write, to_hold, failed = _sort_group(new, by_group)
-                    held_back += failed
-                    for t in new:
-                        stats.add(t)  # the summary counts every finished program, as a local run's
-                    for t in to_hold:
-                        log.held(t)
-                        waiting.append(t)
-                    for t in to_write:
-                        _write_line(f, t, job.out, "; the lines before this one are intact (--resume continues)")
-                        log.done(t)
-                        written += 1
-                    progress.update(bar, advance=len(new), info=f"{stats.tokens_per_s:.0f} tok/s")
-            stats.stop()
-            s = stats.summary()
-            t = Table(title=f"{written} trajectories -> {job.out}", show_header=False)
-            engines = (("engine actors", f"{job.options.cluster.engines}, shared by the workers"),) if job.options.cluster.engines else ()
-            for k, v in (("workers (pids)", ", ".join(map(str, cluster.pids))), *engines,
-                         ("workers replaced / groups run again (from a snapshot)",
-                          f"{cluster.replaced} / {cluster.rerun} ({cluster.continued})"),
-                         ("tool calls", s["tool_calls"]), ("tokens generated", s["tokens_generated"]),
-                         ("tokens/s", s["tokens_per_s"]), ("mean reward", s["mean_reward"]),
-                         ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),
-                         ("wall time", f"{s['wall_s']}s rollout, {time.perf_counter() - job.t_start:.1f}s with "
-                                       "start-up (cluster, workers)")):
-                t.add_row(k, str(v))
-            console.print(t)
-        if held_back:
-            _say_held_back(console, held_back, waiting, job.out)
-            return 1
-    finally:
-        try:
-            log.close()
-        finally:
-            await env.aclose()
-    return 0
+
+    def info() -> str:
+        s = source.stats
+        mr, rate = s.mean_reward, s.live_tokens_per_s or s.tokens_per_s
+        return (f"{rate:.0f} tok/s  " + (f"{s.in_flight} in flight  " if s.slots else "")
+                + f"reward {'-' if mr is None else f'{mr:.2f}'}")
+
+    with progress, writer:
+        bar = progress.add_task("rollouts", total=len(job.tasks) * g - len(in_out | held), info="")
+
+        async def tick() -> None:  # the rate moves while long programs are under way
+            while True:
+                await anyio.sleep(1.0)
+                progress.update(bar, info=info())
+
+        async with anyio.create_task_group() as ticker, source.results(job.tasks, g, resume) as results:
+            ticker.start_soon(tick)
+            async for item in results:
+                progress.update(bar, advance=writer.take(item), info=info())  # the bar counts finished programs
+            ticker.cancel_scope.cancel()
+    return _report(job, source, writer, console)
+
+
+def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> RunResult:
+    """The summary table, a warning for failed rewards, and what was held back."""
+    from .summary import summary_rows, summary_table
+
+    summary = source.summary()
+    rows = summary_rows(summary, prepared=source.prepared, startup_s=time.perf_counter() - job.t_start,
+                        startup=source.startup, extra=source.rows())
+    console.print(summary_table(rows, writer.written, job.out))
+    if writer.reward_errors:
+        console.print(f"[bold yellow]warning:[/] the reward failed for {len(writer.reward_errors)} of {writer.written} "
+                      "trajectories (reward None, finish_reason error:reward); first error: "
+                      f"{writer.reward_errors[0]}")
+    if writer.held_back:
+        waiting = writer.waiting
+        console.print(f"[bold red]{len(writer.held_back)} programs stopped because the engine failed[/] "
+                      f"(first: {writer.held_back[0].error}); they are not in {job.out}"
+                      + (f", nor are the {len(waiting)} finished samples of their groups, held in the log so "
+                         "that each group is scored whole" if waiting else "")
+                      + ". Run the same command with --resume to finish them from their last completed turn.")
+    return RunResult(1 if writer.held_back else 0, summary, writer.written)
 
 
 def check_out(out: Path) -> None:
@@ -250,161 +233,3 @@ def check_out(out: Path) -> None:
             open(path, "ab").close()  # created empty if missing; nothing written yet
         except OSError as exc:
             raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-async def run_local(job: RolloutJob) -> int:
-    import anyio
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .checker import check_env
-    from .engines import open_engine
-    from .reactor import Group, Reactor, prepare_sessions
-    from .trajectory import Trajectory
-    from agentenv.sandboxes import default_sandbox
-
-    env, model, config, tasks = job.env, job.model, job.config, job.tasks
-    console = Console(stderr=True)
-    console.print(f"[bold]agentenv[/] {job.command}: env={env.id} model={model} engine={job.options.engine.engine} "
-                  f"tasks={len(tasks)} x group {job.group_size}")
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            # The sandbox first: the sessions the first programs will take start while the model
-            # loads, not beside the first turns (see ``prepare_sessions``).
-            sandbox = await stack.enter_async_context(default_sandbox(job.options.sandbox.sandbox))
-            prepared = await prepare_sessions(env, sandbox, config, len(tasks) * job.group_size)
-            engine = await stack.enter_async_context(await open_engine(
-                job.options.engine.engine, str(model), temperature=config.temperature, top_p=config.top_p, seed=job.seed,
-                base_urls=job.options.engine.base_urls, **job.options.engine.engine_kwargs))
-            check_env(env, tokenizer=engine.tokenizer)
-            total = len(tasks) * job.group_size
-            written, held_back, waiting, reward_errors = 0, [], [], []
-            progress = Progress(
-                TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.fields[info]}"), console=console, disable=not job.options.output.progress,
-            )
-            log, resume = job.log, job.resume
-            # An environment with a group reward rewards a group's samples only once the
-            # whole group is done: their lines are written then, a group at a time (as a Ray
-            # run writes them), so every line carries the reward the trainer would see.
-            by_group = _has_group_reward(env)
-            in_out = set(resume.done) if resume is not None else set()  # lines in --out already
-            held: dict = {}
-            if by_group and resume is not None:
-                # A group cut short mid-write, or held back (below), is scored whole again:
-                # with its lines in the output and its held samples, which do not run again.
-                resume.finished = _unfinished_groups(job.out, in_out, tasks, job.group_size)
-                held = {k: d for k, d in resume.held.items() if k not in in_out}
-                for (tid, _), d in held.items():
-                    resume.finished.setdefault(tid, []).append(Trajectory.from_dict(d))
-                resume.done |= held.keys()
-            if resume is not None:
-                console.print(f"resuming: {len(in_out)} trajectories done, {len(resume.partial)} in flight "
-                              f"continue from their last turn"
-                              + (f", {len(held)} finished wait for their groups" if held else ""))
-                total -= len(resume.done)
-            async with Reactor(engine, env, sandbox, config, journal=log) as reactor:
-                with progress, _open_out(job.out, job.options.output.resume) as f:
-                    bar = progress.add_task("rollouts", total=total, info="")
-
-                    def write(traj: Trajectory) -> None:
-                        nonlocal written
-                        if traj.finish_reason == "error:reward":
-                            reward_errors.append(traj.error)
-                        _write_line(f, traj, job.out, "; the lines before this one are intact (--resume continues)")
-                        log.done(traj)
-                        written += 1
-
-                    def info() -> str:
-                        s, mr = reactor.stats, reactor.stats.mean_reward
-                        return (f"{s.live_tokens_per_s:.0f} tok/s  {s.in_flight} in flight  reward "
-                                f"{'-' if mr is None else f'{mr:.2f}'}")
-
-                    async def tick() -> None:  # the rate moves while long programs are under way
-                        while True:
-                            await anyio.sleep(1.0)
-                            progress.update(bar, info=info())
-
-                    async with anyio.create_task_group() as ticker, \
-                            reactor.rollouts(tasks, job.group_size, resume=resume) as results:
-                        ticker.start_soon(tick)
-                        async for item in results:
-                            if isinstance(item, Group):
-                                if by_group:  # its failed samples were counted as they came, below
-                                    new = [t for t in item.trajectories if (t.task_id, t.sample_index) not in in_out]
-                                    to_write, to_hold, _ = _sort_group(new, by_group)
-                                    for t in to_hold:
-                                        log.held(t)
-                                        waiting.append(t)
-                                    for t in to_write:
-                                        write(t)
-                                continue
-                            if item.finish_reason == "error:engine":
-                                # The engine failed for good (restarts/reconnects exhausted): not a
-                                # result. Its log records stay, so --resume continues it.
-                                held_back.append(item)
-                            elif not by_group:
-                                write(item)
-                            progress.update(bar, advance=1, info=info())  # the bar counts finished programs
-                        ticker.cancel_scope.cancel()
-                _summary(console, reactor.stats.summary(), job.out, written, time.perf_counter() - job.t_start,
-                         prepared)
-            if reward_errors:
-                console.print(f"[bold yellow]warning:[/] the reward failed for {len(reward_errors)} of {written} "
-                              "trajectories (reward None, finish_reason error:reward); first error: "
-                              f"{reward_errors[0]}")
-            if held_back:
-                _say_held_back(console, held_back, waiting, job.out)
-                job.log.close()
-                return 1
-    except BaseException:
-        with contextlib.suppress(AgentEnvError):  # the first error is the one to report
-            job.log.close()
-        raise
-    else:
-        job.log.close()
-    finally:
-        await env.aclose()
-    return 0
-
-
-def _say_held_back(console: Any, held_back: list, waiting: list, out: Path) -> None:
-    console.print(f"[bold red]{len(held_back)} programs stopped because the engine failed[/] "
-                  f"(first: {held_back[0].error}); they are not in {out}"
-                  + (f", nor are the {len(waiting)} finished samples of their groups, held in the log so "
-                     "that each group is scored whole" if waiting else "")
-                  + ". Run the same command with --resume to finish them from their last completed turn.")
-
-
-def _summary(console: Any, s: dict, out: Path, written: int, total_s: float, prepared: int = 0) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"{written} trajectories -> {out}", show_header=False)
-    rows = [
-        ("programs", s["programs"]),
-        ("turns", s["turns"]),
-        ("tool calls", s["tool_calls"]),
-        ("tool errors", s["tool_errors"]),
-        ("programs with a tool call that ran", s["programs_with_ok_tool_call"]),
-        ("tokens generated", s["tokens_generated"]),
-        ("tokens/s", s["tokens_per_s"]),
-        ("prefix-cache reuse (resumed turns)", f"{s['resume_reuse_pct']}%"),
-        ("prefix-cache hits (all prompt tokens)", f"{s['prefix_cache_hit_pct']}%"),
-        ("engine occupancy (mean requests in flight)", s["mean_requests_in_flight"]),
-        ("engine idle (no request in flight)", f"{s['engine_idle_pct']}%"),
-        *((("engine under half its decode slots (the run's tail, mostly)", f"{s['engine_under_half_pct']}%"),)
-          if s.get("engine_under_half_pct") is not None else ()),
-        ("pauses / restores (KV pressure)", f"{s['pauses']} / {s['restores']}"),
-        *((("sandbox sessions prepared ahead (model loading)", prepared),) if prepared else ()),
-        *((("sandbox sessions (started, p50 / p90 start)",
-            f"{s['env_starts']}, {s['env_start_p50_ms']} / {s['env_start_p90_ms']} ms"),) if s["env_starts"] else ()),
-        *((("programs that waited for their session", f"{s['env_waits']} ({s['env_wait_s']}s in all)"),)
-          if s["env_waits"] else ()),
-        ("mean reward", s["mean_reward"]),
-        *((f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())),
-        ("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))),
-        ("wall time", f"{s['wall_s']}s rollout, {total_s:.1f}s with start-up (model, sandbox)"),
-    ]
-    for k, v in rows:
-        t.add_row(k, str(v))
-    console.print(t)

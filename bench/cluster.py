@@ -97,8 +97,8 @@ async def main_async(a: argparse.Namespace) -> None:
                 async for _ in cluster.rollouts(env.tasks(2, seed=a.seed + 1), a.group_size):
                     pass  # warm-up
                 c0, t0, trajs = cpu_seconds(), time.perf_counter(), []
-                async for t in cluster.rollouts(tasks, a.group_size):
-                    trajs.append(t)
+                async for group in cluster.rollouts(tasks, a.group_size):
+                    trajs += group.trajectories
                 results[f"ray, {workers} worker{'s' if workers > 1 else ''}"] = (
                     time.perf_counter() - t0, cpu_seconds() - c0, len(trajs))
                 check(trajs, env)

@@ -38,8 +38,10 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
     env = make("retool-math")
     tasks = env.tasks(6, seed=3)
     async with RayRollouts("retool-math", workers=2, config=CONFIG, seed=3) as c:
-        remote = [t async for t in c.rollouts(tasks, group_size=2)]
+        groups = [g async for g in c.rollouts(tasks, group_size=2)]
         assert len(set(c.pids)) == 2 and os.getpid() not in c.pids  # two actor processes did the work
+        assert c.prepared > 0  # the workers started sandbox sessions while their engines loaded
+    remote = [t for g in groups for t in g.trajectories]
     async with LocalSandbox() as sb, Reactor(engine, env, sb, CONFIG) as reactor:
         local = [t for g in await reactor.collect(tasks, 2) for t in g.trajectories]
     assert keys(remote) == keys(local) == sorted((t.id, i) for t in tasks for i in range(2))
@@ -49,9 +51,11 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
         assert tokenizer.decode(t.completion_ids, skip_special_tokens=False) == t.text
         assert t.finish_reason in ("stop", "length", "max_turns", "context_overflow")
         assert t.reward is not None
-    # Groups arrive whole: each task's samples are adjacent in the stream.
-    order = [t.task_id for t in remote]
-    assert all(order[i] == order[i + 1] for i in range(0, len(order), 2))
+    # Groups arrive whole, as the reactor's Group objects.
+    assert sorted(g.task.id for g in groups) == sorted(t.id for t in tasks)
+    for g in groups:
+        assert [t.sample_index for t in g.trajectories] == [0, 1] and {t.task_id for t in g.trajectories} == {g.task.id}
+        assert {t.group_id for t in g.trajectories} == {g.id}
 
 
 def progressed(snapshot) -> bool:
@@ -80,8 +84,8 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
             return saved
 
         killer = asyncio.ensure_future(until(kill_once_progressed, "a group of the victim progressed"))
-        async for t in c.rollouts(tasks, group_size=2):
-            got.append(t)
+        async for g in c.rollouts(tasks, group_size=2):
+            got += g.trajectories
         assert killer.done(), "the run ended before a group of the victim had progressed"
         saved = killer.result()
         assert c.replaced == 1 and c.continued >= 1 and victim not in c.workers
@@ -181,8 +185,8 @@ async def test_workers_share_engine_actors_and_a_killed_engine_loses_nothing(clu
             return n
 
         killer = asyncio.ensure_future(kill_once_serving())
-        async for t in c.rollouts(tasks, group_size=2):
-            got.append(t)
+        async for g in c.rollouts(tasks, group_size=2):
+            got += g.trajectories
         assert killer.done(), "the run ended before the engine actor served 4 requests"
         assert killer.result() >= 4
         assert c.replaced == 0  # no rollout worker died: the engine's loss was absorbed below them

@@ -39,6 +39,7 @@ from ..errors import AgentEnvError, ConfigError, EngineError, PromptTooLongError
 from ..raycluster import actor_options, died_errors, ray_module
 from .base import Engine, Generation, SamplingParams
 from .routing import Router
+from .spec import EngineSpec
 
 if TYPE_CHECKING:
     import torch  # type hints only
@@ -50,7 +51,7 @@ class EngineActor:
     """The Ray actor (wrapped by ``ray.remote`` in :meth:`RayEngine.start`). The engine is opened
     by the first call, so an actor Ray restarts serves again with no one starting it."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.engine: Engine | None = None
         self._opening: asyncio.Lock | None = None
@@ -63,12 +64,7 @@ class EngineActor:
             self._opening = self._opening or asyncio.Lock()
             async with self._opening:
                 if self.engine is None:
-                    from . import open_engine
-
-                    s = self.spec
-                    self.engine = await open_engine(s["kind"], s["model"], temperature=s["temperature"],
-                                                    top_p=s["top_p"], seed=s["seed"], base_urls=s["base_urls"],
-                                                    **s["engine_kwargs"])
+                    self.engine = await self.spec.open()
         return self.engine
 
     async def info(self) -> dict[str, Any]:
@@ -170,8 +166,8 @@ class RayEngine(Engine):
                     max_restarts: int = 3, **engine_kwargs: Any) -> "RayEngine":
         """Start ``replicas`` engine actors of ``kind`` (each ``options``: e.g. ``{"num_gpus": 1}``
         for vLLM) on the connected Ray cluster; replica ``i`` samples with seed ``seed + i``."""
-        actors = start_actors(kind, model, replicas=replicas, options=options, temperature=temperature, top_p=top_p,
-                              seed=seed, base_urls=base_urls, max_restarts=max_restarts, **engine_kwargs)
+        spec = EngineSpec(kind, str(model), engine_kwargs, base_urls, temperature=temperature, top_p=top_p, seed=seed)
+        actors = start_actors(spec, replicas=replicas, options=options, max_restarts=max_restarts)
         try:
             return await cls.connect(actors, model, owned=True)
         except BaseException:
@@ -320,17 +316,15 @@ class RayEngine(Engine):
             await stop_actors(self.actors)
 
 
-def start_actors(kind: str, model: str, *, replicas: int = 2, options: dict[str, Any] | None = None,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, base_urls: list[str] | None = None,
-                 max_restarts: int = 3, **engine_kwargs: Any) -> list[Any]:
-    """``replicas`` engine actors (not yet opened: their first call opens the engine)."""
+def start_actors(spec: EngineSpec, *, replicas: int = 2, options: dict[str, Any] | None = None,
+                 max_restarts: int = 3) -> list[Any]:
+    """``replicas`` engine actors of ``spec`` (not yet opened: their first call opens the
+    engine); replica ``i`` samples with seed ``spec.seed + i``."""
     ray = ray_module()
     if replicas < 1:
         raise ConfigError(f"engine replicas must be >= 1, got {replicas}")
     cls = ray.remote(EngineActor).options(**actor_options(options, num_cpus=1, max_restarts=max_restarts))
-    return [cls.remote({"kind": kind, "model": str(model), "temperature": temperature, "top_p": top_p,
-                        "seed": seed + i, "base_urls": base_urls, "engine_kwargs": dict(engine_kwargs)})
-            for i in range(replicas)]
+    return [cls.remote(spec.replica(i)) for i in range(replicas)]
 
 
 async def stop_actors(actors: list[Any]) -> None:

@@ -1,0 +1,69 @@
+"""Which engine to open: one typed value (:class:`EngineSpec`) that a rollout run, its Ray
+rollout workers and the engine actors pass around, opened in one place (:meth:`EngineSpec.open`).
+
+    spec = EngineSpec("vllm", "/models/qwen", {"max_model_len": 4096}, seed=3)
+    async with await spec.open() as engine:
+        ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import Engine
+
+KINDS = ("embedded", "vllm", "openai")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """An engine by name, the model it serves and how it samples.
+
+    ``embedded``: this process, CPU (sampling settings are its defaults); ``vllm``: in-process
+    AsyncLLM (``seed``; requests carry their sampling settings); ``openai``: a client of the
+    servers at ``base_urls`` (``model`` is then the local directory holding the matching
+    tokenizer). ``kwargs`` go to the engine's constructor (the CLI's ``--engine-arg``)."""
+
+    kind: str
+    model: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    base_urls: list[str] | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def replica(self, index: int) -> "EngineSpec":
+        """Replica ``index`` of a set of engines: the same engine, sampling with seed ``seed + index``."""
+        return replace(self, seed=self.seed + index)
+
+    async def open(self) -> "Engine":
+        """Start the engine; a setting it does not take is a :class:`~agentenv.errors.ConfigError`."""
+        import anyio
+
+        from ..errors import ConfigError
+
+        try:
+            if self.kind == "vllm":
+                from .vllm import VLLMEngine
+
+                return await VLLMEngine.create(self.model, seed=self.seed, **self.kwargs)
+            if self.kind == "openai":
+                from .openai import OpenAIEngine
+
+                if not self.base_urls:
+                    raise ConfigError("--engine openai needs --base-url http://HOST:PORT")
+                return await OpenAIEngine.create(list(self.base_urls), self.model, **self.kwargs)
+            if self.kind != "embedded":
+                raise ConfigError(f"unknown engine {self.kind!r}: {', '.join(KINDS[:-1])} or {KINDS[-1]}")
+            from .embedded import EmbeddedEngine
+
+            sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+            return await anyio.to_thread.run_sync(lambda: EmbeddedEngine(self.model, **{**sampling, **self.kwargs}))
+        except TypeError as exc:  # a keyword the engine does not take
+            raise ConfigError(f"bad --engine-arg for the {self.kind} engine: {exc}") from exc
+
+
+__all__ = ["EngineSpec", "KINDS"]

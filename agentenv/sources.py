@@ -1,0 +1,213 @@
+"""Where a rollout run's results come from: this process's reactor (:class:`LocalGroups`) or
+rollout workers on a Ray cluster (:class:`RayGroups`). Both are a :class:`GroupSource`: an
+async context manager whose :meth:`~GroupSource.results` streams finished programs and
+complete groups; the run around it (``agentenv.rollout_run``: the writer, resume, progress and
+summary) is one and the same."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncContextManager, AsyncIterator, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from .config import RolloutConfig
+    from .engines.spec import EngineSpec
+    from .env import Environment, Task
+    from .journal import Journal, LogState
+    from .reactor import Group
+    from .stats import RunStats
+    from .trajectory import Trajectory
+
+# What a Ray driver does not see: its workers' engines and sandboxes measure these.
+WORKER_SIDE = ("mean_requests_in_flight", "engine_idle_pct", "engine_under_half_pct", "pauses", "restores",
+               "env_waits", "env_wait_s", "env_starts", "env_start_p50_ms", "env_start_p90_ms")
+
+
+class GroupSource(Protocol):
+    """Where a run's programs run. Opened with ``async with`` (engine, sandbox or cluster)."""
+
+    #: The header's words for where the run happens (e.g. ``" on Ray, 2 workers"``).
+    where: str
+    #: What the run's start-up covers, for the wall-time row.
+    startup: str
+    #: Sandbox sessions started while the model loaded.
+    prepared: int
+
+    async def __aenter__(self) -> "GroupSource": ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    def results(self, tasks: Sequence[Task], group_size: int, resume: LogState | None
+                ) -> AsyncContextManager[AsyncIterator[Trajectory | Group]]:
+        """Run ``group_size`` programs of every task (``resume``: less what a log says is done,
+        its partial programs continued); stream each finished program (a source may leave
+        them to their group) and each complete group."""
+        ...
+
+    @property
+    def stats(self) -> RunStats: ...
+
+    def summary(self) -> dict[str, Any]:
+        """The run's stats summary: the figures this source measured."""
+        ...
+
+    def rows(self) -> list[tuple[str, Any]]:
+        """The summary table's rows only this source has."""
+        ...
+
+
+class LocalGroups:
+    """The run in this process: a sandbox pool, an engine and a :class:`~agentenv.Reactor`."""
+
+    where = ""
+    startup = "model, sandbox"
+
+    def __init__(self, env: Environment, engine: EngineSpec, sandbox: str, config: RolloutConfig, log: Journal,
+                 *, programs: int, out: Path, by_group: bool) -> None:
+        self.env, self.engine_spec, self.sandbox_kind, self.config, self.log = env, engine, sandbox, config, log
+        self.programs, self.out, self.by_group = programs, out, by_group
+        self.prepared = 0
+        self.reactor: Any = None
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> "LocalGroups":
+        from .checker import check_env
+        from .reactor import Reactor, prepare_sessions
+        from .sandboxes import default_sandbox
+
+        async with contextlib.AsyncExitStack() as stack:
+            # The sandbox first: the sessions the first programs will take start while the model
+            # loads, not beside the first turns (see ``prepare_sessions``).
+            sandbox = await stack.enter_async_context(default_sandbox(self.sandbox_kind))
+            self.prepared = await prepare_sessions(self.env, sandbox, self.config, self.programs)
+            engine = await stack.enter_async_context(await self.engine_spec.open())
+            check_env(self.env, tokenizer=engine.tokenizer)
+            self.reactor = await stack.enter_async_context(
+                Reactor(engine, self.env, sandbox, self.config, journal=self.log))
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    @contextlib.asynccontextmanager
+    async def results(self, tasks: Sequence[Task], group_size: int, resume: LogState | None
+                      ) -> AsyncIterator[AsyncIterator[Trajectory | Group]]:
+        if resume is not None and self.by_group:
+            _regroup(resume, self.out, tasks, group_size)
+        async with self.reactor.rollouts(tasks, group_size, resume=resume) as results:
+            yield results
+
+    @property
+    def stats(self) -> RunStats:
+        return self.reactor.stats
+
+    def summary(self) -> dict[str, Any]:
+        return self.reactor.stats.summary()
+
+    def rows(self) -> list[tuple[str, Any]]:
+        return []
+
+
+def _regroup(resume: LogState, out: Path, tasks: Sequence[Task], group_size: int) -> None:
+    """A group cut short mid-write, or held back, is scored whole again: with its lines in the
+    output and its held samples, which do not run again (``resume`` is changed to say so)."""
+    from . import journal
+    from .trajectory import Trajectory
+
+    in_out = set(resume.done)
+    ids = {t.id for t in tasks if 0 < sum((t.id, i) in in_out for i in range(group_size)) < group_size}
+    resume.finished = {tid: [Trajectory.from_dict(d) for d in lines]
+                       for tid, lines in journal.lines_of(out, ids).items()}
+    held = {k: d for k, d in resume.held.items() if k not in in_out}
+    for (tid, _), d in held.items():
+        resume.finished.setdefault(tid, []).append(Trajectory.from_dict(d))
+    resume.done |= held.keys()
+
+
+class RayGroups:
+    """The run on rollout workers on a Ray cluster (:class:`~agentenv.cluster.RayRollouts`):
+    groups come back whole; the event log records the workers' snapshots of their programs,
+    so ``--resume`` continues every unfinished group from its programs' last logged turns."""
+
+    startup = "cluster, workers"
+
+    def __init__(self, env: Environment, env_args: dict[str, Any], engine: EngineSpec, sandbox: str,
+                 config: RolloutConfig, log: Journal, *, out: Path, workers: int, engines: int = 0,
+                 engine_gpus: float = 0.0) -> None:
+        from .stats import RunStats
+
+        self.env, self.env_args, self.engine_spec, self.sandbox_kind = env, env_args, engine, sandbox
+        self.config, self.log, self.out = config, log, out
+        self.workers, self.engines, self.engine_gpus = workers, engines, engine_gpus
+        self.where = f" on Ray, {workers} workers" + (f", {engines} engine actors" if engines else "")
+        self.cluster: Any = None
+        self._stats = RunStats()  # the driver's: what the trajectories say
+
+    @property
+    def prepared(self) -> int:
+        return self.cluster.prepared if self.cluster is not None else 0
+
+    async def __aenter__(self) -> "RayGroups":
+        from .cluster import RayRollouts
+
+        self.cluster = RayRollouts(
+            self.env, workers=self.workers, env_args=self.env_args, engine=self.engine_spec, sandbox=self.sandbox_kind,
+            config=self.config, engines=self.engines,
+            engine_options={"num_gpus": self.engine_gpus} if self.engine_gpus else None)
+        await self.cluster.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.cluster.aclose()
+
+    @contextlib.asynccontextmanager
+    async def results(self, tasks: Sequence[Task], group_size: int, resume: LogState | None
+                      ) -> AsyncIterator[AsyncIterator[Trajectory | Group]]:
+        from . import journal
+
+        done = set(resume.done) if resume is not None else set()
+        todo = [t for t in tasks if any((t.id, i) not in done for i in range(group_size))]
+        saved: dict[str, Any] = {}
+        if resume is not None:  # unfinished groups continue: their finished lines and their programs' logged turns
+            ids = {t.id for t in todo}
+            finished = journal.lines_of(self.out, ids)
+            for (tid, i), d in sorted(resume.held.items()):  # finished, held back with its group
+                if (tid, i) not in done:
+                    finished.setdefault(tid, []).append(d)
+            with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
+            saved = {tid: journal.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
+        already = done | set(resume.held if resume is not None else ())
+        logged: dict[str, tuple[int, int, int]] = {}  # program -> how far its records in the log go
+
+        async def groups() -> AsyncIterator[Group]:
+            async for group in self.cluster.rollouts(
+                    todo, group_size, saved=saved,
+                    on_snapshot=lambda tid, snap: journal.log_snapshot(self.log, snap, logged)):
+                for t in group.trajectories:
+                    if (t.task_id, t.sample_index) not in already:
+                        self._stats.add(t)  # the summary counts every program run, as a local run's
+                yield group
+
+        self._stats.start(len(tasks) * group_size - len(done))
+        try:
+            yield groups()
+        finally:
+            self._stats.stop()
+
+    @property
+    def stats(self) -> RunStats:
+        return self._stats
+
+    def summary(self) -> dict[str, Any]:
+        return {k: v for k, v in self._stats.summary().items() if k not in WORKER_SIDE}
+
+    def rows(self) -> list[tuple[str, Any]]:
+        c = self.cluster
+        engines = (("engine actors", f"{self.engines}, shared by the workers"),) if self.engines else ()
+        return [("workers (pids)", ", ".join(map(str, c.pids))), *engines,
+                ("workers replaced / groups run again (from a snapshot)", f"{c.replaced} / {c.rerun} ({c.continued})")]
+
+
+__all__ = ["GroupSource", "LocalGroups", "RayGroups", "WORKER_SIDE"]
