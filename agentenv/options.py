@@ -100,6 +100,7 @@ def same_as(cls: type, name: str, **changes: Any) -> Any:
 
 
 def option_of(f: Field) -> Option | None:
+    """The :class:`Option` a field was declared with (None: a plain field)."""
     return f.metadata.get("option")
 
 
@@ -148,6 +149,7 @@ def walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Field, _Shape]]:
 
 
 def flag_of(f: Field) -> str:
+    """The field's flag: its option's ``flag``, or ``--`` + its name with ``-`` for ``_``."""
     opt = option_of(f)
     return opt.flag if opt is not None and opt.flag else "--" + f.name.replace("_", "-")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .errors import AgentEnvError
 
@@ -41,8 +41,8 @@ class RunWriter:
     those finished before this run (``in_out`` and the samples held in the log), which the
     progress count leaves out. ``append``: continue ``out`` rather than replace it."""
 
-    def __init__(self, out: Path, log: Journal, *, by_group: bool, in_out: set[Key] = frozenset(),  # type: ignore[assignment]
-                 already: set[Key] = frozenset(), append: bool = False) -> None:  # type: ignore[assignment]
+    def __init__(self, out: Path, log: Journal, *, by_group: bool, in_out: Iterable[Key] = (),
+                 already: Iterable[Key] = (), append: bool = False) -> None:
         self.out, self.log, self.by_group = out, log, by_group
         self.in_out, self.already = set(in_out), set(already) | set(in_out)
         self.written = 0

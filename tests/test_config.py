@@ -87,8 +87,7 @@ def test_every_flag_reaches_its_field(name):
         if path == "output.overwrite":  # excludes --resume: below
             continue
         tokens, value = other_value(path, f, shape)
-        if path == "run.group_size" and name == "eval":
-            tokens[0] = "--k"
+        tokens[0] = getattr(cls, "CHANGES", {}).get(path, {}).get("flag", tokens[0])  # eval's --k
         argv += tokens
         expected[path] = value
     values = vars(build_parser(argv).parse_args(argv))
