@@ -287,7 +287,13 @@ def lines_of(out: Path, task_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+#: Settings a header may lack because the CLI could not set them when it was written: such a
+#: run ran with these values, so a resume with the same values continues it.
+IMPLIED_SETTINGS: dict[str, Any] = {"top_k": 0, "max_tokens_per_turn": 256}
+
+
 def settings_difference(logged: dict[str, Any], now: dict[str, Any]) -> str | None:
+    logged = {**{k: v for k, v in IMPLIED_SETTINGS.items() if k in now}, **logged}
     for key in sorted(set(logged) | set(now)):
         if logged.get(key) != now.get(key):
             return f"{key} was {logged.get(key)!r}, now {now.get(key)!r}"

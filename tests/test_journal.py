@@ -69,6 +69,9 @@ def test_resume_drops_a_torn_tail_and_refuses_other_settings(tmp_path: Path):
     assert size == path.stat().st_size and [r["e"] for r in records] == ["header", "start", "done"]
     assert journal.settings_difference({"a": 1}, {"a": 1}) is None
     assert journal.settings_difference({"a": 1}, {"a": 1, "b": 2}) == "b was None, now 2"
+    # A header written before top_k and max_tokens_per_turn were settings: they had their defaults.
+    assert journal.settings_difference({"a": 1}, {"a": 1, "top_k": 0, "max_tokens_per_turn": 256}) is None
+    assert journal.settings_difference({"a": 1}, {"a": 1, "top_k": 5}) == "top_k was 0, now 5"
 
 
 def test_a_log_without_a_header_or_of_another_version_is_refused():
