@@ -167,9 +167,15 @@ class RayEngine(Engine):
         """Start ``replicas`` engine actors of ``kind`` (each ``options``: e.g. ``{"num_gpus": 1}``
         for vLLM) on the connected Ray cluster; replica ``i`` samples with seed ``seed + i``."""
         spec = EngineSpec(kind, str(model), engine_kwargs, base_urls, temperature=temperature, top_p=top_p, seed=seed)
+        return await cls.launch(spec, replicas=replicas, options=options, max_restarts=max_restarts)
+
+    @classmethod
+    async def launch(cls, spec: EngineSpec, *, replicas: int = 2, options: dict[str, Any] | None = None,
+                     max_restarts: int = 3) -> "RayEngine":
+        """:meth:`start` for an :class:`~agentenv.engines.spec.EngineSpec`."""
         actors = start_actors(spec, replicas=replicas, options=options, max_restarts=max_restarts)
         try:
-            return await cls.connect(actors, model, owned=True)
+            return await cls.connect(actors, spec.model, owned=True)
         except BaseException:
             for a in actors:
                 ray_module().kill(a, no_restart=True)

@@ -73,7 +73,7 @@ class Trainer:
         from agentenv.sandboxes import default_sandbox
 
         from ..checker import check_env
-        from ..engines import open_engine
+        from ..engines.spec import EngineSpec
         from ..engines.embedded import check_model_dir
         from ..models import default_model
         from ..registry import make
@@ -97,16 +97,15 @@ class Trainer:
                                cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1))
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
+            spec = EngineSpec(cfg.engine, str(model), dict(cfg.engine_kwargs), cfg.base_urls,
+                              temperature=cfg.temperature, seed=sampling_seed)
             if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
                 from ..engines.actors import RayEngine
 
                 cpus = {"num_cpus": self._actor_cpus} if self._actor_cpus else None
-                self._engine = await RayEngine.start(cfg.engine, str(model), replicas=cfg.engines, options=cpus,
-                                                     temperature=cfg.temperature, seed=sampling_seed,
-                                                     base_urls=cfg.base_urls, **cfg.engine_kwargs)
+                self._engine = await RayEngine.launch(spec, replicas=cfg.engines, options=cpus)
             else:
-                self._engine = await open_engine(cfg.engine, str(model), temperature=cfg.temperature,
-                                                 seed=sampling_seed, base_urls=cfg.base_urls, **cfg.engine_kwargs)
+                self._engine = await spec.open()
             stack.push_async_callback(self._engine.aclose)
         check_env(self._env, tokenizer=self._engine.tokenizer)
 
