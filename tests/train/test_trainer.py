@@ -48,6 +48,7 @@ def test_trainer_logprobs_match_the_engines_on_the_same_tokens(groups, model_dir
     assert batch.mask.sum() > 50 and float(diff) < 1e-3
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_continues_identically(groups, model_dir, tmp_path):
     """Save after one step; a fresh policy loading it takes the same next step bit for bit
     (weights and Adam state restored)."""
