@@ -52,7 +52,7 @@ from .config import RolloutConfig
 from .engines.spec import EngineSpec
 from .env import Environment, Task
 from .errors import ConfigError, EngineError, describe
-from .journal import holding, merge_snapshot
+from .inflight import holding, merge_snapshot
 from .raycluster import actor_options, connect, cpu_share, died_errors
 from .raycluster import ray_module as _ray
 from .reactor import Group
@@ -89,7 +89,7 @@ class RolloutWorker:
     open for the actor's life in a task that owns them, serving ``group`` calls concurrently."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from .journal import InFlight
+        from .inflight import InFlight
 
         self.spec = spec
         self.reactor: Any = None
@@ -145,7 +145,7 @@ class RolloutWorker:
                     ) -> list[dict[str, Any]]:
         """Run one group; ``saved`` (a :meth:`snapshot` entry from a worker that died) continues
         its programs from their last completed turn and keeps its finished ones."""
-        from .journal import restore
+        from .inflight import restore
 
         if self.reactor is None:
             raise RuntimeError(self._error or "the rollout worker is not running")
@@ -159,7 +159,7 @@ class RolloutWorker:
         return [t.to_dict() for t in group.trajectories]
 
     async def snapshot(self, task_ids: list[str], have: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The tasks' programs as of their last completed turn (see ``journal.InFlight``); with
+        """The tasks' programs as of their last completed turn (see ``inflight.InFlight``); with
         ``have`` (what the driver holds), only what it lacks."""
         return self.log.snapshot(set(task_ids), have)
 
@@ -292,7 +292,7 @@ class RayRollouts:
         """Run ``group_size`` programs of every task on the workers; yield each group when it is
         complete. Cancelling the iteration leaves the workers running nothing of it.
 
-        ``saved`` (task id -> snapshot, see ``journal.snapshot_of``) continues groups a run
+        ``saved`` (task id -> snapshot, see ``inflight.snapshot_of``) continues groups a run
         left unfinished; ``on_snapshot(task_id, snapshot)`` sees every snapshot taken (the CLI
         logs them, so ``--resume`` continues the programs). A group given its finished
         trajectories yields them again with the rest."""
@@ -385,7 +385,7 @@ class _Dispatch:
             by_actor: dict[Any, list[str]] = {}
             for _, actor, task in list(self.inflight.values()):
                 by_actor.setdefault(actor, []).append(task.id)
-            # Each worker sends only what the driver lacks (``journal.InFlight.snapshot``):
+            # Each worker sends only what the driver lacks (``inflight.InFlight.snapshot``):
             # new turns and newly finished programs, not every program's whole prefix.
             have = {a: {tid: holding(o.snapshots.get(tid)) for tid in ids} for a, ids in by_actor.items()}
             replies = await asyncio.gather(*(a.snapshot.remote(ids, have[a]) for a, ids in by_actor.items()),

@@ -68,7 +68,7 @@ def read(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 # -- records --------------------------------------------------------------------------------
-def _extent(t: Trajectory) -> tuple[int, int, int]:
+def extent(t: Trajectory) -> tuple[int, int, int]:
     """How far ``t`` goes: its numbers of segments, tool calls and turns."""
     return len(t.segments), len(t.tool_calls), len(t.turns)
 
@@ -361,7 +361,7 @@ class Journal:
     def turn(self, traj: Trajectory, mark: list[int]) -> None:
         """Log what ``traj`` gained since ``mark`` (segments, tool calls, turns), then move it."""
         self.write(Turn.of(traj, mark))
-        mark[:] = _extent(traj)
+        mark[:] = extent(traj)
 
     def resumed(self, traj: Trajectory) -> None:
         """A program continues from the log: its records are there already."""
@@ -406,157 +406,3 @@ class Journal:
                 self._f.close()
             except OSError:
                 pass  # the error is recorded (and raised by sync)
-
-
-class InFlight:
-    """The in-memory counterpart of :class:`Journal` for the trainer: it keeps a reference to
-    every running program's trajectory and how far it was complete at its last logged turn, and
-    the finished (scored) trajectories of groups not yet complete, so a checkpoint can save
-    exactly the in-flight work (:meth:`snapshot`) and a resumed run continue it."""
-
-    def __init__(self) -> None:
-        self._live: dict[str, dict[str, tuple[Trajectory, tuple[int, int, int]]]] = {}  # task -> key -> ...
-        self._finished: dict[str, list[Trajectory]] = {}
-
-    def start(self, traj: Trajectory) -> None:
-        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, (0, 0, 0))
-
-    def resumed(self, traj: Trajectory) -> None:
-        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, _extent(traj))
-
-    def turn(self, traj: Trajectory, mark: list[int]) -> None:
-        mark[:] = _extent(traj)
-        self._live.setdefault(traj.task_id, {})[traj.id] = (traj, _extent(traj))
-
-    def finished(self, traj: Trajectory) -> None:
-        self._live.get(traj.task_id, {}).pop(traj.id, None)
-        self._finished.setdefault(traj.task_id, []).append(traj)
-
-    def forget(self, task_id: str) -> None:
-        """The task's group is complete (it went to the buffer)."""
-        self._live.pop(task_id, None)
-        self._finished.pop(task_id, None)
-
-    def snapshot(self, task_ids: set[str], have: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """JSON-ready: for each task, its programs' logged prefixes and its finished trajectories.
-
-        ``have`` (task id -> :func:`holding` of the snapshot the caller keeps): only what the
-        caller lacks, a *delta* (each program's segments, tool calls and stats past what it
-        holds; finished trajectories it does not hold, with the ids of all of them), which
-        :func:`merge_snapshot` turns back into the whole snapshot. A Ray driver polls its
-        workers so: the same state, without sending every program's whole prefix each time."""
-        out: dict[str, Any] = {}
-        for tid in task_ids:
-            held = None if have is None else have.get(tid, {"partial": {}, "finished": []})
-            partial = []
-            for t, m in self._live.get(tid, {}).values():
-                base = None if held is None else held["partial"].get(t.id)
-                start = base if base is not None and all(b <= x for b, x in zip(base, m)) else (0, 0, 0)
-                entry = _entry(t, t.group_id, start, m)
-                if base is None:  # new to the caller
-                    entry["prompt"] = t.prompt_ids
-                if held is not None:
-                    entry["base"] = list(start)
-                partial.append(entry)
-            finished = self._finished.get(tid, [])
-            if held is None:
-                if partial or finished:
-                    out[tid] = {"partial": partial, "finished": [t.to_dict() for t in finished]}
-            elif partial or finished:
-                known = set(held["finished"])
-                out[tid] = {"delta": True, "partial": partial,
-                            "finished": [t.to_dict() for t in finished if t.id not in known],
-                            "finished_ids": [t.id for t in finished]}
-        return out
-
-
-def holding(snapshot: dict[str, Any] | None) -> dict[str, Any]:
-    """What one task's snapshot (whole, as :meth:`InFlight.snapshot` or :func:`merge_snapshot`
-    gives it) holds: each program's (segments, tool calls, stats) counts and the finished
-    trajectories' ids. The ``have`` entry for :meth:`InFlight.snapshot`."""
-    if not snapshot:
-        return {"partial": {}, "finished": []}
-    return {"partial": {p["k"]: (len(p["segments"]), len(p["tools"]), len(p["stats"])) for p in snapshot["partial"]},
-            "finished": [d["id"] for d in snapshot["finished"]]}
-
-
-def merge_snapshot(held: dict[str, Any] | None, reply: dict[str, Any]) -> dict[str, Any]:
-    """The whole snapshot of one task from the one held before and a worker's reply to a
-    poll with ``have=holding(held)`` (a whole snapshot is returned as it is). Programs the
-    reply does not list any more (finished, or gone) are dropped, as a whole snapshot would."""
-    if not reply.get("delta"):
-        return reply
-    before = {p["k"]: p for p in (held or {}).get("partial", [])}
-    partial = []
-    for e in reply["partial"]:
-        old, (seg, tools, stats) = before.get(e["k"]), e["base"]
-        p = {k: e[k] for k in ("k", "task", "sample", "group")}
-        p["prompt"] = e["prompt"] if "prompt" in e else old["prompt"]
-        p["segments"] = (old["segments"][:seg] if old else []) + e["segments"]
-        p["tools"] = (old["tools"][:tools] if old else []) + e["tools"]
-        p["stats"] = (old["stats"][:stats] if old else []) + e["stats"]
-        partial.append(p)
-    finished = {d["id"]: d for d in (held or {}).get("finished", [])}
-    finished.update((d["id"], d) for d in reply["finished"])
-    return {"partial": partial, "finished": [finished[i] for i in reply["finished_ids"]]}
-
-
-def log_snapshot(log: Journal, snapshot: dict[str, Any], written: dict[str, tuple[int, int, int]]) -> None:
-    """Append to ``log`` what one task's :meth:`InFlight.snapshot` entry adds to it: a ``start``
-    record for a program it has not seen, a ``turn`` record with the segments, tool calls and
-    stats logged since (``written`` remembers how far each program's records go). A Ray
-    rollout driver logs its workers' snapshots so, so a ``--resume`` continues their programs."""
-    for p in snapshot["partial"]:
-        n = (len(p["segments"]), len(p["tools"]), len(p["stats"]))
-        seen = written.get(p["k"])
-        if seen is None:
-            log.write(Start.from_json(p))  # an entry has a start record's fields
-            seen = written[p["k"]] = (0, 0, 0)
-        if n[0] > seen[0]:
-            log.write(Turn.from_json({"k": p["k"], "turn": n[2], "segments": p["segments"][seen[0]:],
-                                      "tools": p["tools"][seen[1]:], "stats": p["stats"][seen[2]:]}))
-            written[p["k"]] = n
-
-
-def _entry(t: Trajectory, group: str, start: Sequence[int] = (0, 0, 0),
-           end: Sequence[int] | None = None) -> dict[str, Any]:
-    """A program's entry in a snapshot (JSON-ready): the segments, tool calls and stats of
-    ``t`` from ``start`` to ``end`` (its whole extent by default)."""
-    end = _extent(t) if end is None else end
-    return {"k": t.id, "task": t.task_id, "sample": t.sample_index, "group": group,
-            "segments": [asdict(x) for x in t.segments[start[0]:end[0]]],
-            "tools": [asdict(x) for x in t.tool_calls[start[1]:end[1]]],
-            "stats": [asdict(x) for x in t.turns[start[2]:end[2]]]}
-
-
-def _prefix(entry: dict[str, Any]) -> Trajectory:
-    """The trajectory a snapshot's program entry holds (its environment's id is not in a
-    snapshot: empty)."""
-    return Trajectory(entry["k"], "", entry["task"], entry.get("group") or "", entry["sample"], entry["prompt"],
-                      [Segment(**x) for x in entry["segments"]], [ToolCall(**x) for x in entry["tools"]],
-                      [TurnStats(**x) for x in entry["stats"]])
-
-
-def snapshot_of(state: LogState, task_id: str, finished: list[dict[str, Any]]) -> dict[str, Any]:
-    """The :meth:`InFlight.snapshot` entry of one task from a loaded log (its partial
-    programs) and its trajectories already in the output (``finished``, as dicts)."""
-    group = state.groups.get(task_id, "")
-    partial = [{**_entry(p, group), "prompt": p.prompt_ids}
-               for (tid, _), p in sorted(state.partial.items()) if tid == task_id]
-    return {"partial": partial, "finished": finished}
-
-
-def restore(snapshot: dict[str, Any]) -> tuple[LogState, list[Trajectory]]:
-    """One task's entry of :meth:`InFlight.snapshot`: what to resume (partial programs, and the
-    samples already finished) and the finished trajectories themselves."""
-    finished = [Trajectory.from_dict(d) for d in snapshot["finished"]]
-    partial = {}
-    for r in snapshot["partial"]:
-        t = _prefix(r)
-        partial[(t.task_id, t.sample_index)] = t
-    groups = {r["task"]: r["group"] for r in snapshot["partial"] if r.get("group")}
-    groups.update({t.task_id: t.group_id for t in finished})
-    by_task: dict[str, list[Trajectory]] = {}
-    for t in finished:
-        by_task.setdefault(t.task_id, []).append(t)
-    return LogState({}, partial, {(t.task_id, t.sample_index) for t in finished}, groups, by_task), finished

@@ -262,7 +262,7 @@ class Reactor:
         """Run the ``group_size`` programs of one task (scheduled together with every other
         call's programs) and return the scored group. Trainers that stream tasks one group at
         a time (under their own admission control) use this. ``resume`` and ``finished``
-        continue a group a checkpoint saved mid-way (see ``agentenv.journal.restore``)."""
+        continue a group a checkpoint saved mid-way (see ``agentenv.inflight.restore``)."""
         group = Group(task, list(finished), id=resume.groups.get(task.id, "") if resume is not None else "")
         async with anyio.create_task_group() as tg:
             await self._run(tg, [task], group_size, None, {task.id: group}, resume)

@@ -165,7 +165,7 @@ class RayGroups:
     @contextlib.asynccontextmanager
     async def results(self, tasks: Sequence[Task], group_size: int, resume: LogState | None
                       ) -> AsyncIterator[AsyncIterator[Trajectory | Group]]:
-        from . import journal
+        from . import inflight, journal
 
         done = set(resume.done) if resume is not None else set()
         todo = [t for t in tasks if any((t.id, i) not in done for i in range(group_size))]
@@ -177,14 +177,14 @@ class RayGroups:
                 if (tid, i) not in done:
                     finished.setdefault(tid, []).append(d)
             with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
-            saved = {tid: journal.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
+            saved = {tid: inflight.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
         already = done | set(resume.held if resume is not None else ())
         logged: dict[str, tuple[int, int, int]] = {}  # program -> how far its records in the log go
 
         async def groups() -> AsyncIterator[Group]:
             async for group in self.cluster.rollouts(
                     todo, group_size, saved=saved,
-                    on_snapshot=lambda tid, snap: journal.log_snapshot(self.log, snap, logged)):
+                    on_snapshot=lambda tid, snap: inflight.log_snapshot(self.log, snap, logged)):
                 for t in group.trajectories:
                     if (t.task_id, t.sample_index) not in already:
                         self._stats.add(t)  # the summary counts every program run, as a local run's

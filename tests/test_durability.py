@@ -20,7 +20,7 @@ import anyio
 import pytest
 from transformers import AutoTokenizer
 
-from agentenv import Reactor, RolloutConfig, journal
+from agentenv import Reactor, RolloutConfig, inflight, journal
 from agentenv.models import default_model
 from agentenv.trajectory import ToolCall, Trajectory, TurnStats
 from agentenv.envs.retool_math import RetoolMathEnv
@@ -245,13 +245,13 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
 
 @pytest.mark.anyio
 async def test_a_group_saved_mid_way_continues_token_exact(engine):
-    """What a trainer checkpoint saves of a group in flight (``journal.InFlight``): finished
+    """What a trainer checkpoint saves of a group in flight (``inflight.InFlight``): finished
     programs whole, running ones up to their last completed turn. A new reactor continues it
     (``Reactor.group(resume=, finished=)``): the group comes back complete, the finished
     trajectories as they were, the running ones continued from the same tokens."""
     env, task = RetoolMathEnv(extra_digits=0), RetoolMathEnv(extra_digits=0).tasks(1, seed=11)[0]
     config = RolloutConfig(max_turns=4, max_new_tokens=256, concurrency=4)
-    tracker = journal.InFlight()
+    tracker = inflight.InFlight()
     async with LocalSandbox() as sb:
         reactor = Reactor(engine, env, sb, config, journal=tracker)
         with anyio.move_on_after(120):
@@ -262,7 +262,7 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
                 tg.cancel_scope.cancel()  # the "crash": mid-way through the group
         saved = tracker.snapshot({task.id})[task.id]
         snap = json.loads(json.dumps(saved))  # as the checkpoint stores it
-        resume, finished = journal.restore(snap)
+        resume, finished = inflight.restore(snap)
         mid = [p for p in resume.partial.values() if p.turns]
         assert mid, "no program had completed a turn"
         group = await Reactor(engine, env, sb, config).group(task, 4, resume=resume, finished=finished)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentenv import journal
+from agentenv import inflight, journal
 from agentenv.errors import AgentEnvError
 from agentenv.trajectory import ToolCall, Trajectory, TurnStats
 
@@ -97,7 +97,7 @@ def test_an_in_flight_snapshot_restores_and_logs_what_the_disk_log_would_hold(tm
     """``InFlight`` (a trainer's, in memory) and ``Journal`` (the CLI's, on disk) told the same
     story hold the same state: the snapshot restores to the partial programs a replayed log
     gives, and logged to disk (``log_snapshot``) replays to the same snapshot (``snapshot_of``)."""
-    mem, disk = journal.InFlight(), journal.Journal.create(tmp_path / "run.log", {})
+    mem, disk = inflight.InFlight(), journal.Journal.create(tmp_path / "run.log", {})
     progs = [program(f"k{i}", i) for i in range(3)]
     marks = {t.id: ([0, 0, 0], [0, 0, 0]) for t in progs}
     for t in progs:
@@ -112,7 +112,7 @@ def test_an_in_flight_snapshot_restores_and_logs_what_the_disk_log_would_hold(tm
     disk.held(progs[1])
     disk.close()
     snap = json.loads(json.dumps(mem.snapshot({"t"})["t"]))  # as a checkpoint stores it
-    state, finished = journal.restore(snap)
+    state, finished = inflight.restore(snap)
     replayed = journal.load_state(journal.read(disk.path)[0])
     assert [f.id for f in finished] == ["k1"] and state.done == {("t", 1)} and state.groups == {"t": "t#g"}
     assert set(state.partial) == set(replayed.partial) == {("t", 0), ("t", 2)}
@@ -121,12 +121,12 @@ def test_an_in_flight_snapshot_restores_and_logs_what_the_disk_log_would_hold(tm
         assert (p.id, p.prompt_ids, p.segments, p.tool_calls, p.turns) == \
             (q.id, q.prompt_ids, q.segments, q.tool_calls, q.turns)
     relog, written = journal.Journal.create(tmp_path / "relog.log", {}), {}
-    journal.log_snapshot(relog, snap, written)
-    journal.log_snapshot(relog, snap, written)  # a second poll with nothing new writes nothing
+    inflight.log_snapshot(relog, snap, written)
+    inflight.log_snapshot(relog, snap, written)  # a second poll with nothing new writes nothing
     relog.close()
     records = journal.read(relog.path)[0]
     assert [r["e"] for r in records] == ["header", "start", "turn", "start"]
-    again = journal.snapshot_of(journal.load_state(records), "t", snap["finished"])
+    again = inflight.snapshot_of(journal.load_state(records), "t", snap["finished"])
     assert sorted(again["partial"], key=lambda p: p["k"]) == sorted(snap["partial"], key=lambda p: p["k"])
     mem.forget("t")
     assert mem.snapshot({"t"}) == {}
@@ -178,7 +178,7 @@ def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whol
     equals the whole snapshot, poll after poll, while programs advance, finish and start."""
     import pickle
 
-    from agentenv.journal import InFlight, holding, merge_snapshot
+    from agentenv.inflight import InFlight, holding, merge_snapshot
 
     log = InFlight()
     progs = [Trajectory(f"p{i}", "env", "t", "t#g", i, list(range(300))) for i in range(4)]

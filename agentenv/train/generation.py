@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import anyio
 import anyio.abc
 
-from .. import journal
+from .. import inflight
 from ..env import Task
 from ..reactor import Group, Reactor
 from .buffer import RolloutBuffer, StalenessGate
@@ -71,7 +71,7 @@ class StreamPosition:
 class GenerationState:
     """What generation had made of the task stream at one moment: the stream's next index,
     the tasks in flight (sorted), the buffered groups with their task indices (arrival order)
-    and the in-flight tasks' programs (:meth:`agentenv.journal.InFlight.snapshot`)."""
+    and the in-flight tasks' programs (:meth:`agentenv.inflight.InFlight.snapshot`)."""
 
     next: int
     in_flight: list[int]
@@ -89,7 +89,7 @@ class Generation:
     moves :attr:`version` on after a weight sync. ``restored`` groups (a checkpoint's buffer)
     enter the buffer first; those too stale for ``version`` are dropped at the first take."""
 
-    def __init__(self, reactor: Reactor, stream: TaskStream, programs: journal.InFlight, *, group_size: int,
+    def __init__(self, reactor: Reactor, stream: TaskStream, programs: inflight.InFlight, *, group_size: int,
                  batch: int, max_staleness: int, version: int, position: StreamPosition | None = None,
                  restored: Sequence[tuple[int, Group]] = ()) -> None:
         self.reactor, self.stream, self.group_size = reactor, stream, group_size
@@ -133,7 +133,7 @@ class Generation:
     async def _group(self, index: int) -> None:
         task = self.stream.task(index)
         saved = self.position.saved.pop(task.id, None)  # in flight at the checkpoint: continue it
-        resume, finished = journal.restore(saved) if saved is not None else (None, ())
+        resume, finished = inflight.restore(saved) if saved is not None else (None, ())
         self.clock.enter()
         try:
             group = await self.reactor.group(task, self.group_size, resume=resume, finished=finished)

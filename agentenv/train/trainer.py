@@ -33,7 +33,7 @@ from typing import Any, Callable
 import anyio
 import torch
 
-from .. import journal
+from .. import inflight
 from ..config import RolloutConfig
 from ..errors import ConfigError, RankDiedError
 from ..reactor import Reactor, prepare_sessions
@@ -185,7 +185,7 @@ class Trainer:
                     rollout: RolloutConfig) -> Generation:
         """Generation on a reactor of its own, where the checkpoint left the task stream."""
         cfg = self.cfg
-        programs = journal.InFlight()  # in-flight programs, for the checkpoints
+        programs = inflight.InFlight()  # in-flight programs, for the checkpoints
         reactor = Reactor(self._engine, self._env, self._sandbox, rollout, journal=programs)
         stream = TaskStream(self._env, cfg.groups_per_step, cfg.seed)
         position, restored = checkpoints.restore_generation(ckpt, start_step, stream)

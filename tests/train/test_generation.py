@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from agentenv import journal
+from agentenv import inflight
 from agentenv.config import RolloutConfig
 from agentenv.reactor import Reactor
 from agentenv.registry import make
@@ -62,7 +62,7 @@ async def parts(engine):
 
 def generation(parts, *, version: int = 0, restored=(), max_staleness: int = 0) -> Generation:
     engine, env, sandbox = parts
-    programs = journal.InFlight()
+    programs = inflight.InFlight()
     return Generation(Reactor(engine, env, sandbox, ROLLOUT, journal=programs), TaskStream(env, 2, 0), programs,
                       group_size=2, batch=2, max_staleness=max_staleness, version=version, restored=restored)
 
