@@ -53,3 +53,58 @@ def test_the_check_catches_an_import_inside_a_method():
     assert above("engines", imports_of(down, "agentenv.engines.embedded")) == []
     assert above("sandboxes", imports_of("from ... import reactor\n", "agentenv.sandboxes.local.cgroups")) == [
         "agentenv.reactor"]
+
+
+def module_imports(path: Path) -> set[str]:
+    """The agentenv modules ``path`` imports when it is imported: its top-level imports (a
+    function's imports run later; ``if TYPE_CHECKING:`` blocks never run), resolved to modules."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    init = path.name == "__init__.py"
+    module = ".".join(parts[:-1] if init else parts)
+    tree = ast.parse(path.read_text("utf-8"))
+    top = [n for n in tree.body if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    source = "\n".join(ast.unparse(n) for n in top if isinstance(n, (ast.Import, ast.ImportFrom, ast.If, ast.Try)))
+    names = imports_of(source, module, init)
+    modules = set()
+    for name in names:  # "agentenv.x.Name" -> "agentenv.x" where Name is not a module
+        while name and not (PACKAGE.parent / Path(*name.split("."))).with_suffix(".py").exists() \
+                and not (PACKAGE.parent / Path(*name.split(".")) / "__init__.py").exists():
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            modules.add(name)
+    return modules
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports), one path per cycle found."""
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_no_module_imports_itself_through_others_at_import_time():
+    """Import-time imports form no circle: each module can be understood (and imported) after
+    the ones it imports."""
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if path.name == "__init__.py" else parts)
+        graph[module] = module_imports(path)
+    assert not cycles(graph), "\n".join(" -> ".join(c) for c in cycles(graph))
+
+
+def test_the_circle_check_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
