@@ -116,13 +116,13 @@ class _Hooks:
         r._sched.want_turn(slot.pid, tokens, max_tokens)
         r._step()
         await slot.grant.wait()
-        r.stats.requests_changed(+1)
+        r.stats.occupancy.requests_changed(+1)
         return r._sched.priority(slot.pid)
 
     def after_turn(self, tokens: int) -> None:
         r = self.reactor
-        r.stats.requests_changed(-1)
-        r.stats.turn_sampled(tokens - self.tokens)
+        r.stats.occupancy.requests_changed(-1)
+        r.stats.occupancy.turn_sampled(tokens - self.tokens)
         r._sched.turn_done(self.slot.pid, tokens)
         r._step()
 
@@ -132,10 +132,10 @@ class _Hooks:
             r._sched.demand_env(slot.pid)
             r._start_prepare(slot)
         if not slot.env_done.is_set():
-            r.stats.env_waits += 1
+            r.stats.sessions.env_waits += 1
             t0 = time.perf_counter()
             await slot.env_done.wait()
-            r.stats.env_wait_s += time.perf_counter() - t0
+            r.stats.sessions.env_wait_s += time.perf_counter() - t0
         if slot.env_error is not None:
             raise slot.env_error
         slot.used_session = True
@@ -339,8 +339,8 @@ class Reactor:
         d = self._sched.schedule()
         if not d:
             return
-        self.stats.pauses += len(d.paused)
-        self.stats.restores += len(d.restored)
+        self.stats.sessions.pauses += len(d.paused)
+        self.stats.sessions.restores += len(d.restored)
         for pid in d.paused:
             self.engine.release(self._slots[pid].key)
         for pid in d.prepare:
@@ -366,7 +366,7 @@ class Reactor:
         try:
             t0 = time.perf_counter()
             slot.session = await self.sandbox.session(self._setup)
-            self.stats.env_started(time.perf_counter() - t0)
+            self.stats.sessions.env_started(time.perf_counter() - t0)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # noqa: BLE001 - the program meets it at its first tool call
@@ -433,7 +433,7 @@ class Reactor:
         if not scored:
             return
         for t in counted:  # the run's stats count the rewards the group ends with
-            self.stats.count_reward(t, -1)
+            self.stats.outcomes.count_reward(t, -1)
         for t in scored:  # a group reward is computed from the per-sample ones, also when a group runs again
             per_sample = t.metadata.get("sample_reward")
             if per_sample is not None:
@@ -454,4 +454,4 @@ class Reactor:
                 reward_failed(t, exc)
         finally:
             for t in counted:
-                self.stats.count_reward(t)
+                self.stats.outcomes.count_reward(t)

@@ -178,8 +178,9 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
 
     def info() -> str:
         s = source.stats
-        mr, rate = s.mean_reward, s.live_tokens_per_s or s.tokens_per_s
-        return (f"{rate:.0f} tok/s  " + (f"{s.in_flight} in flight  " if s.slots else "")
+        mr, rate = s.outcomes.mean_reward, s.live_tokens_per_s or s.tokens_per_s
+        busy = s.occupancy
+        return (f"{rate:.0f} tok/s  " + (f"{busy.in_flight} in flight  " if busy.slots else "")
                 + f"reward {'-' if mr is None else f'{mr:.2f}'}")
 
     with progress, writer:

@@ -34,9 +34,11 @@ def resume_reuse(traj: Trajectory, block_size: int = 1) -> tuple[int, int]:
 
 
 @dataclass
-class RunStats:
+class Outcomes:
+    """What finished programs did, counted from their trajectories."""
+
+    #: The engine's KV block size: a resumed turn's reusable prefix is counted in whole blocks.
     block_size: int = 1
-    total: int = 0
     started: int = 0
     finished: int = 0
     turns: int = 0
@@ -49,13 +51,59 @@ class RunStats:
     first_turn_cached: int = 0
     resume_cached: int = 0
     resume_eligible: int = 0
+    reprefilled: int = 0
     reward_sum: float = 0.0
     rewarded: int = 0
     component_sums: Counter = field(default_factory=Counter)
     component_counts: Counter = field(default_factory=Counter)
-    reprefilled: int = 0
     finish_reasons: Counter = field(default_factory=Counter)
-    # Engine occupancy, integrated over time from the reactor's submit/return events.
+
+    def add(self, t: Trajectory) -> None:
+        self.finished += 1
+        self.turns += len(t.turns)
+        self.tool_calls += len(t.tool_calls)
+        self.tool_errors += sum(c.status != "ok" for c in t.tool_calls)
+        self.programs_with_ok_tool_call += any(c.status == "ok" for c in t.tool_calls)
+        self.sampled_tokens += t.num_sampled_tokens
+        self.prompt_tokens += sum(x.prompt_tokens for x in t.turns)
+        self.cached_tokens += sum(x.cached_tokens for x in t.turns)
+        if t.turns:
+            self.first_turn_cached += t.turns[0].cached_tokens
+        c, e = resume_reuse(t, self.block_size)
+        self.resume_cached += c
+        self.resume_eligible += e
+        self.reprefilled += e - c
+        self.count_reward(t)
+
+    def count_reward(self, t: Trajectory, sign: int = 1) -> None:
+        """Count ``t``'s reward, components and finish reason (``sign=-1``: take them back,
+        before a group reward replaces them; ``add`` counts them once)."""
+        if t.reward is not None:
+            self.reward_sum += sign * t.reward
+            self.rewarded += sign
+        for name, value in t.reward_components.items():
+            self.component_sums[name] += sign * value
+            self.component_counts[name] += sign
+            if not self.component_counts[name]:
+                del self.component_counts[name], self.component_sums[name]
+        self.finish_reasons[t.finish_reason] += sign
+        if not self.finish_reasons[t.finish_reason]:
+            del self.finish_reasons[t.finish_reason]
+
+    @property
+    def resume_reuse(self) -> float:
+        return self.resume_cached / self.resume_eligible if self.resume_eligible else 0.0
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.rewarded if self.rewarded else None
+
+
+@dataclass
+class Occupancy:
+    """Engine occupancy over the run's wall time, integrated from the reactor's submit and
+    return events, and its timeline."""
+
     #: Decode slots (the reactor's ``concurrency``); 0 when unknown.
     slots: int = 0
     in_flight: int = 0
@@ -71,30 +119,23 @@ class RunStats:
     bin_s: float = 1.0
     max_bins: int = 4096
     bins: list = field(default_factory=list)
-    #: Tokens sampled in this run's turns so far (``sampled_tokens`` counts finished programs,
-    #: a resumed one's earlier turns included): the live rate a progress bar shows.
+    #: Tokens sampled in this run's turns so far (``Outcomes.sampled_tokens`` counts finished
+    #: programs, a resumed one's earlier turns included): the live rate a progress bar shows.
     turn_tokens: int = 0
-    pauses: int = 0
-    restores: int = 0
-    env_waits: int = 0
-    env_wait_s: float = 0.0
-    #: Sandbox sessions started, and the seconds each took: all of them up to
-    #: ``max_samples``, then a uniform sample of that many (reservoir), for the percentiles.
-    env_starts: int = 0
-    env_start_s: list = field(default_factory=list)
-    max_samples: int = 10_000
-    _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
-    _t_last: float = 0.0
     t0: float = 0.0
     t1: float = 0.0
+    _t_last: float = 0.0
 
-    def start(self, total: int) -> None:
-        self.total, self.t0 = total, time.perf_counter()
-        self._t_last = self.t0
+    def start(self) -> None:
+        self.t0 = self._t_last = time.perf_counter()
 
     def stop(self) -> None:
         self._advance()
         self.t1 = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return (self.t1 or time.perf_counter()) - self.t0
 
     def _advance(self) -> None:
         now = time.perf_counter()
@@ -131,72 +172,11 @@ class RunStats:
             self._bin(time.perf_counter())[0][0] += n
             self.turn_tokens += n
 
-    def env_started(self, seconds: float) -> None:
-        """A sandbox session took ``seconds`` to start."""
-        self.env_starts += 1
-        if len(self.env_start_s) < self.max_samples:
-            self.env_start_s.append(seconds)
-        else:  # reservoir sampling: each start kept with the same chance
-            j = self._rng.randrange(self.env_starts)
-            if j < self.max_samples:
-                self.env_start_s[j] = seconds
-
     def requests_changed(self, delta: int) -> None:
         """A request entered (+1) or left (-1) the engine."""
         if not self.t1:
             self._advance()
         self.in_flight += delta
-
-    def program_started(self) -> None:
-        self.started += 1
-
-    def add(self, t: Trajectory) -> None:
-        self.finished += 1
-        self.turns += len(t.turns)
-        self.tool_calls += len(t.tool_calls)
-        self.tool_errors += sum(c.status != "ok" for c in t.tool_calls)
-        self.programs_with_ok_tool_call += any(c.status == "ok" for c in t.tool_calls)
-        self.sampled_tokens += t.num_sampled_tokens
-        self.prompt_tokens += sum(x.prompt_tokens for x in t.turns)
-        self.cached_tokens += sum(x.cached_tokens for x in t.turns)
-        if t.turns:
-            self.first_turn_cached += t.turns[0].cached_tokens
-        c, e = resume_reuse(t, self.block_size)
-        self.resume_cached += c
-        self.resume_eligible += e
-        self.reprefilled += e - c
-        self.count_reward(t)
-
-    def count_reward(self, t: Trajectory, sign: int = 1) -> None:
-        """Count ``t``'s reward, components and finish reason (``sign=-1``: take them back,
-        before a group reward replaces them; ``add`` counts them once)."""
-        if t.reward is not None:
-            self.reward_sum += sign * t.reward
-            self.rewarded += sign
-        for name, value in t.reward_components.items():
-            self.component_sums[name] += sign * value
-            self.component_counts[name] += sign
-            if not self.component_counts[name]:
-                del self.component_counts[name], self.component_sums[name]
-        self.finish_reasons[t.finish_reason] += sign
-        if not self.finish_reasons[t.finish_reason]:
-            del self.finish_reasons[t.finish_reason]
-
-    @property
-    def elapsed(self) -> float:
-        return (self.t1 or time.perf_counter()) - self.t0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.sampled_tokens / self.elapsed if self.elapsed > 0 else 0.0
-
-    @property
-    def live_tokens_per_s(self) -> float:
-        return self.turn_tokens / self.elapsed if self.elapsed > 0 else 0.0
-
-    @property
-    def resume_reuse(self) -> float:
-        return self.resume_cached / self.resume_eligible if self.resume_eligible else 0.0
 
     @property
     def mean_in_flight(self) -> float:
@@ -229,38 +209,98 @@ class RunStats:
                 "tail_s": max(0.0, self.elapsed - after * self.bin_s),
                 "tail_tokens": sum(b[0] for b in self.bins[after:])}
 
+
+@dataclass
+class Sessions:
+    """The sandbox side: programs paused and restored for KV room, waits for a prepared
+    session, and how long sessions took to start."""
+
+    pauses: int = 0
+    restores: int = 0
+    env_waits: int = 0
+    env_wait_s: float = 0.0
+    #: Sandbox sessions started, and the seconds each took: all of them up to
+    #: ``max_samples``, then a uniform sample of that many (reservoir), for the percentiles.
+    env_starts: int = 0
+    env_start_s: list = field(default_factory=list)
+    max_samples: int = 10_000
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
+
+    def env_started(self, seconds: float) -> None:
+        """A sandbox session took ``seconds`` to start."""
+        self.env_starts += 1
+        if len(self.env_start_s) < self.max_samples:
+            self.env_start_s.append(seconds)
+        else:  # reservoir sampling: each start kept with the same chance
+            j = self._rng.randrange(self.env_starts)
+            if j < self.max_samples:
+                self.env_start_s[j] = seconds
+
+
+class RunStats:
+    """A run's statistics in three parts: :attr:`outcomes` (what finished programs did),
+    :attr:`occupancy` (the engine's busy slots over time) and :attr:`sessions` (the sandbox
+    side); :meth:`summary` is the table both run paths print. Pure bookkeeping, no I/O."""
+
+    def __init__(self, *, block_size: int = 1, slots: int = 0, max_bins: int = 4096, max_samples: int = 10_000):
+        self.outcomes = Outcomes(block_size=block_size)
+        self.occupancy = Occupancy(slots=slots, max_bins=max_bins)
+        self.sessions = Sessions(max_samples=max_samples)
+        self.total = 0
+
+    def start(self, total: int) -> None:
+        self.total = total
+        self.occupancy.start()
+
+    def stop(self) -> None:
+        self.occupancy.stop()
+
+    def program_started(self) -> None:
+        self.outcomes.started += 1
+
+    def add(self, t: Trajectory) -> None:
+        self.outcomes.add(t)
+
     @property
-    def mean_reward(self) -> float | None:
-        return self.reward_sum / self.rewarded if self.rewarded else None
+    def elapsed(self) -> float:
+        return self.occupancy.elapsed
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.outcomes.sampled_tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def live_tokens_per_s(self) -> float:
+        return self.occupancy.turn_tokens / self.elapsed if self.elapsed > 0 else 0.0
 
     def summary(self) -> dict[str, object]:
+        o, e, s = self.outcomes, self.occupancy, self.sessions
         return {
-            "programs": self.finished,
-            "turns": self.turns,
-            "tool_calls": self.tool_calls,
-            "tool_errors": self.tool_errors,
-            "programs_with_ok_tool_call": self.programs_with_ok_tool_call,
-            "tokens_generated": self.sampled_tokens,
+            "programs": o.finished,
+            "turns": o.turns,
+            "tool_calls": o.tool_calls,
+            "tool_errors": o.tool_errors,
+            "programs_with_ok_tool_call": o.programs_with_ok_tool_call,
+            "tokens_generated": o.sampled_tokens,
             "tokens_per_s": round(self.tokens_per_s, 1),
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "prefix_cache_hit_pct": round(100 * self.cached_tokens / self.prompt_tokens, 1) if self.prompt_tokens else 0.0,
-            "resume_reuse_pct": round(100 * self.resume_reuse, 1),
-            "reprefilled_tokens": self.reprefilled,
-            "mean_requests_in_flight": round(self.mean_in_flight, 2),
-            "engine_idle_pct": round(100 * self.idle_fraction, 1),
-            "engine_under_half_pct": (None if self.under_half_fraction is None
-                                      else round(100 * self.under_half_fraction, 1)),
-            "pauses": self.pauses,
-            "restores": self.restores,
-            "env_waits": self.env_waits,
-            "env_wait_s": round(self.env_wait_s, 2),
-            "env_starts": self.env_starts,
-            "env_start_p50_ms": _ms(self.env_start_s, 0.5),
-            "env_start_p90_ms": _ms(self.env_start_s, 0.9),
-            "mean_reward": None if self.mean_reward is None else round(self.mean_reward, 4),
-            "reward_components": {k: round(v / self.component_counts[k], 4) for k, v in self.component_sums.items()},
-            "finish_reasons": dict(self.finish_reasons),
+            "prompt_tokens": o.prompt_tokens,
+            "cached_tokens": o.cached_tokens,
+            "prefix_cache_hit_pct": round(100 * o.cached_tokens / o.prompt_tokens, 1) if o.prompt_tokens else 0.0,
+            "resume_reuse_pct": round(100 * o.resume_reuse, 1),
+            "reprefilled_tokens": o.reprefilled,
+            "mean_requests_in_flight": round(e.mean_in_flight, 2),
+            "engine_idle_pct": round(100 * e.idle_fraction, 1),
+            "engine_under_half_pct": None if e.under_half_fraction is None else round(100 * e.under_half_fraction, 1),
+            "pauses": s.pauses,
+            "restores": s.restores,
+            "env_waits": s.env_waits,
+            "env_wait_s": round(s.env_wait_s, 2),
+            "env_starts": s.env_starts,
+            "env_start_p50_ms": _ms(s.env_start_s, 0.5),
+            "env_start_p90_ms": _ms(s.env_start_s, 0.9),
+            "mean_reward": None if o.mean_reward is None else round(o.mean_reward, 4),
+            "reward_components": {k: round(v / o.component_counts[k], 4) for k, v in o.component_sums.items()},
+            "finish_reasons": dict(o.finish_reasons),
             "wall_s": round(self.elapsed, 2),
         }
 

@@ -43,7 +43,7 @@ async def one(engine, sandbox, env, tasks, group: int, log: Path | None) -> tupl
     wall = time.perf_counter() - t0
     if j is not None:
         j.close()
-    return reactor.stats.sampled_tokens / wall, n
+    return reactor.stats.outcomes.sampled_tokens / wall, n
 
 
 async def main() -> None:

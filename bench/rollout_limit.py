@@ -72,12 +72,12 @@ async def main_async(args) -> None:
                 continue
             s = reactor.stats
             d = s.summary()
-            rate = s.sampled_tokens / wall
+            rate = s.outcomes.sampled_tokens / wall
             print(f"{policy:12s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
-                  f"in flight {s.mean_in_flight:.1f}, engine idle {100 * s.idle_fraction:.1f}%, under half the slots "
-                  f"{100 * s.under_half_fraction:.1f}%, session waits "
-                  f"{s.env_waits} ({s.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
-                  f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.resume_reuse:.1f}%", flush=True)
+                  f"in flight {s.occupancy.mean_in_flight:.1f}, engine idle {100 * s.occupancy.idle_fraction:.1f}%, under half the slots "
+                  f"{100 * s.occupancy.under_half_fraction:.1f}%, session waits "
+                  f"{s.sessions.env_waits} ({s.sessions.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
+                  f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.outcomes.resume_reuse:.1f}%", flush=True)
             # Right after each run (this VM's speed drifts over minutes), at that run's own mean
             # prompt and turn lengths (the model's turns vary from run to run, and tok/s with them).
             prompt, turn = mean_lengths(groups)
@@ -85,15 +85,15 @@ async def main_async(args) -> None:
             limit = await pure_decode(engine, prompt, turn, args.concurrency, 6.0)
             ratios.append((policy, rate / limit))
             figures[policy] = {"wall_s": wall, "tok_s": rate, "pure_decode_tok_s": limit, "ratio": rate / limit,
-                               "in_flight": s.mean_in_flight, "under_half": s.under_half_fraction,
-                               "session_waits": s.env_waits, "session_start_p50_ms": d["env_start_p50_ms"]}
+                               "in_flight": s.occupancy.mean_in_flight, "under_half": s.occupancy.under_half_fraction,
+                               "session_waits": s.sessions.env_waits, "session_start_p50_ms": d["env_start_p50_ms"]}
             print(f"{policy:12s} pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, "
                   f"turn {turn} tokens); ratio {rate / limit:.2f}", flush=True)
             # The run cannot end before its longest program does: that program's own path (its
             # turns in the engine, as fast as they ran, and its tools) against the time the run's
             # tokens take at pure decode bounds the ratio whatever the order of slots.
             path, traj = longest_path(groups)
-            work = s.sampled_tokens / limit
+            work = s.outcomes.sampled_tokens / limit
             figures[policy] |= {"longest_path_s": path, "bound": work / path}
             print(f"{policy:12s} longest program: {path:.1f}s in the engine and on tools ({traj.num_sampled_tokens} "
                   f"tokens, {len(traj.turns)} turns; {wall - path:.1f}s of the run it was not on them); the run's "

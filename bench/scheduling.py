@@ -132,17 +132,17 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
     n = sum(len(g.trajectories) for g in groups)
     bad = [t.finish_reason for g in groups for t in g.trajectories if t.finish_reason != "stop"]
     path, _ = longest_path(groups)
-    return {"policy": policy, "programs": n, "wall_s": wall, "tokens": s.sampled_tokens,
-            "tok_s": s.sampled_tokens / wall, "in_flight": s.mean_in_flight, "idle": s.idle_fraction,
-            "under_half": s.under_half_fraction,
-            "reuse": s.resume_reuse, "reprefilled": s.reprefilled, "pauses": s.pauses, "restores": s.restores,
+    return {"policy": policy, "programs": n, "wall_s": wall, "tokens": s.outcomes.sampled_tokens,
+            "tok_s": s.outcomes.sampled_tokens / wall, "in_flight": s.occupancy.mean_in_flight, "idle": s.occupancy.idle_fraction,
+            "under_half": s.occupancy.under_half_fraction,
+            "reuse": s.outcomes.resume_reuse, "reprefilled": s.outcomes.reprefilled, "pauses": s.sessions.pauses, "restores": s.sessions.restores,
             "not_stop": len(bad), "peak_ws": reactor.scheduler.peak_working_set,
             # Body and tail: the seconds with >= 90 % of the slots busy, and what follows the last.
-            "full_and_tail": s.full_and_tail(), "timeline": [[b[0], round(b[1], 2)] for b in s.bins],
+            "full_and_tail": s.occupancy.full_and_tail(), "timeline": [[b[0], round(b[1], 2)] for b in s.occupancy.bins],
             "max_programs": reactor.scheduler.config.max_programs, "longest_path_s": path,
             # This process's CPU (reactor, sandbox client, engine client; vLLM's engine core is
             # another process) per generated token.
-            "client_cpu_us_per_token": 1e6 * cpu / max(1, s.sampled_tokens)}
+            "client_cpu_us_per_token": 1e6 * cpu / max(1, s.outcomes.sampled_tokens)}
 
 
 async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:

@@ -186,7 +186,7 @@ async def test_cancelling_a_run_leaves_no_process_or_request_behind(engine):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
-            await until(lambda: reactor.stats.started >= 4 and reactor.stats.sampled_tokens, "programs mid-run")
+            await until(lambda: reactor.stats.outcomes.started >= 4 and reactor.stats.outcomes.sampled_tokens, "programs mid-run")
             tg.cancel_scope.cancel()
         assert seen < 256
     assert child_pids() - before == set()
@@ -219,7 +219,7 @@ async def test_sessions_prepared_before_the_run_are_the_ones_its_programs_take(e
         # a worker a call killed).
         replaced = sum("[session restarted" in c.output for t in flat(groups) for c in t.tool_calls)
         assert sb.starts - base <= replaced
-        assert reactor.stats.env_waits == 0
+        assert reactor.stats.sessions.env_waits == 0
 
 
 async def test_trajectories_stream_before_groups_complete(engine):

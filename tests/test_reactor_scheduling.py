@@ -57,11 +57,11 @@ async def test_every_policy_yields_the_trace_exactly(engine, policy):
     trajs = [t for g in groups for t in g.trajectories]
     assert len(trajs) == 12 and len({(t.task_id, t.sample_index) for t in trajs}) == 12
     check_against_trace(env, trajs, engine.tokenizer)
-    s = reactor.stats
+    s = reactor.stats.occupancy
     assert s.in_flight == 0 and 0 < s.mean_in_flight <= (12 if policy == "lockstep" else 4)
     # Idle time is part of the time under half the slots (the last program's tail at least).
     assert s.slots == 4 and s.idle_fraction <= s.under_half_fraction < 1
-    assert s.summary()["engine_under_half_pct"] == round(100 * s.under_half_fraction, 1)
+    assert reactor.stats.summary()["engine_under_half_pct"] == round(100 * s.under_half_fraction, 1)
     assert reactor.scheduler.done and not reactor.scheduler.programs
 
 
@@ -96,7 +96,7 @@ async def test_sessions_are_prepared_ahead_and_unused_ones_handed_on(engine):
             groups = await reactor.collect(env.tasks(6, seed=3), 2)
     trajs = [t for g in groups for t in g.trajectories]
     check_against_trace(env, trajs, engine.tokenizer)
-    assert reactor.stats.env_waits <= sum(1 for t in trajs if t.tool_calls)
+    assert reactor.stats.sessions.env_waits <= sum(1 for t in trajs if t.tool_calls)
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir):
         trace = env.trace_of(t.task_id, t.sample_index)
         assert [len(s.token_ids) for s in t.segments if s.kind == "model"] == list(trace.turn_tokens)
         assert t.finish_reason == "stop"
-    assert reactor.stats.pauses > 0 and reactor.stats.restores > 0
+    assert reactor.stats.sessions.pauses > 0 and reactor.stats.sessions.restores > 0
     assert reactor.scheduler.peak_working_set <= 1024
 
 
@@ -127,7 +127,7 @@ async def test_cancelling_with_programs_queued_and_sessions_prepared_leaves_noth
         reactor = Reactor(engine, env, sb, cfg("program", concurrency=2, max_programs=4))
         async with anyio.create_task_group() as tg:
             tg.start_soon(reactor.collect, env.tasks(16, seed=5), 4)
-            await until(lambda: reactor.scheduler.queued and reactor.stats.started,
+            await until(lambda: reactor.scheduler.queued and reactor.stats.outcomes.started,
                         "programs queued while others run")
             tg.cancel_scope.cancel()
         assert reactor.scheduler.queued == 0 and reactor.scheduler.admitted == 0

@@ -94,7 +94,7 @@ class StepLoop:
         t_train = time.perf_counter()
         stats = await anyio.to_thread.run_sync(self.policy.train_step, batch)
         sync = await self._sync(step, train_s=time.perf_counter() - t_train)
-        interval = meter.tick(tokens=gen.reactor.stats.sampled_tokens, gen_busy=gen.clock.busy_s,
+        interval = meter.tick(tokens=gen.reactor.stats.outcomes.sampled_tokens, gen_busy=gen.clock.busy_s,
                                     wait=gen.wait_s)
         self.log.step(StepRow.of(step, groups, batch, stats, staleness=gen.buffer.staleness - stale_before,
                                  dropped=gen.buffer.dropped, interval=interval, sync=sync))

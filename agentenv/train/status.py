@@ -110,7 +110,7 @@ class StatusBar:
         """The weight version, the buffer's fill and the groups generating now."""
         self._bar.update(self._task, info=f"v{generation.version}  buffer {len(generation.buffer)}/{generation.batch} "
                          f"groups  {generation.generating} groups generating  "
-                         f"{generation.reactor.stats.sampled_tokens} tokens sampled")
+                         f"{generation.reactor.stats.outcomes.sampled_tokens} tokens sampled")
 
     async def follow(self, generation: "Generation") -> None:
         """Refresh the generation figures until cancelled."""

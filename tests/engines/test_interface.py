@@ -75,7 +75,7 @@ def test_an_embedded_engine_reports_its_page_size_and_sampling_and_the_reactor_u
         assert engine.sampling == (0.7, 0.9, 5)
         reactor = _reactor(engine)
         # One block size for the reuse statistics and the scheduler's KV accounting.
-        assert reactor.stats.block_size == reactor.scheduler.config.block_size == 32
+        assert reactor.stats.outcomes.block_size == reactor.scheduler.config.block_size == 32
         assert reactor.scheduler.config.kv_capacity == 4096
     finally:
         engine.close()
@@ -90,5 +90,5 @@ def test_an_engine_that_cannot_say_gets_the_interfaces_defaults_everywhere(token
     engine = ServerManagerEngine(None, tokenizer, 1024, request_id="p")
     assert (engine.page_size, engine.kv_capacity_tokens, engine.sampling) == (DEFAULT_PAGE_SIZE, None, None)
     reactor = _reactor(engine)
-    assert reactor.stats.block_size == reactor.scheduler.config.block_size == DEFAULT_PAGE_SIZE
+    assert reactor.stats.outcomes.block_size == reactor.scheduler.config.block_size == DEFAULT_PAGE_SIZE
     assert reactor.scheduler.config.kv_capacity is None

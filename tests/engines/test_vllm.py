@@ -224,7 +224,7 @@ async def test_reactor_on_vllm(vengine, sessions, with_sessions):
         groups = await reactor.collect(env.tasks(4, seed=1), group_size=2)
     trajs = [t for g in groups for t in g.trajectories]
     assert sum(any(c.status == "ok" for c in t.tool_calls) for t in trajs) >= 4
-    assert reactor.stats.resume_reuse > 0.9
+    assert reactor.stats.outcomes.resume_reuse > 0.9
     for t in trajs:
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
         assert not t.finish_reason.startswith("error"), t.error
