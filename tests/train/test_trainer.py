@@ -281,7 +281,6 @@ async def test_the_baseline_evaluation_sees_only_the_starting_weights(model_dir,
 
 
 @pytest.mark.anyio
-@pytest.mark.slow
 async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
