@@ -1,6 +1,5 @@
 """The event log (``agentenv.journal``): checksummed records, replay into finished, held and
-partial programs, resume on the same settings, and the in-memory ``InFlight`` whose snapshots
-a trainer checkpoint and a Ray driver keep, on real files."""
+partial programs, and resume on the same settings, on real files."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentenv import inflight, journal
+from agentenv import journal
 from agentenv.errors import AgentEnvError
 from agentenv.trajectory import ToolCall, Trajectory, TurnStats
 
@@ -93,45 +92,6 @@ def test_the_outputs_complete_lines_are_found_and_a_torn_last_line_is_not(tmp_pa
     assert journal.lines_of(tmp_path / "missing.jsonl", {"a"}) == {}
 
 
-def test_an_in_flight_snapshot_restores_and_logs_what_the_disk_log_would_hold(tmp_path: Path):
-    """``InFlight`` (a trainer's, in memory) and ``Journal`` (the CLI's, on disk) told the same
-    story hold the same state: the snapshot restores to the partial programs a replayed log
-    gives, and logged to disk (``log_snapshot``) replays to the same snapshot (``snapshot_of``)."""
-    mem, disk = inflight.InFlight(), journal.Journal.create(tmp_path / "run.log", {})
-    progs = [program(f"k{i}", i) for i in range(3)]
-    marks = {t.id: ([0, 0, 0], [0, 0, 0]) for t in progs}
-    for t in progs:
-        mem.start(t)
-        disk.start(t)
-    for t, turns in zip(progs, (2, 1, 0)):
-        for _ in range(turns):
-            turn(t, mem, marks[t.id][0])
-            disk.turn(t, marks[t.id][1])
-    progs[1].finish_reason, progs[1].reward = "stop", 1.0
-    mem.finished(progs[1])
-    disk.held(progs[1])
-    disk.close()
-    snap = json.loads(json.dumps(mem.snapshot({"t"})["t"]))  # as a checkpoint stores it
-    state, finished = inflight.restore(snap)
-    replayed = journal.load_state(journal.read(disk.path)[0])
-    assert [f.id for f in finished] == ["k1"] and state.done == {("t", 1)} and state.groups == {"t": "t#g"}
-    assert set(state.partial) == set(replayed.partial) == {("t", 0), ("t", 2)}
-    for key, p in state.partial.items():
-        q = replayed.partial[key]
-        assert (p.id, p.prompt_ids, p.segments, p.tool_calls, p.turns) == \
-            (q.id, q.prompt_ids, q.segments, q.tool_calls, q.turns)
-    relog, written = journal.Journal.create(tmp_path / "relog.log", {}), {}
-    inflight.log_snapshot(relog, snap, written)
-    inflight.log_snapshot(relog, snap, written)  # a second poll with nothing new writes nothing
-    relog.close()
-    records = journal.read(relog.path)[0]
-    assert [r["e"] for r in records] == ["header", "start", "turn", "start"]
-    again = inflight.snapshot_of(journal.load_state(records), "t", snap["finished"])
-    assert sorted(again["partial"], key=lambda p: p["k"]) == sorted(snap["partial"], key=lambda p: p["k"])
-    mem.forget("t")
-    assert mem.snapshot({"t"}) == {}
-
-
 def test_a_torn_log_record_is_ignored(tmp_path):
     path = tmp_path / "x.log"
     j = journal.Journal.create(path, {"a": 1})
@@ -170,49 +130,3 @@ def test_a_held_trajectory_replays_as_held_until_its_line_is_done(tmp_path):
     j.close()
     state = journal.load_state(journal.read(path)[0])
     assert state.held == {} and state.done == {("t", 0)} and set(state.partial) == {("t", 1), ("t", 2)}
-
-
-def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whole():
-    """``InFlight.snapshot(have=...)`` (how a Ray driver polls its workers) sends each
-    program's new turns and newly finished programs only; merged into what the driver held it
-    equals the whole snapshot, poll after poll, while programs advance, finish and start."""
-    import pickle
-
-    from agentenv.inflight import InFlight, holding, merge_snapshot
-
-    log = InFlight()
-    progs = [Trajectory(f"p{i}", "env", "t", "t#g", i, list(range(300))) for i in range(4)]
-    marks = {p.id: [0, 0, 0] for p in progs}
-
-    def turn(p: Trajectory, n: int) -> None:
-        p.add_model(list(range(n, n + 200)), [-0.5] * 200, 3)
-        p.add_env(list(range(40)))
-        p.tool_calls.append(ToolCall(len(p.turns), "python", {"code": "1+1"}, "2", "ok", 0.01))
-        p.turns.append(TurnStats(300, 288, 200, "stop", 0.5, 3))
-        log.turn(p, marks[p.id])
-
-    for p in progs[:3]:
-        log.start(p)
-    held, sizes = None, []
-    for step in range(6):
-        for p in progs[:3]:
-            if p.id in marks and not p.finish_reason:
-                turn(p, step)
-        if step == 2:
-            progs[0].finish_reason, progs[0].reward = "stop", 1.0
-            log.finished(progs[0])
-        if step == 3:
-            log.start(progs[3])
-            turn(progs[3], step)
-        whole = log.snapshot({"t"})["t"]
-        reply = log.snapshot({"t"}, {"t": holding(held)})["t"]
-        held = merge_snapshot(held, reply)
-        assert held == whole, step
-        sizes.append((len(pickle.dumps(reply)), len(pickle.dumps(whole))))
-    # Each reply carries one turn per live program (and a finished program once, at step 2),
-    # not every prefix: from step 3 on a fraction of the whole.
-    assert all(d < w / 4 for d, w in sizes[3:]) and sizes[2][0] < sizes[2][1], sizes
-    assert merge_snapshot(held, whole) == whole  # a whole snapshot replaces what was held
-    empty = log.snapshot({"t"}, {"t": holding(held)})["t"]
-    assert all(not e["segments"] and "prompt" not in e for e in empty["partial"]) and not empty["finished"]
-    assert merge_snapshot(held, empty) == whole
