@@ -20,6 +20,7 @@ CROSS_CUTTING = {
     "tests/test_imports.py": "what importing the package and parsing the CLI load",
     "tests/test_layers.py": "the import graph's floors",
     "tests/test_docs.py": "the documentation site against the package",
+    "tests/test_sizes.py": "every function and class of the package fits the size limits",
     "tests/test_tiers.py": "this file",
     "tests/engines/test_interface.py": "what the reactor reads from any engine (engines/base.py's interface)",
     "tests/sandboxes/test_hostile.py": "hostile code against the local sandbox",
