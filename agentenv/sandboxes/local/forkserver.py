@@ -101,9 +101,9 @@ def _end_background() -> None:
 
 
 def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: dict,
-            cgroups: list[str] | None = None) -> None:
+            cgroups: list[str] | None = None, parent_fd: int | None = None) -> None:
     try:
-        after_call = _confine(sock, limits, isolate, workdir, cgroups)
+        after_call = _confine(sock, limits, isolate, workdir, cgroups, parent_fd)
     except BaseException as exc:  # noqa: BLE001 - a session that cannot be confined never runs code
         why = json.dumps({"violation": f"the session could not be confined: {type(exc).__name__}: {exc}"[:1000]})
         try:
@@ -137,7 +137,10 @@ def _join_cgroups(cgroups: list[str]) -> None:
             os.close(procs)
 
 
-def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgroups: list[str] | None):
+def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgroups: list[str] | None,
+             parent_fd: int | None = None):
+    """Confine this new session process. ``parent_fd``: a pidfd of the process that forked it
+    (an isolated session, pid 1 of its namespace, cannot ask for its parent's pid)."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     _name(b"sbx-session")
     os.setsid()  # its own process group: kill(0, ...) from user code reaches nothing outside
@@ -151,21 +154,29 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
     os.chdir(workdir)
     if not isolate:  # the rest of the environment is the template's (``_session_environment``)
         os.environ.update({"HOME": workdir, "TMPDIR": workdir})
-    keep = sock.fileno()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 65536)
+    start = 3
+    for keep in sorted({sock.fileno(), parent_fd if parent_fd is not None else sock.fileno()}):
+        os.closerange(start, keep)
+        start = keep + 1
+    os.closerange(start, 65536)
     isolation.apply_rlimits(limits)
     if not isolate:
         return None
     if limits["uid"] <= 0 or limits["gid"] <= 0:
         raise OSError("an isolated session needs its own unprivileged uid and gid")
     isolation.apply_session_rlimits(limits)
-    # The uid change clears the parent-death signal until drop_privileges sets it again: a
-    # reaper that died in between is not noticed, but the host kills every session it closes.
+    # The uid change clears the parent-death signal until drop_privileges sets it again, and a
+    # parent that died before it was first set sent none: once it is set for good, a parent
+    # already gone is looked for (its pidfd is readable) and this session ends itself.
     isolation.drop_privileges(limits["uid"], limits["gid"])
+    if parent_fd is not None:
+        parent_gone = bool(select.select([parent_fd], [], [], 0)[0])
+        os.close(parent_fd)
+        if parent_gone:
+            os._exit(1)
     if limits.get("seccomp"):
         if SECCOMP_BPF is None:
             raise OSError("the seccomp filter is unavailable (pyseccomp/libseccomp missing)")
@@ -186,14 +197,17 @@ def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None
     """One fork, into a new pid namespace; the worker isolates itself (``_confine``)."""
     if not ISOLATED or PIDNS_FD is None:
         raise OSError("isolated sessions start from an isolated template")
+    me = os.pidfd_open(os.getpid())  # the session's check that its parent outlived its start
     isolation.enter_pid_namespace()
     try:
         pid = os.fork()
     except BaseException:
+        os.close(me)
         isolation.leave_pid_namespace(PIDNS_FD)
         raise
     if pid == 0:
-        _worker(sock, req["limits"], True, "/tmp", ns, req.get("cgroups", []))
+        _worker(sock, req["limits"], True, "/tmp", ns, req.get("cgroups", []), me)
+    os.close(me)
     try:
         isolation.leave_pid_namespace(PIDNS_FD)
     except OSError:  # later children would land in this session's namespace: give up instead
@@ -316,6 +330,7 @@ def _compact() -> None:
 
 def _template(req: dict, ns: dict, ctrl: socket.socket, children: _Children) -> tuple[socket.socket, int]:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         # The child never returns into its parent's loop, and never speaks on its parent's
@@ -325,6 +340,8 @@ def _template(req: dict, ns: dict, ctrl: socket.socket, children: _Children) -> 
             ctrl.close()
             children.close()
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # it died before the signal was set: none will come
+                os._exit(1)
             _name(b"sbx-template")
             child_ns = dict(ns)
             try:
