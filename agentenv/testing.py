@@ -2,6 +2,8 @@
 
 Each check is an async function that raises ``AssertionError`` with a message on failure.
 ``engine_contract`` runs them all against any :class:`~agentenv.engines.Engine`.
+:class:`InstantEngine` (``agentenv.engines.instant``) is an engine without a model, for
+measuring what a rollout costs besides the engine (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 import anyio
 
 from .engines.base import Engine, SamplingParams
+from .engines.instant import InstantEngine
 from .errors import PromptTooLongError
 
 
