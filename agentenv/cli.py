@@ -5,6 +5,7 @@
     agentenv envs
     agentenv train --env retool-math --steps 40 --mode async --out-dir runs/demo
     agentenv plot runs/demo
+    agentenv view rollouts.jsonl
     agentenv check-tokenizer --model path/to/model --format hermes
 
 Each command's options are the fields of a config dataclass (``agentenv.config``,
@@ -29,6 +30,7 @@ from .config import EnvModules, EnvOptions, EvalRunConfig, RolloutRunConfig
 from .errors import AgentEnvError, ConfigError
 from .options import add_options, build, option, same_as
 from .train.config import TrainConfig, env_train_defaults
+from .view.command import ViewConfig, view
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,7 @@ def _commands(argv: Sequence[str]) -> list[Command]:
         Command("check-tokenizer", "is the token bridge exact for a model's tokenizer and a tool format?",
                 CheckTokenizerConfig, _check_tokenizer),
         Command("plot", "render a training run's reward and throughput curves to PNG", PlotConfig, _plot),
+        Command("view", "a local web page for rollout files, eval reports and training runs", ViewConfig, view),
     ]
 
 

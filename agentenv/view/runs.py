@@ -1,0 +1,312 @@
+"""What ``agentenv view`` shows: rollout files, eval reports and training runs, read as they grow.
+
+:func:`open_run` tells the three apart by what ``path`` is:
+
+* a rollout JSONL (``agentenv rollout --out``; one trajectory per line, docs/schemas.md) with
+  its event log ``OUT.log`` beside it: a :class:`RolloutRun`;
+* an eval report (the JSON ``agentenv eval --report`` writes, holding ``per_task``): an
+  :class:`EvalRun`, whose trajectories are the JSONL its ``out`` names;
+* a training run directory (``metrics.jsonl``, ``eval.jsonl``, ``summary.json``,
+  ``config.json``; or its ``metrics.jsonl``): a :class:`TrainingRun`.
+
+Every file is followed: :class:`Tail` keeps the byte offset it has read to and, on
+``refresh()``, reads only the bytes appended since, keeping a torn last line for later. A file
+that shrank was rewritten (``--overwrite``) and is read again from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ConfigError
+from ..evaluation import report
+from .tokens import TokenText, tokenizer_dir
+
+
+class Tail:
+    """The complete lines of a growing file, read once each. ``parse`` turns a line's bytes
+    into an object (``None`` drops it); a rewritten file starts over (``generation`` counts)."""
+
+    def __init__(self, path: Path, parse: Callable[[bytes], Any]) -> None:
+        self.path = path
+        self.parse = parse
+        self.items: list[Any] = []
+        self.offset = 0
+        self.generation = 0
+
+    def refresh(self) -> int:
+        """Read what was appended; the number of new items."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size < self.offset:  # rewritten: what was read is gone
+            self.items, self.offset, self.generation = [], 0, self.generation + 1
+        if size == self.offset:
+            return 0
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(size - self.offset)
+        end = data.rfind(b"\n") + 1  # a torn last line waits for its newline
+        before = len(self.items)
+        for line in data[:end].splitlines():
+            if line.strip():
+                item = self.parse(line)
+                if item is not None:
+                    self.items.append(item)
+        self.offset += end
+        return len(self.items) - before
+
+
+def _json_line(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _log_record(line: bytes) -> dict[str, Any] | None:
+    """An event-log record (``<crc32> <json>``, agentenv.journal), or None when its checksum fails."""
+    if len(line) < 10 or line[8:9] != b" ":
+        return None
+    body = line[9:]
+    try:
+        return json.loads(body) if int(line[:8], 16) == zlib.crc32(body) else None
+    except ValueError:
+        return None
+
+
+def summary_of(row: dict[str, Any]) -> dict[str, Any]:
+    """What the list of trajectories shows of one line."""
+    tools = row.get("tool_calls") or []
+    meta = row.get("metadata") or {}
+    return {
+        "id": row["id"], "env": row.get("env", ""), "task_id": row.get("task_id", ""),
+        "group_id": row.get("group_id", ""), "sample_index": row.get("sample_index", 0),
+        "reward": row.get("reward"), "components": row.get("reward_components") or {},
+        "finish_reason": row.get("finish_reason", ""), "error": row.get("error"),
+        "tool_calls": len(tools), "tool_errors": sum(t.get("status") != "ok" for t in tools),
+        "resumed": bool(meta.get("resumed")), "turns": len(row.get("turns") or []),
+        "tokens": len(row.get("input_ids") or []), "sampled": sum(row.get("loss_mask") or []),
+        "duration_s": row.get("duration_s", 0.0),
+    }
+
+
+def advantages(rewards: list[float | None], eps: float = 1e-6) -> list[float | None]:
+    """GRPO advantages of a group, as ``agentenv.train.loss.group_advantages`` computes them
+    (reward minus the group's mean, over its std) over the scored samples; None where a
+    sample has no reward (the trainer gives it advantage 0 and mask 0)."""
+    scored = [r for r in rewards if r is not None]
+    if not scored:
+        return [None] * len(rewards)
+    mean = sum(scored) / len(scored)
+    std = (sum((r - mean) ** 2 for r in scored) / len(scored)) ** 0.5
+    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
+
+
+class RolloutRun:
+    """A rollout JSONL and its event log, followed as they grow."""
+
+    kind = "rollout"
+
+    def __init__(self, path: Path, threshold: float = 1.0) -> None:
+        self.path = path
+        self.threshold = threshold
+        self.lock = threading.Lock()
+        self.rows = Tail(path, _json_line)
+        self.log = Tail(path.with_name(path.name + ".log"), _log_record)
+        self._index: dict[str, int] = {}
+        self._tokens: TokenText | None = None
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    def refresh(self) -> None:
+        """Read what both files gained since the last call."""
+        with self.lock:
+            generation = self.rows.generation
+            self.rows.refresh()
+            self.log.refresh()
+            if generation != self.rows.generation:
+                self._index = {}
+            for i in range(len(self._index), len(self.rows.items)):
+                self._index[self.rows.items[i]["id"]] = i
+
+    def settings(self) -> dict[str, Any]:
+        """The run's settings from its log's header (empty without a log)."""
+        head = self.log.items[0] if self.log.items else {}
+        return head.get("settings", {}) if head.get("e") == "header" else {}
+
+    def progress(self) -> dict[str, Any]:
+        """What the event log says of programs: started, written, and those in flight (turns done)."""
+        started: dict[str, dict[str, Any]] = {}
+        turns: Counter = Counter()
+        done = set()
+        for rec in self.log.items:
+            e, key = rec.get("e"), rec.get("k")
+            if e == "start":
+                started[key] = rec
+            elif e == "turn":
+                turns[key] += 1
+            elif e == "done":
+                done.add(key)
+        s = self.settings()
+        flight = [{"task_id": r["task"], "sample": r["sample"], "turns": turns[k]}
+                  for k, r in started.items() if k not in done]
+        return {"log": self.log.path.is_file(), "started": len(started), "done": len(done),
+                "expected": s["tasks"] * s["group_size"] if "tasks" in s and "group_size" in s else None,
+                "in_flight": flight[:50], "in_flight_count": len(flight)}
+
+    def info(self) -> dict[str, Any]:
+        self.refresh()
+        model = self.settings().get("model")
+        tok, own = tokenizer_dir(model)
+        return {"kind": self.kind, "path": str(self.path), "label": self.label, "rows": len(self.rows.items),
+                "settings": self.settings(), "threshold": self.threshold, "tokenizer": str(tok),
+                "tokenizer_is_runs": own, "progress": self.progress()}
+
+    def summaries(self, since: int = 0) -> dict[str, Any]:
+        """The list's rows from ``since`` on, and the run's progress (the page polls this)."""
+        self.refresh()
+        with self.lock:
+            items = self.rows.items[since:]
+            return {"since": since, "total": len(self.rows.items), "generation": self.rows.generation,
+                    "rows": [summary_of(r) for r in items], "progress": self.progress()}
+
+    def token_text(self) -> TokenText:
+        if self._tokens is None:
+            self._tokens = TokenText(tokenizer_dir(self.settings().get("model"))[0])
+        return self._tokens
+
+    def trajectory(self, tid: str) -> dict[str, Any] | None:
+        """One line in full, with each token's text and the segments' extents."""
+        self.refresh()
+        with self.lock:
+            i = self._index.get(tid)
+            row = self.rows.items[i] if i is not None else None
+        if row is None:
+            return None
+        ids = row.get("input_ids") or []
+        at = len(row.get("prompt_ids") or [])
+        spans = [{"kind": "prompt", "start": 0, "end": at}]
+        for seg in row.get("segments") or []:
+            spans.append({"kind": seg["kind"], "start": at, "end": at + len(seg["token_ids"])})
+            at += len(seg["token_ids"])
+        keep = {k: v for k, v in row.items() if k not in ("input_ids", "prompt_ids", "segments", "loss_mask",
+                                                          "logprobs", "weight_versions")}
+        return {**keep, "summary": summary_of(row), "spans": spans, "pieces": self.token_text().pieces(ids),
+                "ids": ids, "loss_mask": row.get("loss_mask"), "logprobs": row.get("logprobs"),
+                "weight_versions": row.get("weight_versions")}
+
+    def group(self, gid: str) -> list[dict[str, Any]]:
+        """A group's samples side by side: each one's list row, completion text and advantage."""
+        self.refresh()
+        with self.lock:
+            rows = sorted((r for r in self.rows.items if r.get("group_id") == gid),
+                          key=lambda r: r.get("sample_index", 0))
+        adv = advantages([r.get("reward") for r in rows])
+        return [{**summary_of(r), "advantage": a, "text": r.get("text") or ""} for r, a in zip(rows, adv)]
+
+    def per_task(self) -> dict[str, dict[str, Any]]:
+        """Each task's samples, passes (reward >= threshold) and mean reward (agentenv.evaluation)."""
+        self.refresh()
+        with self.lock:
+            rows = list(self.rows.items)
+        if not rows:
+            return {}
+        return {t["task_id"]: t for t in report(rows, threshold=self.threshold, ks=[])["per_task"]}
+
+
+class EvalRun(RolloutRun):
+    """An eval report and the trajectories it was computed from (its ``out``)."""
+
+    kind = "eval"
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self.report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not an eval report ({exc})") from None
+        out = Path(self.report.get("out") or path.with_suffix(".jsonl"))
+        if not out.is_absolute() and not out.exists():
+            out = path.parent / out
+        super().__init__(out, threshold=float(self.report.get("threshold", 1.0)))
+        self.report_path = path
+
+    @property
+    def label(self) -> str:
+        return self.report_path.name
+
+    def settings(self) -> dict[str, Any]:
+        logged = super().settings()
+        return logged or {k: self.report[k] for k in ("env", "env_args", "model", "seed") if k in self.report}
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "report_path": str(self.report_path), "report": self.report}
+
+
+class TrainingRun:
+    """A training run's directory: its step and evaluation rows (followed), summary and config."""
+
+    kind = "train"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.metrics = Tail(path / "metrics.jsonl", _json_line)
+        self.evals = Tail(path / "eval.jsonl", _json_line)
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    def _json(self, name: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def info(self) -> dict[str, Any]:
+        with self.lock:
+            self.metrics.refresh()
+        return {"kind": self.kind, "path": str(self.path), "label": self.label, "rows": len(self.metrics.items),
+                "config": self._json("config.json"), "summary": self._json("summary.json")}
+
+    def curves(self, since: int = 0, evals_since: int = 0) -> dict[str, Any]:
+        """Step rows from ``since`` on and evaluation rows from ``evals_since`` on (the page polls)."""
+        with self.lock:
+            self.metrics.refresh()
+            self.evals.refresh()
+            return {"since": since, "total": len(self.metrics.items), "rows": self.metrics.items[since:],
+                    "evals_total": len(self.evals.items), "evals": self.evals.items[evals_since:],
+                    "summary": self._json("summary.json")}
+
+
+Run = RolloutRun | EvalRun | TrainingRun
+
+
+def open_run(path: str | Path) -> Run:
+    """The run at ``path``: a training run directory (or its metrics.jsonl), an eval report
+    (.json) or a rollout JSONL (which may not exist yet when its event log does: a run that
+    has only started). ConfigError when it is none of these."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "metrics.jsonl").is_file() or (path / "config.json").is_file():
+            return TrainingRun(path)
+        raise ConfigError(f"{path}: a directory without metrics.jsonl (not a training run)")
+    if path.name == "metrics.jsonl":
+        return TrainingRun(path.parent)
+    if path.suffix == ".json":
+        return EvalRun(path)
+    if not path.is_file() and not path.with_name(path.name + ".log").is_file():
+        raise ConfigError(f"{path}: no such rollout file (nor its event log {path.name}.log)")
+    return RolloutRun(path)
+
+
+__all__ = ["EvalRun", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "open_run", "summary_of"]

@@ -1,0 +1,46 @@
+"""Fixtures of the viewer's tests: a recorded real rollout, eval report and training run.
+
+``data/rollout.jsonl`` and its event log ``data/rollout.jsonl.log`` are what
+``agentenv rollout --tasks 3 --group-size 2 --max-new-tokens 128 --out rollout.jsonl`` wrote
+on the bundled model (3 tasks x 2 samples: passes, failures, a tool error, runs cut at the
+token budget); ``data/train/`` is the metrics, evaluations, summary and config of
+``agentenv train --steps 3 --groups-per-step 2 --group-size 4 --max-new-tokens 96
+--eval-every 2 --eval-tasks 4 --eval-k 2``. The quick tests read these; the browser test
+(test_page.py) makes fresh, larger ones with the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agentenv.evaluation import read_jsonl, report
+
+DATA = Path(__file__).with_name("data")
+
+
+@pytest.fixture
+def rollout(tmp_path) -> Path:
+    """A copy of the recorded rollout (and its event log) that a test may grow."""
+    for name in ("rollout.jsonl", "rollout.jsonl.log"):
+        shutil.copy(DATA / name, tmp_path / name)
+    return tmp_path / "rollout.jsonl"
+
+
+@pytest.fixture
+def eval_report(rollout) -> Path:
+    """The report ``agentenv eval`` writes, over the recorded rollout."""
+    rep = {"env": "retool-math", "env_args": {}, "model": "/nowhere/model", "seed": 0, "temperature": 1.0,
+           "out": str(rollout), **report(read_jsonl(rollout), threshold=1.0)}
+    path = rollout.with_name("eval.json")
+    path.write_text(json.dumps(rep, indent=1) + "\n")
+    return path
+
+
+@pytest.fixture
+def train_run(tmp_path) -> Path:
+    out = tmp_path / "train"
+    shutil.copytree(DATA / "train", out)
+    return out

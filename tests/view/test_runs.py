@@ -1,0 +1,120 @@
+"""The viewer's readers: which kind of run a path is, files followed as they grow, the list
+rows, a group's advantages, per-task passes and a training run's rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentenv import journal
+from agentenv.errors import ConfigError
+from agentenv.evaluation import read_jsonl, report
+from agentenv.view.runs import EvalRun, RolloutRun, Tail, TrainingRun, advantages, open_run
+
+
+def test_open_run_tells_the_kinds_apart(rollout, eval_report, train_run, tmp_path):
+    assert type(open_run(rollout)) is RolloutRun
+    assert type(open_run(eval_report)) is EvalRun
+    assert type(open_run(train_run)) is TrainingRun
+    assert type(open_run(train_run / "metrics.jsonl")) is TrainingRun
+    with pytest.raises(ConfigError, match="no such rollout file"):
+        open_run(tmp_path / "missing.jsonl")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="not a training run"):
+        open_run(tmp_path / "empty")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not an eval report"):
+        open_run(tmp_path / "bad.json")
+
+
+def test_tail_reads_complete_lines_once_and_starts_over_on_a_rewritten_file(tmp_path):
+    path = tmp_path / "f.jsonl"
+    tail = Tail(path, json.loads)
+    assert tail.refresh() == 0  # not there yet
+    path.write_text('{"a": 1}\n{"a": 2')
+    assert tail.refresh() == 1 and tail.items == [{"a": 1}]  # the torn line waits
+    with open(path, "a") as f:
+        f.write('}\n{"a": 3}\n')
+    assert tail.refresh() == 2 and [i["a"] for i in tail.items] == [1, 2, 3]
+    assert tail.refresh() == 0
+    path.write_text('{"b": 1}\n')  # shorter: rewritten
+    assert tail.refresh() == 1 and tail.items == [{"b": 1}] and tail.generation == 1
+
+
+def test_rollout_rows_and_progress_follow_the_files(rollout):
+    lines = rollout.read_text().splitlines(keepends=True)
+    rollout.write_text("".join(lines[:2]))
+    run = RolloutRun(rollout)
+    first = run.summaries()
+    assert first["total"] == 2 and first["progress"]["started"] == first["progress"]["done"] == 6
+    assert first["progress"]["expected"] == 6 and first["progress"]["in_flight_count"] == 0
+    with open(rollout, "a") as f:
+        f.writelines(lines[2:])
+    more = run.summaries(since=2)
+    assert more["total"] == 6 and [r["id"] for r in more["rows"]] == [json.loads(x)["id"] for x in lines[2:]]
+    rows = run.summaries()["rows"]
+    assert {r["finish_reason"] for r in rows} == {"stop", "length"}
+    assert sum(r["tool_errors"] for r in rows) == 2 and all(r["tool_calls"] == 1 for r in rows)
+    assert all(r["sampled"] < r["tokens"] and not r["resumed"] for r in rows)
+    # a program starts: the log grows by a checksummed record; a torn one is not read
+    with open(rollout.with_name("rollout.jsonl.log"), "ab") as f:
+        f.write(journal.encode({"e": "start", "k": "p7", "task": "retool-math/0/3", "sample": 0,
+                                "group": "g", "prompt": [1, 2]}))
+        f.write(b"0badc0de {\"e\": \"done\", \"k\": \"p7\"}\n")
+    progress = run.summaries()["progress"]
+    assert progress["in_flight_count"] == 1 and progress["in_flight"] == [
+        {"task_id": "retool-math/0/3", "sample": 0, "turns": 0}]
+
+
+def test_a_trajectory_has_each_tokens_text_mask_logprob_and_version(rollout):
+    row = read_jsonl(rollout)[0]
+    t = RolloutRun(rollout).trajectory(row["id"])
+    n = len(row["input_ids"])
+    assert len(t["pieces"]) == len(t["loss_mask"]) == len(t["logprobs"]) == len(t["weight_versions"]) == n
+    assert "".join(t["pieces"][len(row["prompt_ids"]):]) == row["text"]
+    assert [s["kind"] for s in t["spans"]] == ["prompt"] + [s["kind"] for s in row["segments"]]
+    assert t["spans"][-1]["end"] == n
+    for s in t["spans"]:
+        assert set(t["loss_mask"][s["start"]:s["end"]]) == {1 if s["kind"] == "model" else 0}
+    assert t["tool_calls"] == row["tool_calls"] and t["reward_components"] == row["reward_components"]
+    assert RolloutRun(rollout).trajectory("no-such-id") is None
+
+
+def test_group_advantages_are_the_trainers():
+    from agentenv.train.loss import group_advantages  # imports torch
+
+    for rewards in ([1.0, 0.0, 0.0, 1.0], [0.5, 0.5], [1.0, 0.25, 0.0]):
+        assert advantages(rewards) == pytest.approx(group_advantages(rewards))
+    assert advantages([1.0, None, 0.0]) == pytest.approx([1.0, None, -1.0], abs=1e-5)
+    assert advantages([None]) == [None]
+
+
+def test_a_group_is_its_samples_in_order_with_advantages(rollout):
+    rows = read_jsonl(rollout)
+    gid = rows[0]["group_id"]
+    samples = RolloutRun(rollout).group(gid)
+    assert [s["sample_index"] for s in samples] == sorted(r["sample_index"] for r in rows if r["group_id"] == gid)
+    assert all(s["text"] for s in samples)
+    assert sum(s["advantage"] for s in samples) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_per_task_passes_are_the_evaluation_reports(rollout, eval_report):
+    expected = {t["task_id"]: (t["samples"], t["passed"]) for t in report(read_jsonl(rollout))["per_task"]}
+    for run in (RolloutRun(rollout), EvalRun(eval_report)):
+        assert {k: (t["samples"], t["passed"]) for k, t in run.per_task().items()} == expected
+    info = EvalRun(eval_report).info()
+    assert info["report"]["per_task"] and info["rows"] == 6 and info["report_path"] == str(eval_report)
+
+
+def test_a_training_run_is_followed_step_by_step(train_run):
+    rows = (train_run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (train_run / "metrics.jsonl").write_text(rows[0])
+    run = TrainingRun(train_run)
+    first = run.curves()
+    assert first["total"] == 1 and first["evals_total"] == 3 and first["summary"]["steps"] == 3
+    with open(train_run / "metrics.jsonl", "a") as f:
+        f.writelines(rows[1:])
+    more = run.curves(since=1, evals_since=3)
+    assert [r["step"] for r in more["rows"]] == [2, 3] and more["evals"] == []
+    assert run.info()["config"]["steps"] == 3
