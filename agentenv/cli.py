@@ -29,6 +29,7 @@ from typing import Any, Callable, Literal, Sequence
 from .config import EnvModules, EnvOptions, EvalRunConfig, RolloutRunConfig
 from .errors import AgentEnvError, ConfigError
 from .options import add_options, build, option, same_as
+from .scaffold import InitConfig, run as _init
 from .train.config import TrainConfig, env_train_defaults
 from .view.command import ViewConfig, view
 
@@ -153,6 +154,8 @@ def _commands(argv: Sequence[str]) -> list[Command]:
                 CheckTokenizerConfig, _check_tokenizer),
         Command("plot", "render a training run's reward and throughput curves to PNG", PlotConfig, _plot),
         Command("view", "a local web page for rollout files, eval reports and training runs", ViewConfig, view),
+        Command("init", "scaffold an environment package NAME/ (env, tasks, reward, tests) to start from",
+                InitConfig, _init),
     ]
 
 
