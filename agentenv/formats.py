@@ -8,7 +8,9 @@ added with loss mask 0; the model's sampled ids are never re-encoded).
   returns as ``<interpreter>...</interpreter>``.
 * :class:`HermesFormat`: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
   (Qwen/Hermes); the result is a ``tool`` chat message rendered by the tokenizer's own chat
-  template, so the glue between turns is exactly what the template would produce.
+  template, so the glue between turns is exactly what the template would produce. A call
+  written inside ``<think>...</think>`` is reasoning, not a call (``calls_in_think=True``
+  runs it).
 * :class:`Llama3JsonFormat`: Llama 3.1's JSON call (the whole turn is ``{"name": ...,
   "parameters": {...}}``, ended by ``<|eot_id|>``); the result is an ``ipython``/``tool``
   message rendered by the chat template, as for Hermes.
@@ -92,14 +94,44 @@ class ReToolFormat(ToolFormat):
 
 
 class HermesFormat(ToolFormat):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5/Qwen3, Hermes).
+
+    Reasoning is not acting: a call written inside ``<think>...</think>`` (or after a
+    ``<think>`` never closed, or before a ``</think>`` whose ``<think>`` the chat template's
+    generation prompt wrote) is not a call, unless ``calls_in_think=True``. The engine still
+    stops at its ``</tool_call>``, so such a turn ends with no call and the program ends.
+    """
+
     name = "hermes"
     stop_strings = ("</tool_call>",)
     _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
     _A, _T = "\x00ASSISTANT\x00", "\x00TOOL{}\x00"
+    THINK, UNTHINK = "<think>", "</think>"
+
+    def __init__(self, calls_in_think: bool = False) -> None:
+        self.calls_in_think = calls_in_think
+
+    def outside_think(self, text: str) -> list[str]:
+        """The parts of ``text`` outside reasoning blocks, in order."""
+        pos, parts = 0, []
+        close, open_ = text.find(self.UNTHINK), text.find(self.THINK)
+        if close >= 0 and (open_ < 0 or close < open_):  # the block was opened by the prompt
+            pos = close + len(self.UNTHINK)
+        while True:
+            start = text.find(self.THINK, pos)
+            if start < 0:
+                parts.append(text[pos:])
+                return parts
+            parts.append(text[pos:start])
+            end = text.find(self.UNTHINK, start)
+            if end < 0:  # still thinking when the turn ended
+                return parts
+            pos = end + len(self.UNTHINK)
 
     def parse(self, text: str, tool_names: Sequence[str]) -> list[Parsed]:
+        parts = [text] if self.calls_in_think else self.outside_think(text)
         calls: list[Parsed] = []
-        for m in self._CALL.finditer(text):
+        for m in (m for part in parts for m in self._CALL.finditer(part)):
             body, closed = m.group(1).strip(), bool(m.group(2))
             if not closed:
                 calls.append(MalformedCall("unclosed <tool_call> (no </tool_call>)", body[:200]))

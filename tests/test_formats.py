@@ -68,6 +68,38 @@ def test_hermes_bridge_matches_the_chat_template_exactly(tokenizer, ended_with_e
     assert prompt + model_text + obs == full
 
 
+CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'
+RUN = [ToolRequest("python", {"code": "print(1)"})]
+
+
+@pytest.mark.parametrize(
+    "text, calls",
+    [
+        ("<think>\nI compute it.\n</think>\n\n" + CALL, RUN),  # after the reasoning: a call
+        ("<think>\nI might write " + CALL, []),  # inside an unclosed block (the turn stopped at </tool_call>)
+        ("<think>\nnot " + CALL + " this\n</think>\n\nno call", []),  # inside a closed block
+        ("the prompt opened the block: " + CALL + "\n</think>\n\n", []),  # </think> with no <think> before
+        ("<think>\na\n</think>\n\n<think>\n" + CALL, []),  # a second block, unclosed
+        ("<think>\n" + CALL + "\n</think>\n\n" + CALL, RUN),  # only the call outside the block runs
+        (CALL, RUN),  # no reasoning at all
+    ],
+)
+def test_hermes_calls_inside_think_are_not_calls(text, calls):
+    assert HermesFormat().parse(text, ["python"]) == calls
+
+
+def test_hermes_calls_in_think_can_be_allowed():
+    text = "<think>\nI run it now: " + CALL
+    assert HermesFormat(calls_in_think=True).parse(text, ["python"]) == RUN
+    assert HermesFormat().parse(text, ["python"]) == [] and get_format("hermes").calls_in_think is False
+
+
+def test_hermes_malformed_json_after_reasoning_is_data():
+    (call,) = HermesFormat().parse('<think>\nok\n</think>\n\n<tool_call>\n{"name": "python", "arguments": {"code": '
+                                   '"print(1)"}\n</tool_call>', ["python"])
+    assert isinstance(call, MalformedCall) and "not valid JSON" in call.reason and call.raw.startswith('{"name"')
+
+
 def test_unknown_format():
     with pytest.raises(ConfigError, match="unknown tool-call format"):
         get_format("xml")
