@@ -286,23 +286,14 @@ def _plot(opts: PlotConfig) -> int:
 
 
 def _envs(opts: EnvsConfig) -> int:
-    from .registry import describe, registered
+    """Print :func:`agentenv.envs.listing.listing`, wrapped to the terminal's width on a
+    terminal and whole lines elsewhere."""
+    import shutil
 
-    for name, where in registered().items():
-        try:
-            d = describe(name)
-        except AgentEnvError as exc:
-            print(f"{name}  ({where})\n    cannot load: {exc}\n")
-            continue
-        print(f"{name}  ({where})")
-        if d["description"]:
-            print(f"    {d['description']}")
-        print(f"    tool format: {d['tool_format']}; max_turns {d['max_turns']}; tool_timeout {d['tool_timeout']} s")
-        print(f"    --env-arg: {d['args']}")
-        if d["train_defaults"]:
-            shown = " ".join(f"{k}={v}" for k, v in d["train_defaults"].items())
-            print(f"    agentenv train defaults: {shown}")
-        print()
+    from .envs.listing import listing
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    sys.stdout.write(listing(width))
     return 0
 
 

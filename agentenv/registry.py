@@ -335,7 +335,7 @@ def describe(spec: str) -> dict[str, Any]:
     return {
         "id": spec,
         "description": " ".join(doc.split("\n\n")[0].split()),
-        "tool_format": fmt if isinstance(fmt, str) or fmt is None else type(fmt).__name__,
+        "tool_format": fmt if isinstance(fmt, str) or fmt is None else (getattr(fmt, "name", "") or type(fmt).__name__),
         "max_turns": getattr(entry, "max_turns", None),
         "tool_timeout": getattr(entry, "tool_timeout", None),
         "args": "(any)" if params is None else _accepted(params),

@@ -102,7 +102,7 @@ def test_envs_lists_the_bundled_environments():
     r = agentenv("envs")
     assert r.returncode == 0
     assert [ln.split()[0] for ln in r.stdout.splitlines() if ln and not ln.startswith(" ")] == \
-        ["dataset", "retool-math", "trace"]
+        ["dataset", "retool-math", "trace", "Note:"]
     assert "Arithmetic word problems" in r.stdout and "--env-arg: extra_digits: int = 2" in r.stdout
     assert "Tasks from a JSONL file or a Hugging Face dataset" in r.stdout and "--env-arg: source: str," in r.stdout
 
