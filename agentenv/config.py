@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from .errors import ConfigError
-from .options import NON_NEGATIVE, POSITIVE, UNIT, option, validate
+from .options import NON_NEGATIVE, POSITIVE, UNIT, Check, option, validate
 
 @dataclass(slots=True, frozen=True)
 class RolloutConfig:
@@ -208,6 +208,29 @@ class EvalOptions:
 
 
 
+JUDGE_SPEC = Check(lambda v: v == "policy" or v.startswith(("embedded", "vllm:", "http://", "https://")),
+                   "must be policy, embedded[:MODEL_DIR], vllm:MODEL_DIR or http(s)://HOST:PORT/v1")
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """A model that grades each program's answer, a reward component named ``judge``
+    (``agentenv.judge``)."""
+
+    judge: str | None = option(
+        None, "grade each answer with a model: policy (the run's own engine), embedded[:MODEL_DIR] or "
+              "vllm:MODEL_DIR (a second engine; default: --model), or an OpenAI-compatible server's URL "
+              "(http://HOST:PORT/v1); its score (0 to 1) is the reward component judge", check=JUDGE_SPEC)
+    judge_deadline: float = option(30.0, "seconds per judge call, its wait for a slot included; a call past it "
+                                         "scores 0 and counts as a failure", check=POSITIVE)
+    judge_concurrency: int = option(16, "judge calls in flight at once", check=POSITIVE)
+    judge_weight: float = option(1.0, "weight of the judge's score in the reward")
+    judge_group: bool = option(False, "the judge ranks each group's answers in one call (best 1, worst 0; a group "
+                                      "reward) instead of grading each answer alone")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
 
 @dataclass(frozen=True)
 class RolloutRunConfig:
@@ -221,6 +244,7 @@ class RolloutRunConfig:
     sandbox: SandboxOptions = field(default_factory=SandboxOptions)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     cluster: ClusterOptions = field(default_factory=ClusterOptions)
+    judge: JudgeOptions = field(default_factory=JudgeOptions)
 
     #: How the command line names and defaults its options where they differ from the
     #: fields' own (dotted path -> ``Option`` settings, dotted path -> default).
@@ -248,4 +272,4 @@ class EvalRunConfig(RolloutRunConfig):
 
 
 __all__ = ["ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions", "EvalRunConfig",
-           "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions", "SandboxOptions", "engine_args"]
+           "JudgeOptions", "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions", "SandboxOptions", "engine_args"]

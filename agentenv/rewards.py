@@ -20,6 +20,10 @@ process, and anything else (LaTeX, fractions, expressions) with math-verify (``p
 agentenv[math]``) in a worker process (at most one per CPU, kept for the next check) that is
 killed after ``timeout`` seconds, so a hostile answer such as ``9^{9^{9^9}}`` costs at most
 the timeout and never blocks the event loop.
+
+:class:`Judge` (``agentenv.judge``) is a part graded by a model: ``Rubric(correct_answer(),
+(Judge("http://127.0.0.1:8000/v1"), 0.5, "judge"))``; its verdicts are in the trajectory's
+``reward_details``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, Union
 
 import anyio
+
+from .judge import Judge, JudgeParseError, Verdict, judged, parse_ranking, parse_score, score_parser  # noqa: F401
 
 if TYPE_CHECKING:
     from .env import Task
@@ -235,7 +241,8 @@ class Rubric:
 
     ``Rubric(correct_answer(), (has_answer, 0.1), tool_ran=0.0)``: a bare part has weight
     1.0, a ``(part, weight)`` pair its weight; a part's name is its function's ``__name__``
-    (or give ``(part, weight, "name")``). Awaiting the rubric returns the dict an
+    (or give ``(part, weight, "name")``; a :class:`Judge` then records its verdicts under that
+    name). Awaiting the rubric returns the dict an
     environment's ``reward`` may return; the parts run concurrently.
     """
 
@@ -245,6 +252,8 @@ class Rubric:
             fn, weight, name = (p + (None,) * (3 - len(p))) if isinstance(p, tuple) else (p, 1.0, None)
             if not callable(fn):
                 raise TypeError(f"a reward part must be callable, got {fn!r}")
+            if name and hasattr(fn, "with_name"):  # a Judge records its verdicts under the part's name
+                fn = fn.with_name(name)
             name = name or getattr(fn, "__name__", None) or type(fn).__name__
             if name == "reward" or name in {n for n, _, _ in self.parts}:
                 raise ValueError(f"reward part name {name!r} is reserved or used twice; name it: (fn, weight, 'name')")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .engines.spec import EngineSpec
     from .env import Environment, Task
     from .journal import Journal, LogState
+    from .judge import Judge
     from .sources import GroupSource
 
 
@@ -43,6 +44,11 @@ class RolloutJob:
     log: Journal
     resume: LogState | None
     t_start: float
+    #: The model grading each answer (``--judge``), already in ``env``'s reward; None without one.
+    judge: Judge | None = None
+    #: The files this run creates (the output, the log) that were not there before it: a run
+    #: that fails before it logs a program removes them (:meth:`discard_unstarted`).
+    created: tuple[Path, ...] = ()
 
     @property
     def out(self) -> Path:
@@ -75,10 +81,38 @@ class RolloutJob:
         config = options.rollout.for_env(env)
         settings = resume_settings(options, env=env.id, model=str(model.resolve()), max_turns=config.max_turns,
                                    tool_timeout=config.tool_timeout)
+        env, judge = with_judge(options, env, model)
         tasks = env.tasks(options.run.tasks, seed=options.run.seed)
+        created = tuple(p for p in (options.output.out, Path(f"{options.output.out}.log")) if not p.exists())
         log, resume = open_log(options.output.out, settings, options.output.resume)
         return cls(options, command, env, model, config, tasks, log, resume,
-                   time.perf_counter() if t_start is None else t_start)
+                   time.perf_counter() if t_start is None else t_start, judge, created)
+
+    def discard_unstarted(self) -> None:
+        """After a failure before the log recorded a program (the engine or the sandbox did
+        not start): remove the files this run created, so that a failed start leaves nothing
+        behind. A file that was there before the run (a resumed one) stays, and so does an
+        output that holds a line."""
+        if self.log.records:
+            return
+        for path in self.created:
+            with contextlib.suppress(OSError):
+                if path != self.out or path.stat().st_size == 0:
+                    path.unlink()
+
+
+def with_judge(options: RolloutRunConfig, env: Environment, model: Path) -> tuple[Environment, Judge | None]:
+    """``env`` with the ``--judge`` options' judge in its reward (``agentenv.judge.judged``)."""
+    j = options.judge
+    if not j.judge:
+        return env, None
+    from .errors import ConfigError
+    from .judge import judge_from_spec, judged
+
+    if options.cluster.cluster == "ray":
+        raise ConfigError("--judge runs with --cluster none (the rollout workers make their own environments)")
+    judge = judge_from_spec(j.judge, model=str(model), deadline=j.judge_deadline, concurrency=j.judge_concurrency)
+    return judged(env, judge, weight=j.judge_weight, group=j.judge_group), judge
 
 
 def open_log(out: Path, settings: dict[str, Any], resume: bool) -> tuple[Journal, LogState | None]:
@@ -147,10 +181,15 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
                   f"tasks={len(job.tasks)} x group {job.group_size}{source.where}")
     try:
         async with source:
+            if job.judge is not None:
+                if getattr(source, "reactor", None) is not None:
+                    job.judge.bind(source.reactor.engine)  # --judge policy: the run's own engine
+                await job.judge.start()
             result = await _stream(job, source, console)
     except BaseException:
         with contextlib.suppress(AgentEnvError):  # the first error is the one to report
             job.log.close()
+        job.discard_unstarted()
         raise
     else:
         job.log.close()
@@ -204,6 +243,8 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
     from .summary import summary_rows, summary_table
 
     summary = source.summary()
+    if job.judge is not None:
+        summary.update(job.judge.stats.summary(wall_s=summary.get("wall_s")))
     rows = summary_rows(summary, prepared=source.prepared, startup_s=time.perf_counter() - job.t_start,
                         startup=source.startup, extra=source.rows())
     console.print(summary_table(rows, writer.written, job.out))
@@ -222,7 +263,11 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
 
 
 def check_out(out: Path) -> None:
-    """Refuse an --out that cannot be written, before anything slow is loaded."""
+    """Refuse an --out that cannot be written, before anything slow is loaded. Nothing is
+    created: a file that is there is opened to append (its contents untouched), and for one
+    that is not, the folder is asked for an unnamed temporary file."""
+    import tempfile
+
     if out.is_dir():
         raise AgentEnvError(f"--out {out} is a directory; give a file path, e.g. {out / 'rollouts.jsonl'}")
     if not out.parent.exists():
@@ -231,6 +276,9 @@ def check_out(out: Path) -> None:
         raise AgentEnvError(f"--out {out}: {out.parent} is not a directory")
     for path in (out, Path(f"{out}.log")):
         try:
-            open(path, "ab").close()  # created empty if missing; nothing written yet
+            if path.exists():
+                open(path, "ab").close()
+            else:
+                tempfile.TemporaryFile(dir=path.parent).close()
         except OSError as exc:
             raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None

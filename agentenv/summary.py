@@ -42,6 +42,12 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
                      f"{s['env_starts']}, {s['env_start_p50_ms']} / {s['env_start_p90_ms']} ms"))
     if s.get("env_waits"):
         rows.append(("programs that waited for their session", f"{s['env_waits']} ({s['env_wait_s']}s in all)"))
+    if has("judge_calls"):
+        failed = ", ".join(f"{k}={v}" for k, v in s["judge_failures"].items()) or "none"
+        rows.append(("judge (calls, cached, failures)", f"{s['judge_calls']}, {s['judge_cached']}, {failed}"))
+        rows.append(("judge latency per call (p50 / p99)", f"{s['judge_p50_ms']} / {s['judge_p99_ms']} ms"))
+        if has("judge_share_pct"):
+            rows.append(("judge share of wall time (a call in flight)", f"{s['judge_share_pct']}%"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += [(f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())]
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))

@@ -103,6 +103,9 @@ class Trajectory:
     text: str | None = None
     duration_s: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: What stands behind a reward component, by its name (a judge's verdict: score, reply,
+    #: latency, failure kind); empty for plain components.
+    reward_details: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- building -------------------------------------------------------------------------
     def add_model(self, token_ids: list[int], logprobs: list[float], weight_version: int | list[int]) -> None:

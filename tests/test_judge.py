@@ -1,0 +1,316 @@
+"""Model-graded rewards (``agentenv.judge``): the bundled tiny model on the embedded engine as
+judge (its taste is irrelevant: the plumbing is tested), real loopback HTTP servers that hang
+or answer garbage in the OpenAI wire format, and a real ``vllm serve`` (slow)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import anyio
+import pytest
+
+from agentenv.config import JudgeOptions, OutputOptions, RolloutConfig, RolloutRunConfig, RunOptions
+from agentenv.engines.base import Engine
+from agentenv.env import Task
+from agentenv.errors import ConfigError
+from agentenv.judge import (Judge, JudgeParseError, judge_from_spec, judged, parse_ranking, parse_score,
+                            ranking_scores, score_parser)
+from agentenv.registry import make
+from agentenv.rewards import Rubric
+from agentenv.trajectory import Trajectory
+
+from .waiting import until
+
+pytestmark = pytest.mark.anyio
+
+TASK = Task("t0", "What is 2 + 3?", answer=5)
+
+
+def traj(text: str, sample: int = 0) -> Trajectory:
+    t = Trajectory(f"t0-{sample}", "e", "t0", "t0#g", sample, [1], text=text, finish_reason="stop")
+    t.add_model([2], [-0.5], 0)
+    return t
+
+
+def by_length(text: str) -> float:
+    """A parser that accepts any reply: the tiny model's replies are not scores."""
+    return len(text) % 11 / 10
+
+
+def never(text: str) -> float:
+    raise JudgeParseError("this parser accepts nothing")
+
+
+# -- parsing ---------------------------------------------------------------------------------
+def test_the_default_parser_reads_a_score_tag_on_a_0_to_10_scale():
+    assert parse_score("thinking... <score>7</score>") == 0.7
+    assert parse_score("<score>2</score> then <score>10</score>") == 1.0  # the last tag
+    assert parse_score(" 3 ") == 0.3  # only a number, no tag
+    assert score_parser(scale=1)("<score>0.25</score>") == 0.25
+    for garbage in ("great answer!", "<score>11</score>", "<score>-1</score>", "7 out of 10"):
+        with pytest.raises(JudgeParseError):
+            parse_score(garbage)
+
+
+def test_a_ranking_becomes_scores_best_one_worst_zero():
+    assert parse_ranking("<ranking>2, 3, 1</ranking>", 3) == [1, 2, 0]
+    assert ranking_scores([1, 2, 0]) == [0.0, 1.0, 0.5]
+    for garbage in ("<ranking>1, 1, 2</ranking>", "<ranking>1, 2</ranking>", "2 3 1"):
+        with pytest.raises(JudgeParseError):
+            parse_ranking(garbage, 3)
+
+
+def test_a_judge_spec_names_where_it_runs(model_dir):
+    assert judge_from_spec("policy").engine == "policy"
+    assert judge_from_spec("embedded", model=model_dir).engine.model == model_dir
+    assert judge_from_spec("vllm:/m").engine.kind == "vllm"
+    with pytest.raises(ConfigError):
+        judge_from_spec("gpt-4")
+    with pytest.raises(ConfigError, match="judge must be policy"):
+        JudgeOptions(judge="gpt-4")
+
+
+# -- the embedded engine as judge ------------------------------------------------------------
+class Gate(Engine):
+    """The real engine behind a gate that lets requests through once ``want`` are in flight at
+    once, recording the most ever in flight: what the judge sends together reaches the engine
+    together (its continuous batching takes them in one batch)."""
+
+    def __init__(self, engine: Engine, want: int) -> None:
+        self.inner, self.want, self.in_flight, self.most, self.calls = engine, want, 0, 0, 0
+        self.tokenizer, self.max_model_len, self.sampling = engine.tokenizer, engine.max_model_len, engine.sampling
+        self.all_in = anyio.Event()
+
+    @property
+    def weight_version(self) -> int:
+        return self.inner.weight_version
+
+    async def generate(self, prompt_ids, params, request_id, *, priority=0):
+        self.in_flight += 1
+        self.calls += 1
+        self.most = max(self.most, self.in_flight)
+        if self.in_flight >= self.want:
+            self.all_in.set()
+        try:
+            await self.all_in.wait()
+            return await self.inner.generate(prompt_ids, params, request_id, priority=priority)
+        finally:
+            self.in_flight -= 1
+
+    async def abort(self, request_id):
+        await self.inner.abort(request_id)
+
+    async def load_weights(self, weights, version=None):
+        return await self.inner.load_weights(weights, version)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_calls_from_many_programs_are_in_flight_together_under_the_cap(engine):
+    gate = Gate(engine, want=4)
+    judge = Judge(gate, parser=by_length, concurrency=4, max_tokens=8)
+    trajs = [traj(f"The answer is {i}.", i) for i in range(10)]
+    async with anyio.create_task_group() as tg:
+        for t in trajs:
+            tg.start_soon(judge, TASK, t)
+    assert gate.most == 4 and gate.calls == 10  # the cap reached, never passed
+    assert judge.stats.max_in_flight == 4 and judge.stats.calls == 10 and not judge.stats.failures
+    for t in trajs:
+        d = t.reward_details["judge"]
+        assert "failure" not in d and d["score"] == by_length(d["reply"]) and d["latency_s"] > 0
+    s = judge.stats.summary(wall_s=judge.stats.busy_s * 2)
+    assert s["judge_p50_ms"] <= s["judge_p99_ms"] and s["judge_share_pct"] == 50.0
+
+
+async def test_a_prompt_judged_before_is_answered_from_the_cache(engine):
+    judge = Judge(engine, parser=by_length, max_tokens=8, cache_size=2)
+    first = await judge.grade("What is 2 + 3?", "5", "5")
+    again = await judge.grade("What is 2 + 3?", "5", "5")
+    assert not first.cached and again.cached and again.score == first.score and again.reply == first.reply
+    assert (judge.stats.calls, judge.stats.cached) == (1, 1)
+    for answer in ("6", "7"):  # two newer prompts push the first out of a cache of two
+        await judge.grade("What is 2 + 3?", answer, "5")
+    assert not (await judge.grade("What is 2 + 3?", "5", "5")).cached
+    assert judge.stats.calls == 4
+
+
+async def test_a_call_past_its_deadline_scores_the_fallback_and_is_aborted(engine):
+    judge = Judge(engine, parser=by_length, deadline=0.001, max_tokens=64, fallback=0.25)
+    t = traj("x " * 1500)  # a long prompt: prefilled in several engine steps, never within 1 ms
+    assert await judge(TASK, t) == 0.25
+    d = t.reward_details["judge"]
+    assert d["failure"] == "deadline" and d["score"] == 0.25 and "reply" not in d
+    assert judge.stats.failures == {"deadline": 1}
+    await until(lambda: not engine._internal, "the engine dropped the judge's request")
+
+
+async def test_a_reply_the_parser_cannot_read_is_recorded_as_data(engine):
+    rubric = Rubric((lambda task, t: 1.0, 1.0, "base"), (Judge(engine, parser=never, max_tokens=8), 0.5, "quality"))
+    t = traj("5")
+    out = await rubric(TASK, t)
+    assert out == {"reward": 1.0, "base": 1.0, "quality": 0.0}
+    d = t.reward_details["quality"]  # recorded under the part's name
+    assert d["failure"] == "parse" and d["error"] == "this parser accepts nothing" and isinstance(d["reply"], str)
+
+
+async def test_the_group_mode_ranks_a_whole_group_in_one_call(engine):
+    gate = Gate(engine, want=1)
+    judge = Judge(gate, max_tokens=8)
+    trajs = [traj(f"answer {i}", i) for i in range(3)]
+    for t in trajs:
+        t.reward, t.reward_components = 1.0, {"correct": 1.0}
+    values = await judge.group_reward(TASK, trajs, weight=0.5)  # what an env's group_reward returns
+    assert gate.calls == 1
+    if all("failure" not in t.reward_details["judge"] for t in trajs):  # the tiny model ranked them
+        assert sorted(t.reward_details["judge"]["rank"] for t in trajs) == [1, 2, 3]
+    else:  # the tiny model wrote no ranking: the fallback for every answer, the failure recorded
+        assert {t.reward_details["judge"]["failure"] for t in trajs} == {"parse"}
+        assert [v["judge"] for v in values] == [0.0] * 3
+    # A ranking the parser reads (the reply aside): the worst 0, the best 1.
+    scores = await judge.rank(TASK, trajs, parser=lambda text, n: [2, 0, 1])
+    assert scores == [0.5, 0.0, 1.0] and [t.reward_details["judge"]["rank"] for t in trajs] == [2, 3, 1]
+    assert values[0]["correct"] == 1.0 and values[0]["reward"] == 1.0 + 0.5 * values[0]["judge"]
+
+
+async def test_a_judge_from_an_engine_spec_opens_its_own_engine_and_closes_it(model_dir):
+    async with judge_from_spec("embedded", model=model_dir, parser=by_length, max_tokens=4) as judge:
+        await judge.start()
+        engine = judge._backend.engine
+        assert engine.sampling == (0.0, 1.0, 0)  # greedy: the judge's temperature
+        assert (await judge.grade("Q", "A")).failure is None
+    assert engine._closed
+
+
+async def test_a_policy_judge_without_its_engine_fails_as_data():
+    v = await Judge("policy").grade("Q", "A")
+    assert v.failure == "engine" and "none is bound" in v.error
+
+
+# -- real HTTP servers that hang or answer garbage ------------------------------------------
+class Loopback:
+    """A real HTTP/1.1 server on loopback: ``garbage`` answers every request with a well-formed
+    OpenAI chat completion (or model list) of nonsense; ``hang`` reads requests and never
+    answers. Counts the requests it read."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.requests, self.paths = mode, 0, []
+        self.url = ""
+
+    async def serve(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        self.url = f"http://127.0.0.1:{port}/v1"
+        task_status.started()
+        await listener.serve(self._handle)
+
+    async def _handle(self, stream) -> None:
+        async with stream:
+            try:
+                await self._exchange(stream)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):  # the client hung up
+                pass
+
+    async def _exchange(self, stream) -> None:
+        if True:
+            buf = b""
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = await stream.receive()
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                length = next((int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")), 0)
+                while len(buf) < length:
+                    buf += await stream.receive()
+                buf = buf[length:]
+                self.requests += 1
+                self.paths.append(lines[0].split()[1])
+                if self.mode == "hang":
+                    await anyio.sleep_forever()
+                await stream.send(self._answer(lines[0].split()[1]))
+
+    @staticmethod
+    def _answer(path: str) -> bytes:
+        if path.endswith("/models"):
+            body = {"object": "list", "data": [{"id": "nonsense-1", "object": "model"}]}
+        else:
+            body = {"id": "c1", "object": "chat.completion", "model": "nonsense-1", "choices": [
+                {"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "Purple ∞ lorem <scor>banana</score> 12 of 7"}}]}
+        data = json.dumps(body).encode()
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+
+async def test_a_server_answering_garbage_gives_parse_failures():
+    server = Loopback("garbage")
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        async with Judge(server.url, concurrency=3) as judge:
+            verdicts = []
+
+            async def one(i: int) -> None:
+                verdicts.append(await judge.grade("Q", f"A{i}"))
+
+            async with anyio.create_task_group() as calls:
+                for i in range(6):
+                    calls.start_soon(one, i)
+        tg.cancel_scope.cancel()
+    assert [v.failure for v in verdicts] == ["parse"] * 6 and all("Purple" in v.reply for v in verdicts)
+    assert judge.stats.failures == {"parse": 6} and judge.stats.calls == 6
+    assert server.paths.count("/v1/chat/completions") == 6 and server.paths[0] == "/v1/models"
+
+
+async def test_a_server_that_never_answers_costs_each_call_its_deadline():
+    server = Loopback("hang")
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        judge = Judge(server.url, deadline=0.5, concurrency=2, fallback=0.1)
+        results = []
+
+        async def one(i: int) -> None:
+            results.append(await judge.grade("Q", f"A{i}"))
+
+        async with anyio.create_task_group() as calls:
+            for i in range(4):
+                calls.start_soon(one, i)
+        await judge.aclose()
+        tg.cancel_scope.cancel()
+    assert [v.failure for v in results] == ["deadline"] * 4 and {v.score for v in results} == {0.1}
+    assert judge.stats.failures == {"deadline": 4} and server.requests >= 1
+
+
+@pytest.mark.slow
+async def test_a_rollout_whose_judges_hang_or_answer_garbage_completes_with_the_failures_counted(tmp_path):
+    """A real rollout run (embedded engine, local sandbox): one judge from ``--judge`` that never
+    answers, one more in the environment that answers garbage; every program is written, its
+    reward the environment's own, each judge's failures counted and on every line."""
+    from agentenv.rollout_run import RolloutJob, execute
+
+    hang, garbage = Loopback("hang"), Loopback("garbage")
+    async with anyio.create_task_group() as tg:
+        await tg.start(hang.serve)
+        await tg.start(garbage.serve)
+        style = Judge(garbage.url, name="style")
+        env = judged(make("retool-math"), style, weight=0.5)
+        opts = RolloutRunConfig(run=RunOptions(tasks=3, group_size=2, seed=3),
+                                output=OutputOptions(out=tmp_path / "r.jsonl", progress=False),
+                                rollout=RolloutConfig(max_new_tokens=48, max_tokens_per_turn=24, max_turns=2),
+                                judge=JudgeOptions(judge=hang.url, judge_deadline=0.5, judge_weight=2.0))
+        job = RolloutJob.open(opts, env)
+        result = await execute(job)
+        tg.cancel_scope.cancel()
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert result.code == 0 and len(lines) == 6 and result.written == 6
+    for d in lines:
+        assert d["finish_reason"] in ("stop", "length", "max_turns") and d["reward"] is not None
+        assert d["reward_components"]["judge"] == 0.0 and d["reward_components"]["style"] == 0.0
+        assert d["reward"] == d["reward_components"]["correct"]  # retool-math's own: correct (tool_ran weighs 0)
+        assert d["reward_details"]["judge"]["failure"] == "deadline"
+        assert d["reward_details"]["style"]["failure"] == "parse"
+        assert Trajectory.from_dict(d).reward_details == d["reward_details"]
+    s = result.summary
+    assert s["judge_failures"] == {"deadline": 6} and s["judge_calls"] == 6 and 0 < s["judge_share_pct"] <= 100
+    assert style.stats.failures == {"parse": 6}
