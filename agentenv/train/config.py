@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
-from ..config import EngineOptions, EnvOptions, RolloutConfig, RunOptions, SandboxOptions
+from ..config import EngineOptions, EnvOptions, JudgeOptions, RolloutConfig, RunOptions, SandboxOptions
 from ..errors import ConfigError
 from ..options import NON_NEGATIVE, POSITIVE, option, resume_keys, same_as, validate
 
@@ -76,6 +76,11 @@ class TrainConfig:
         EnvOptions, "env_kwargs", flag="--eval-env-arg", resume=False, convert=lambda items, earlier: _env_args(
             earlier["env"], items, "--eval-env-arg"),
         help="environment argument for the held-out tasks only, e.g. split=test for the dataset env")
+    judge: str | None = same_as(JudgeOptions, "judge")
+    judge_deadline: float = same_as(JudgeOptions, "judge_deadline")
+    judge_concurrency: int = same_as(JudgeOptions, "judge_concurrency")
+    judge_weight: float = same_as(JudgeOptions, "judge_weight")
+    judge_group: bool = same_as(JudgeOptions, "judge_group")
     cluster: Literal["none", "ray"] = option(
         "none", "none: train in this process; ray: the policy as --trainer-ranks data-parallel Ray actors "
                 f"(torch.distributed, gloo), generation here or on --engines engine actors {_RAY}")

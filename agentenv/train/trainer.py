@@ -89,6 +89,14 @@ class Trainer:
         if cfg.eval_every and cfg.eval_env_kwargs:
             self._eval_env = make(cfg.env, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
             stack.push_async_callback(self._eval_env.aclose)
+        self._judge = None
+        if cfg.judge:  # the training env's reward only: held-out evaluations keep the env's own
+            from ..judge import judge_from_spec, judged
+
+            self._judge = judge_from_spec(cfg.judge, model=str(model), deadline=cfg.judge_deadline,
+                                          concurrency=cfg.judge_concurrency)
+            stack.push_async_callback(self._judge.aclose)
+            self._env = judged(self._env, self._judge, weight=cfg.judge_weight, group=cfg.judge_group)
         if self._sandbox is None:
             self._sandbox = await stack.enter_async_context(default_sandbox(cfg.sandbox))
         # The first steps' sessions start while the model loads (see ``prepare_sessions``).
@@ -108,6 +116,9 @@ class Trainer:
                 self._engine = await spec.open()
             stack.push_async_callback(self._engine.aclose)
         check_env(self._env, tokenizer=self._engine.tokenizer)
+        if self._judge is not None:
+            self._judge.bind(self._engine)  # --judge policy: the engine it trains
+            await self._judge.start()
 
     def _policy(self) -> Policy:
         """The policy in this process, or (``cluster="ray"``) data-parallel over Ray actors."""
@@ -210,7 +221,10 @@ class Trainer:
             with StatusBar(self.progress, cfg.steps, start_step) as bar:
                 loop = StepLoop(cfg, policy, self._engine, generation, evaluator=evaluator, log=log,
                                 checkpoints=checkpoints, bar=bar)
-                return await loop.run(start_step)
+                summary = await loop.run(start_step)
+                if self._judge is not None:
+                    summary.update(self._judge.stats.summary())
+                return summary
         finally:
             log.close()
 
