@@ -1,0 +1,316 @@
+"""The viewer's page in a real browser: headless Chromium (Debian's package) driven by
+Playwright, over runs the CLI makes here (a 128-row rollout, an eval report, a short training
+run). Each test looks at what the page shows and checks it against the files; screenshots go
+to ``view-shots/`` under pytest's base temporary directory.
+
+Without Chromium or Playwright these tests fail, so that CI does not pass them unseen; set
+``AGENTENV_SKIP_BROWSER=1`` to skip them on a machine that cannot run a browser."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentenv import journal
+from agentenv.evaluation import read_jsonl, report
+from agentenv.view.page import STATIC
+from agentenv.view.runs import open_run
+from agentenv.view.server import Viewer, ViewServer
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WAIT_MS = 60_000  # a bound on a hang: each wait ends when the page shows what it waits for
+
+
+def test_the_page_fetches_nothing_from_elsewhere():
+    """The machine may be offline: no CDN, no web fonts, no absolute URLs in the page."""
+    files = {p.name: p.read_text() for p in STATIC.iterdir()}
+    assert {"index.html", "app.js", "style.css"} <= set(files)
+    for name, text in files.items():
+        found = [u for u in re.findall(r"(?:https?:)?//[\w.-]+\.\w+[^\s\"')]*", text) if "www.w3.org/2000/svg" not in u]
+        assert not found, f"{name} reaches out: {found}"
+        assert "@import" not in text and "url(" not in text.replace('url("data:', "")
+    assert re.findall(r'(?:src|href)="([^"]+)"', files["index.html"]) == [
+        "/static/style.css", "data:,", "#/", "/static/app.js"]
+
+
+def _browser_or_fail():
+    if os.environ.get("AGENTENV_SKIP_BROWSER") == "1":
+        pytest.skip("AGENTENV_SKIP_BROWSER=1")
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (or set AGENTENV_SKIP_BROWSER=1)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is missing: pip install -e '.[dev]' (or set AGENTENV_SKIP_BROWSER=1)")
+    return sync_playwright
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agentenv.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "120"})
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The runs the CLI makes: 32 tasks x 4 (128 rows), an eval of the same tasks at another
+    temperature (its report), and a 3-step training run with held-out evaluations."""
+    _browser_or_fail()
+    d = tmp_path_factory.mktemp("runs")
+    procs = [
+        _cli("rollout", "--tasks", "32", "--group-size", "4", "--out", "a.jsonl", "--no-progress", cwd=d),
+        _cli("eval", "--tasks", "32", "--k", "2", "--temperature", "0.6", "--out", "b.jsonl", "--report", "b.json",
+             "--no-progress", cwd=d),
+        _cli("train", "--steps", "3", "--groups-per-step", "2", "--group-size", "4", "--max-new-tokens", "96",
+             "--eval-every", "2", "--eval-tasks", "4", "--eval-k", "2", "--out-dir", "train", "--no-progress", cwd=d),
+    ]
+    for p in procs:
+        out = p.communicate(timeout=900)[0]
+        assert p.returncode == 0, out[-3000:]
+    return d
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    path = tmp_path_factory.getbasetemp() / "view-shots"
+    path.mkdir(exist_ok=True)
+    print(f"screenshots: {path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(made):
+    sync_playwright = _browser_or_fail()
+    profile = made / "chromium-profile"  # a fresh profile: nothing from another run
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, args=ARGS, headless=True,
+                                                   viewport={"width": 1300, "height": 900})
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+@pytest.fixture(scope="module")
+def server(made):
+    viewer = Viewer([open_run(made / "a.jsonl"), open_run(made / "b.json"), open_run(made / "train")])
+    with ViewServer(viewer) as s:
+        yield s
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.set_default_timeout(WAIT_MS)
+    yield page
+    page.close()
+    assert errors == [], errors  # no script error, no failed request
+
+
+def goto(page, server, route: str) -> None:
+    page.goto(server.url + route)
+    page.wait_for_selector(f'body[data-ready="{route}"]')
+
+
+def js_fmt(v: float, digits: int = 3) -> str:
+    """A number as the page's ``fmt`` writes it: integers bare, others to ``digits`` places."""
+    return str(int(v)) if float(v).is_integer() else f"{v:.{digits}f}"
+
+
+@pytest.mark.slow
+def test_the_list_filters_and_sorts_128_trajectories(page, server, made, shots):
+    rows = read_jsonl(made / "a.jsonl")
+    assert len(rows) == 128
+    goto(page, server, "#/run/0")
+    count = page.locator("#count")
+    assert count.inner_text().startswith("128 of 128 shown")
+    page.screenshot(path=shots / "list.png")
+
+    def shown(n: int) -> None:
+        page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{n} of 128')")
+        assert page.locator("tr.row").count() == n
+
+    page.select_option("#f-finish", "stop")
+    shown(sum(r["finish_reason"] == "stop" for r in rows))
+    page.select_option("#f-finish", "")
+    page.fill("#f-rmin", "1")
+    shown(sum(r["reward"] is not None and r["reward"] >= 1 for r in rows))
+    page.fill("#f-rmin", "")
+    page.select_option("#f-toolerr", "with")
+    with_errors = [r for r in rows if any(t["status"] != "ok" for t in r["tool_calls"])]
+    shown(len(with_errors))
+    page.screenshot(path=shots / "list-tool-errors.png")
+    page.select_option("#f-toolerr", "")
+    page.select_option("#f-resumed", "no")
+    shown(sum(not r["metadata"].get("resumed") for r in rows))
+    page.select_option("#f-resumed", "")
+    page.fill("#f-task", "retool-math/0/3")
+    shown(sum("retool-math/0/3" in r["task_id"] for r in rows))
+    page.fill("#f-task", "")
+    shown(128)
+    page.click("th:has-text('sampled / tokens')")
+    page.click("th:has-text('sampled / tokens')")  # descending
+    first = page.locator("tr.row").first.get_attribute("data-id")
+    assert first == max(rows, key=lambda r: (sum(r["loss_mask"]), -rows.index(r)))["id"]
+
+
+@pytest.mark.slow
+def test_a_trajectory_shows_its_tokens_by_loss_mask_tool_calls_and_reward(page, server, made, shots):
+    rows = read_jsonl(made / "a.jsonl")
+    row = next(r for r in rows if r["tool_calls"] and r["reward"])  # a solved one that used the tool
+    goto(page, server, "#/run/0")
+    page.click(f"tr.row[data-id='{row['id']}'] td:first-child")
+    page.wait_for_selector("#tokens")
+    text = page.evaluate("[...document.querySelectorAll('#tokens .seg:not(.seg-prompt) .tok')].map(t => t.textContent).join('')")
+    assert text == row["text"]
+    assert page.locator("#tokens .tok.m1").count() == sum(row["loss_mask"])
+    assert page.locator("#tokens .tok.m0").count() == len(row["loss_mask"]) - sum(row["loss_mask"])
+    assert page.locator("#tokens .seg-env .tok.m1").count() == 0 and page.locator("#tokens .seg-model .tok.m0").count() == 0
+    calls = page.inner_text("#calls")
+    for call in row["tool_calls"]:
+        assert call["arguments"]["code"].strip() in calls and call["output"].strip() in calls and call["status"] in calls
+    assert page.inner_text("#reward-value") == js_fmt(row["reward"])
+    for name in row["reward_components"]:
+        assert name in page.inner_text("#reward")
+
+    i = row["loss_mask"].index(1, len(row["prompt_ids"]) + 2)  # a sampled token; hover shows its numbers
+    page.hover(f"#tokens .tok[data-i='{i}']")
+    tip = page.inner_text("#tip")
+    assert f"logprob {row['logprobs'][i]:.4f}" in tip and f"weight version {row['weight_versions'][i]}" in tip
+    assert f"p {math.exp(row['logprobs'][i]):.3f}" in tip
+    page.screenshot(path=shots / "trajectory.png")
+    plain = page.eval_on_selector(f".tok[data-i='{i}']", "t => getComputedStyle(t).backgroundColor")
+    page.check("#heat")
+    low = min(range(len(row["loss_mask"])), key=lambda k: row["logprobs"][k] if row["loss_mask"][k] else 1)
+    page.hover(f"#tokens .tok[data-i='{low}']")
+    assert page.eval_on_selector(f".tok[data-i='{i}']", "t => getComputedStyle(t).backgroundColor") != plain
+    page.screenshot(path=shots / "trajectory-heat.png")
+
+
+@pytest.mark.slow
+def test_a_group_side_by_side_with_its_advantages(page, server, made, shots):
+    from agentenv.train.loss import group_advantages  # the trainer's; imports torch
+
+    rows = read_jsonl(made / "a.jsonl")
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(r["group_id"], []).append(r)
+    gid, members = next((g, m) for g, m in groups.items() if len({r["reward"] for r in m}) > 1)
+    members.sort(key=lambda r: r["sample_index"])
+    goto(page, server, "#/run/0")
+    page.click(f"tr.row[data-id='{members[0]['id']}'] a")
+    page.wait_for_selector("#group .sample")
+    assert page.locator("#group .sample").count() == len(members)
+    shown = [float(x) for x in page.locator("#group .advantage").all_inner_texts()]
+    assert shown == pytest.approx(group_advantages([r["reward"] for r in members]), abs=1e-3)
+    texts = page.locator("#group pre.text").all_inner_texts()
+    assert [t.strip() for t in texts] == [r["text"].strip() for r in members]
+    page.screenshot(path=shots / "group.png")
+    assert gid in page.inner_text("h2")
+
+
+@pytest.mark.slow
+def test_two_runs_compared_task_by_task(page, server, made, shots):
+    a, b = read_jsonl(made / "a.jsonl"), json.loads((made / "b.json").read_text())
+    goto(page, server, "#/compare/0/1")
+    rows = page.locator("#compare tr.task")
+    assert rows.count() == 32
+    mine = {t["task_id"]: t for t in report(a)["per_task"]}
+    theirs = {t["task_id"]: t for t in b["per_task"]}
+    for k in range(32):
+        cells = rows.nth(k).locator("td").all_inner_texts()
+        task = cells[0]
+        assert f"{mine[task]['passed']}/{mine[task]['samples']}" in cells[1]
+        assert f"{theirs[task]['passed']}/{theirs[task]['samples']}" in cells[2]
+    summary = page.inner_text("#cmp-summary")
+    mean_a = sum(t["passed"] / t["samples"] for t in mine.values()) / 32
+    assert f"{100 * mean_a:.1f} %" in summary
+    page.screenshot(path=shots / "compare.png", full_page=True)
+
+
+@pytest.mark.slow
+def test_an_eval_report_shows_its_figures_and_its_trajectories(page, server, made, shots):
+    rep = json.loads((made / "b.json").read_text())
+    goto(page, server, "#/run/1")
+    box = page.inner_text("#report")
+    assert f"pass@1 {js_fmt(rep['pass@k']['1'])}" in box and f"{rep['tasks']} tasks" in box
+    assert page.inner_text("#count").startswith(f"{rep['samples']} of {rep['samples']} shown")
+    page.screenshot(path=shots / "eval.png")
+
+
+@pytest.mark.slow
+def test_training_curves_are_interactive(page, server, made, shots):
+    steps = [json.loads(x) for x in (made / "train" / "metrics.jsonl").read_text().splitlines()]
+    evals = (made / "train" / "eval.jsonl").read_text().splitlines()
+    goto(page, server, "#/run/2")
+    scored = sum(not math.isnan(r["reward_mean"]) for r in steps)
+    assert page.locator("#chart-reward circle.dot").count() == scored + len(evals)  # batch means, evaluations
+    assert page.locator("#charts .panel").count() == 7
+    page.hover("#chart-loss", position={"x": 300, "y": 80})
+    readout = page.locator(".panel:has(#chart-loss) .readout").inner_text()
+    assert readout.startswith("step ") and "loss" in readout
+    assert page.locator("#chart-reward path.series").count() == 2  # moving mean, held-out pass@1
+    page.click(".panel:has(#chart-reward) .key:has-text('moving mean')")
+    assert page.locator("#chart-reward path.series").count() == 1
+    page.click(".panel:has(#chart-reward) .key:has-text('moving mean')")
+    page.hover("#chart-reward", position={"x": 250, "y": 100})
+    page.screenshot(path=shots / "training.png", full_page=True)
+    assert f"{len(steps)} steps" in page.inner_text("#train-status")
+
+
+@pytest.mark.slow
+def test_a_growing_run_is_followed(browser, made, shots, tmp_path):
+    """The rollout's own lines and event-log records appended in the order they were written:
+    the page shows the rows and the programs in flight as the files grow."""
+    src = made / "a.jsonl"
+    content = src.read_bytes()
+    ends = [m.end() for m in re.finditer(b"\n", content)]  # where each line ends
+    records, _ = journal.read(src.with_name("a.jsonl.log"))
+    log_lines = src.with_name("a.jsonl.log").read_bytes().splitlines(keepends=True)
+    out = tmp_path / "live.jsonl"
+    out.write_bytes(b"")
+
+    def upto(done: int) -> tuple[int, int]:
+        """The log up to its done-th "done" record and the lines written by then; the
+        programs started by then and those in flight."""
+        n, seen = 0, 0
+        while seen < done:
+            seen += records[n]["e"] == "done"
+            n += 1
+        out.with_name("live.jsonl.log").write_bytes(b"".join(log_lines[:n]))
+        with open(out, "ab") as f:
+            f.write(content[out.stat().st_size:ends[done - 1]])
+        started = sum(r["e"] == "start" for r in records[:n])
+        return started, started - done
+
+    upto(10)
+    page = browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    with ViewServer(Viewer([open_run(out)])) as server:
+        goto(page, server, "#/run/0")
+        assert page.inner_text("#count").startswith("10 of 10 shown")
+        started, flying = upto(60)
+        assert flying > 0
+        page.wait_for_function("document.querySelector('#count').textContent.startsWith('60 of 60')")
+        page.wait_for_function(f"document.querySelector('#live').textContent.includes('{flying} in flight · {started} started')")
+        assert page.locator("tr.row").count() == 60
+        assert page.inner_text("#flight").count(" turns)") == min(flying, 50)
+        page.screenshot(path=shots / "live.png")
+        with open(out, "ab") as f:
+            f.write(content[ends[59]:ends[59] + 100])  # torn: not shown until its newline
+        upto(128)
+        page.wait_for_function("document.querySelector('#count').textContent.startsWith('128 of 128')")
+        page.wait_for_function("document.querySelector('#live').textContent.includes('128 written of 128 · 0 in flight')")
+    page.close()
+    assert out.read_bytes() == content
