@@ -128,6 +128,17 @@ def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int,
     model = build_model(len(tok), tok.eos_token_id, tok.pad_token_id)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters")
+    loss = fit(model, tok, data, steps, batch, lr, seed, t0)
+    info = {"n_tasks": n_tasks, "copy_drills": drills, "steps": steps, "batch": batch, "lr": lr, "seed": seed,
+            "params": n_params, "final_loss": loss, "seconds": time.perf_counter() - t0}
+    save(model, tok, out, info)
+    return info
+
+
+def fit(model, tok, data: list[tuple[list[int], list[int]]], steps: int, batch: int, lr: float, seed: int,
+        t0: float) -> float:
+    """Supervised training on laid-out transcripts (loss on mask-1 tokens only): AdamW, linear
+    warm-up over the first 5 % of steps, cosine decay. Returns the last step's loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -152,30 +163,36 @@ def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int,
         opt.zero_grad(set_to_none=True)
         if step % 50 == 0 or step == steps - 1:
             print(f"step {step:4d}  loss {loss.item():.4f}  ({time.perf_counter() - t0:.0f}s)", flush=True)
+    return float(loss.item())
 
+
+def save(model, tok, out: Path, info: dict) -> None:
+    """Write model, tokenizer (with its chat template) and ``training.json`` to ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    info = {"n_tasks": n_tasks, "copy_drills": drills, "steps": steps, "batch": batch, "lr": lr, "seed": seed,
-            "params": n_params, "final_loss": float(loss.item()), "seconds": time.perf_counter() - t0}
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
-    return info
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_DIR)
+def arguments(doc: str, out: Path, steps: int) -> argparse.ArgumentParser:
+    """The command line of a bundled model's build script."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=out)
     ap.add_argument("--tasks", type=int, default=4000)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--drills", type=int, default=4000, help="copy-drill examples mixed in")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = arguments(__doc__, DEFAULT_DIR, 1500).parse_args(argv)
     torch.set_num_threads(a.threads)
     print(train(a.out, a.tasks, a.steps, a.batch, a.lr, a.seed, a.drills))
 

@@ -41,7 +41,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024,
+                    chat_template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``corpus``, with the special tokens, the tool tags
+    as single tokens and ``chat_template`` (the ReTool model's by default)."""
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False, fuse_unk=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -66,7 +69,58 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
         eos_token=EOS,
         pad_token=PAD,
         clean_up_tokenization_spaces=False,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
     fast.model_max_length = 2048
     return fast
+
+
+#: The Hermes model's template (Qwen2.5/Qwen3 style): ``tools`` listed in the system turn,
+#: consecutive tool messages rendered as one user turn of ``<tool_response>`` blocks, an
+#: assistant message's ``reasoning_content`` as a ``<think>`` block and its ``tool_calls`` as
+#: ``<tool_call>`` JSON; ``enable_thinking=False`` opens the reply with an empty think block.
+#: Earlier turns render as they were written (no think block is dropped), so the rendering of
+#: a conversation is a prefix of the rendering of its continuation.
+HERMES_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' and loop.first %}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif m.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if m.reasoning_content is defined and m.reasoning_content %}"
+    "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- if m.content %}{{- m.content }}{%- endif %}"
+    "{%- if m.tool_calls is defined and m.tool_calls %}"
+    "{%- for call in m.tool_calls %}"
+    "{%- set f = call.function if call.function is defined else call %}"
+    "{%- if m.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' }}"
+    "{%- if f.arguments is string %}{{- f.arguments }}{%- else %}{{- f.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)

@@ -5,6 +5,13 @@ and the final answer goes in ``\\boxed{...}`` (or ``<answer>...</answer>``). Rew
 right final answer (``correct``: the model's last words after any tool output, compared
 exactly as a number), else 0.0; the component ``tool_ran`` reports whether a tool call ran
 cleanly (weight 0: informational, not added to the reward).
+
+``format="hermes"`` (``--env-arg format=hermes``, for the bundled ``tiny-hermes`` model) asks
+for Hermes calls instead: the model thinks in ``<think>...</think>``, calls
+``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``, and reads the output
+in a ``<tool_response>`` turn rendered by its chat template; calls written inside ``<think>``
+are not run unless ``calls_in_think=True``. The format is the environment's choice (the model
+does not pick it), so rollout, eval and training all parse with the one format object it holds.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import random
 
 from agentenv.env import Environment, Task
+from agentenv.formats import HermesFormat
 from agentenv.rewards import Rubric, correct_answer, tool_ran
 from agentenv.trajectory import Trajectory
 
@@ -21,6 +29,13 @@ SYSTEM_PROMPT = (
     "Solve the problem with Python. Write code between <code> and </code>; its output "
     "comes back between <interpreter> and </interpreter>. Give the final answer as \\boxed{answer}."
 )
+HERMES_PROMPT = (
+    "Solve the problem with Python. Think between <think> and </think> first, then call the python tool: "
+    '<tool_call>\n{"name": "python", "arguments": {"code": "print(2 + 3)"}}\n</tool_call>. '
+    "Its output comes back between <tool_response> and </tool_response>. "
+    "Give the final answer as \\boxed{answer}."
+)
+FORMATS = ("retool", "hermes")
 
 
 class RetoolMathEnv(Environment):
@@ -46,11 +61,17 @@ class RetoolMathEnv(Environment):
                       "max_new_tokens": 128, "micro_batch_tokens": 1024,
                       "env_kwargs": {"extra_digits": 1}}
 
-    def __init__(self, extra_digits: int = 2) -> None:
+    def __init__(self, extra_digits: int = 2, format: str = "retool", calls_in_think: bool = False) -> None:
         super().__init__()
         if not 0 <= extra_digits <= 12:
             raise ValueError("extra_digits must be between 0 and 12")
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         self.extra_digits = extra_digits
+        if format == "hermes":
+            # Instance attributes over the class's: what the reactor, checker and trainer read.
+            self.tool_format = HermesFormat(calls_in_think=calls_in_think)  # type: ignore[misc]
+            self.system_prompt = HERMES_PROMPT  # type: ignore[misc]
 
     def tasks(self, n: int, seed: int = 0) -> list[Task]:
         rng = random.Random(f"retool-math:{seed}")
