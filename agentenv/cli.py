@@ -178,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:  # --help (0), or a bad argument (2), already reported in one line
             return exc.code if isinstance(exc.code, int) else 0
         command = commands[values.pop("command")]
+        values = {k: _bundled(v) if k.rsplit(".", 1)[-1] == "model" else v for k, v in values.items()}
         return command.run(build(command.options, values))
     except AgentEnvError as exc:
         sys.stderr.write(f"agentenv: error: {exc}\n")
@@ -343,9 +344,16 @@ def _eval(opts: EvalRunConfig) -> int:
 
 
 def _model_dir(model: str | None) -> Path:
-    from .models import default_model
+    from .models import model_dir
 
-    return (Path(model) if model else default_model()).resolve()
+    return model_dir(model).resolve()
+
+
+def _bundled(model: str | None) -> str | None:
+    """``--model``: a bundled model's name (``tiny-hermes``) as its directory; a path as given."""
+    from .models import model_dir
+
+    return str(model_dir(model)) if model else model
 
 
 __all__ = ["CheckTokenizerConfig", "EnvsConfig", "PlotConfig", "TrainOutput", "TrainRunConfig", "build_parser",
