@@ -108,3 +108,19 @@ def test_no_module_imports_itself_through_others_at_import_time():
 def test_the_circle_check_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_viewer_is_the_top_floor():
+    """``agentenv.view`` reads files and serves them; nothing in the package imports it but the
+    CLI, which takes only its options and command (``view.command``, light at parse time)."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        init = path.name == "__init__.py"
+        module = ".".join(parts[:-1] if init else parts)
+        if module.startswith("agentenv.view"):
+            continue
+        allowed = {"agentenv.view.command"} if module == "agentenv.cli" else set()
+        wrong += [f"{module} imports {t}" for t in imports_of(path.read_text("utf-8"), module, init)
+                  if t.startswith("agentenv.view") and t not in allowed]
+    assert not wrong, "\n".join(wrong)
