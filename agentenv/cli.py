@@ -321,8 +321,7 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
 def _eval(opts: EvalRunConfig) -> int:
     """A rollout of k samples per task, then the report from what it wrote (so ``--resume``
     gives the report of the whole run)."""
-    from rich.console import Console
-
+    from .console import console as cli_console
     from .evaluation import read_jsonl, report, table
 
     path = opts.report_path
@@ -336,7 +335,7 @@ def _eval(opts: EvalRunConfig) -> int:
         path.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
     except OSError as exc:
         raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None
-    console = Console(stderr=True)
+    console = cli_console()
     console.print(table(rep, title=f"{opts.env.env}"))
     console.print(f"report -> {path}")
     print(json.dumps({k: rep[k] for k in ("tasks", "samples", "pass@k", "mean_reward", "components")}), flush=True)

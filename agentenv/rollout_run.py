@@ -173,9 +173,9 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
     """The run: a header line, the programs from ``source`` (default :func:`source_of`) written
     as they finish (``agentenv.writer``) under a progress bar, the summary table, and what was
     held back. The event log is closed and the environment too, whatever happens."""
-    from rich.console import Console
+    from .console import console as cli_console
 
-    console = Console(stderr=True)
+    console = cli_console()  # rich on a terminal, plain unfolded lines anywhere else
     source = source or source_of(job)
     console.print(f"[bold]agentenv[/] {job.command}: env={job.env.id} model={job.model} engine={job.engine_spec.kind} "
                   f"tasks={len(job.tasks)} x group {job.group_size}{source.where}")
@@ -202,6 +202,7 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
     import anyio
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from .console import on_terminal
     from .writer import RunWriter, has_group_reward
 
     resume, g = job.resume, job.group_size
@@ -213,7 +214,8 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
     writer = RunWriter(job.out, job.log, by_group=has_group_reward(job.env), in_out=in_out, already=held,
                        append=job.options.output.resume)
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[info]}"), console=console, disable=not job.options.output.progress)
+                        TextColumn("{task.fields[info]}"), console=console,
+                        disable=not (job.options.output.progress and on_terminal(console)))
 
     def info() -> str:
         s = source.stats

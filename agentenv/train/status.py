@@ -82,12 +82,13 @@ class StatusBar:
     shows it for the block."""
 
     def __init__(self, enabled: bool, total: int, done: int) -> None:
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from ..console import console
 
         self.enabled = enabled
         self._bar = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                             TextColumn("{task.fields[info]}"), console=Console(stderr=True), disable=not enabled)
+                             TextColumn("{task.fields[info]}"), console=console(), disable=not enabled)
         self._task = self._bar.add_task("train", total=total, completed=done, info="starting")
 
     def __enter__(self) -> "StatusBar":
