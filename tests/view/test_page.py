@@ -1,7 +1,7 @@
 """The viewer's page in a real browser: headless Chromium (Debian's package) driven by
 Playwright, over runs the CLI makes here (a 128-row rollout, an eval report, a short training
 run). Each test looks at what the page shows and checks it against the files; screenshots go
-to ``view-shots/`` under pytest's base temporary directory.
+to ``tests/.artifacts/view-shots/`` (ignored by git).
 
 Without Chromium or Playwright these tests fail, so that CI does not pass them unseen; set
 ``AGENTENV_SKIP_BROWSER=1`` to skip them on a machine that cannot run a browser."""
@@ -79,9 +79,10 @@ def made(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "view-shots"
-    path.mkdir(exist_ok=True)
+def shots():
+    """``tests/.artifacts/view-shots/`` (ignored by git): kept after the run, for a person to look at."""
+    path = Path(__file__).resolve().parents[1] / ".artifacts" / "view-shots"
+    path.mkdir(parents=True, exist_ok=True)
     print(f"screenshots: {path}")
     return path
 
