@@ -12,7 +12,6 @@ log, so a driver's log holds what its workers had done.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any, Sequence
 
 from .journal import Journal, LogState, Start, Turn, extent
@@ -135,9 +134,9 @@ def _entry(t: Trajectory, group: str, start: Sequence[int] = (0, 0, 0),
     ``t`` from ``start`` to ``end`` (its whole extent by default)."""
     end = extent(t) if end is None else end
     return {"k": t.id, "task": t.task_id, "sample": t.sample_index, "group": group,
-            "segments": [asdict(x) for x in t.segments[start[0]:end[0]]],
-            "tools": [asdict(x) for x in t.tool_calls[start[1]:end[1]]],
-            "stats": [asdict(x) for x in t.turns[start[2]:end[2]]]}
+            "segments": [x.to_dict() for x in t.segments[start[0]:end[0]]],
+            "tools": [x.to_dict() for x in t.tool_calls[start[1]:end[1]]],
+            "stats": [x.to_dict() for x in t.turns[start[2]:end[2]]]}
 
 
 def _prefix(entry: dict[str, Any]) -> Trajectory:

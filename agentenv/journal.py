@@ -31,7 +31,7 @@ import json
 import os
 import threading
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, Sequence, Union
 
@@ -143,8 +143,8 @@ class Turn:
         traj.turns += self.stats
 
     def to_json(self) -> dict[str, Any]:
-        return {"e": self.E, "k": self.key, "turn": self.turn, "segments": [asdict(s) for s in self.segments],
-                "tools": [asdict(t) for t in self.tool_calls], "stats": [asdict(t) for t in self.stats]}
+        return {"e": self.E, "k": self.key, "turn": self.turn, "segments": [s.to_dict() for s in self.segments],
+                "tools": [t.to_dict() for t in self.tool_calls], "stats": [t.to_dict() for t in self.stats]}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Turn":

@@ -17,12 +17,38 @@ versioned by ``SCHEMA_VERSION``.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Literal
 
 from .errors import TrajectoryError
 
 SCHEMA_VERSION = 1
+
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def plain(obj: Any) -> Any:
+    """A copy of ``obj`` (a field of the records below) as JSON holds it: what ``asdict``
+    gives, but token lists are copied whole (in C), not element by element."""
+    if isinstance(obj, list):
+        if not obj or isinstance(obj[0], _SCALARS) and isinstance(obj[-1], _SCALARS):
+            return list(obj)
+        if hasattr(obj[0], "to_dict"):
+            return [x.to_dict() for x in obj]
+    if isinstance(obj, _SCALARS):
+        return obj
+    return copy.deepcopy(obj) if not is_dataclass(obj) else asdict(obj)
+
+
+class _Plain:
+    """``to_dict``: the dataclass's fields, in order, as :func:`plain` copies them."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: plain(getattr(self, name)) for name in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
 
 SegmentKind = Literal["model", "env"]
 ToolStatus = Literal["ok", "error", "timeout", "malformed"]
@@ -31,7 +57,7 @@ FINISH_REASONS = ("stop", "length", "max_turns", "context_overflow", "cancelled"
 
 
 @dataclass(slots=True)
-class Segment:
+class Segment(_Plain):
     kind: SegmentKind
     token_ids: list[int]
     logprobs: list[float] | None = None
@@ -61,7 +87,7 @@ class Segment:
 
 
 @dataclass(slots=True)
-class ToolCall:
+class ToolCall(_Plain):
     """One tool invocation the model asked for, and what came of it."""
 
     turn: int
@@ -74,7 +100,7 @@ class ToolCall:
 
 
 @dataclass(slots=True)
-class TurnStats:
+class TurnStats(_Plain):
     """What the engine reported for one generation request (one turn)."""
 
     prompt_tokens: int
@@ -86,7 +112,7 @@ class TurnStats:
 
 
 @dataclass(slots=True)
-class Trajectory:
+class Trajectory(_Plain):
     id: str
     env: str
     task_id: str
@@ -172,7 +198,7 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSONL object: the segments plus the derived flat arrays, for convenience."""
-        d = asdict(self)
+        d = _Plain.to_dict(self)
         d["schema_version"] = SCHEMA_VERSION
         d["input_ids"] = self.input_ids
         d["loss_mask"] = self.loss_mask
