@@ -179,6 +179,8 @@ class TraceEnv(Environment):
         self.spec = WorkloadSpec(**spec)  # an unknown field is a TypeError: make() reports it
         self.use_sandbox = sandbox
         self._tasks: dict[str, tuple[int, int]] = {}
+        # Traces of the programs under way: a trace is asked for at every turn and tool call.
+        self._traces: dict[tuple[str, int], ProgramTrace] = {}
 
     def tasks(self, n: int, seed: int = 0) -> list[Task]:
         out = []
@@ -192,8 +194,15 @@ class TraceEnv(Environment):
     def trace_of(self, task_id: str, sample: int) -> ProgramTrace:
         # The id says which program it is ("trace/<seed>/<i>"), so an instance that did not
         # make the task (a rollout worker on another machine) plays the same trace.
-        seed, i = self._tasks.get(task_id) or _parse_id(task_id)
-        return program_trace(self.spec, f"{seed}/{i}/{sample}")
+        trace = self._traces.get((task_id, sample))
+        if trace is None:
+            seed, i = self._tasks.get(task_id) or _parse_id(task_id)
+            trace = program_trace(self.spec, f"{seed}/{i}/{sample}")
+            if len(self._traces) >= 65_536:  # bounded: the oldest half goes
+                for key in list(self._traces)[:32_768]:
+                    del self._traces[key]
+            self._traces[(task_id, sample)] = trace
+        return trace
 
     def tools(self) -> list[Any]:
         tool = TraceTool(self)
