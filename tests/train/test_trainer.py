@@ -284,7 +284,7 @@ async def test_the_baseline_evaluation_sees_only_the_starting_weights(model_dir,
 async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from agentenv.train.plot import plot
+    from agentenv.train.plot import figure, plot
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -313,6 +313,8 @@ async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch
     assert wandb_dir.is_dir() and list(wandb_dir.rglob("*.wandb"))  # the offline run's log
     png = plot(tmp_path)
     assert png.stat().st_size > 10_000
+    wall = json.loads((tmp_path / "summary.json").read_text())["wall_s"]
+    assert wall == summary["wall_s"] and figure(tmp_path)._suptitle.get_text() == f"{tmp_path.name}: 2 steps, {wall:.1f} s"
     with pytest.raises(ConfigError, match="unknown tracker"):
         await Trainer(TrainConfig(steps=1, out_dir=str(tmp_path / "x"), report_to=["mlflow"], **SMALL),
                       print_steps=False).run()
