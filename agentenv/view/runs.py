@@ -85,6 +85,7 @@ def summary_of(row: dict[str, Any]) -> dict[str, Any]:
     """What the list of trajectories shows of one line."""
     tools = row.get("tool_calls") or []
     meta = row.get("metadata") or {}
+    judged = row.get("reward_details") or {}  # a judge's verdict per component (agentenv.judge)
     return {
         "id": row["id"], "env": row.get("env", ""), "task_id": row.get("task_id", ""),
         "group_id": row.get("group_id", ""), "sample_index": row.get("sample_index", 0),
@@ -93,7 +94,8 @@ def summary_of(row: dict[str, Any]) -> dict[str, Any]:
         "tool_calls": len(tools), "tool_errors": sum(t.get("status") != "ok" for t in tools),
         "resumed": bool(meta.get("resumed")), "turns": len(row.get("turns") or []),
         "tokens": len(row.get("input_ids") or []), "sampled": sum(row.get("loss_mask") or []),
-        "duration_s": row.get("duration_s", 0.0),
+        "duration_s": row.get("duration_s", 0.0), "judged": sorted(judged),
+        "judge_failures": sorted({d["failure"] for d in judged.values() if isinstance(d, dict) and d.get("failure")}),
     }
 
 

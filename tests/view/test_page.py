@@ -62,13 +62,14 @@ def _cli(*args: str, cwd: Path) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """The runs the CLI makes: 32 tasks x 4 (128 rows), an eval of the same tasks at another
-    temperature (its report), and a 3-step training run with held-out evaluations."""
+    temperature with the policy as judge (its report), and a 3-step training run with
+    held-out evaluations."""
     _browser_or_fail()
     d = tmp_path_factory.mktemp("runs")
     procs = [
         _cli("rollout", "--tasks", "32", "--group-size", "4", "--out", "a.jsonl", "--no-progress", cwd=d),
         _cli("eval", "--tasks", "32", "--k", "2", "--temperature", "0.6", "--out", "b.jsonl", "--report", "b.json",
-             "--no-progress", cwd=d),
+             "--judge", "policy", "--no-progress", cwd=d),
         _cli("train", "--steps", "3", "--groups-per-step", "2", "--group-size", "4", "--max-new-tokens", "96",
              "--eval-every", "2", "--eval-tasks", "4", "--eval-k", "2", "--out-dir", "train", "--no-progress", cwd=d),
     ]
@@ -175,6 +176,7 @@ def test_a_trajectory_shows_its_tokens_by_loss_mask_tool_calls_and_reward(page, 
     page.wait_for_selector("#tokens")
     text = page.evaluate("[...document.querySelectorAll('#tokens .seg:not(.seg-prompt) .tok')].map(t => t.textContent).join('')")
     assert text == row["text"]
+    assert page.locator("#tokenizer-note").count() == 0  # the run's own tokenizer (its log names the model)
     assert page.locator("#tokens .tok.m1").count() == sum(row["loss_mask"])
     assert page.locator("#tokens .tok.m0").count() == len(row["loss_mask"]) - sum(row["loss_mask"])
     assert page.locator("#tokens .seg-env .tok.m1").count() == 0 and page.locator("#tokens .seg-model .tok.m0").count() == 0
@@ -248,6 +250,24 @@ def test_an_eval_report_shows_its_figures_and_its_trajectories(page, server, mad
     assert f"pass@1 {js_fmt(rep['pass@k']['1'])}" in box and f"{rep['tasks']} tasks" in box
     assert page.inner_text("#count").startswith(f"{rep['samples']} of {rep['samples']} shown")
     page.screenshot(path=shots / "eval.png")
+    # the judge (the tiny policy: its replies rarely hold a score) and its failures, as data
+    rows = read_jsonl(made / "b.jsonl")
+    failed = [r for r in rows if r["reward_details"]["judge"].get("failure")]
+    page.select_option("#f-judge", "failed")
+    page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{len(failed)} of {len(rows)}')")
+    page.select_option("#f-judge", "ok")
+    page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{len(rows) - len(failed)} of')")
+    row = (failed or rows)[0]
+    page.select_option("#f-judge", "")
+    page.click(f"tr.row[data-id='{row['id']}'] td:first-child")
+    page.wait_for_selector("#judge")
+    judge = page.inner_text("#judge")
+    verdict = row["reward_details"]["judge"]
+    assert f"score {js_fmt(verdict['score'])}" in judge
+    assert (f"failed: {verdict['failure']}" in judge and verdict["error"] in judge) if verdict.get("failure") else "ok" in judge
+    if verdict.get("reply"):
+        assert verdict["reply"].strip()[:40] in judge
+    page.screenshot(path=shots / "judge.png")
 
 
 @pytest.mark.slow

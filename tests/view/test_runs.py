@@ -10,7 +10,7 @@ import pytest
 from agentenv import journal
 from agentenv.errors import ConfigError
 from agentenv.evaluation import read_jsonl, report
-from agentenv.view.runs import EvalRun, RolloutRun, Tail, TrainingRun, advantages, open_run
+from agentenv.view.runs import EvalRun, RolloutRun, Tail, TrainingRun, advantages, open_run, summary_of
 
 
 def test_open_run_tells_the_kinds_apart(rollout, eval_report, train_run, tmp_path):
@@ -118,3 +118,13 @@ def test_a_training_run_is_followed_step_by_step(train_run):
     more = run.curves(since=1, evals_since=3)
     assert [r["step"] for r in more["rows"]] == [2, 3] and more["evals"] == []
     assert run.info()["config"]["steps"] == 3
+
+
+def test_a_judges_verdicts_reach_the_list_row(rollout):
+    row = read_jsonl(rollout)[0]
+    assert summary_of(row)["judged"] == [] and summary_of(row)["judge_failures"] == []
+    row["reward_details"] = {  # what agentenv.judge records (docs/schemas.md)
+        "judge": {"score": 0.0, "failure": "deadline", "error": "no reply in 5 s", "latency_s": 5.0, "cached": False},
+        "style": {"score": 0.8, "reply": "<score>8</score>", "latency_s": 0.4, "cached": True}}
+    s = summary_of(row)
+    assert s["judged"] == ["judge", "style"] and s["judge_failures"] == ["deadline"]

@@ -79,6 +79,7 @@ const COLUMNS = [
   ["index", "#"], ["task_id", "task"], ["sample_index", "sample"], ["reward", "reward"],
   ["finish_reason", "finish"], ["tool_calls", "tools"], ["tool_errors", "tool errors"],
   ["sampled", "sampled / tokens"], ["turns", "turns"], ["duration_s", "time (s)"], ["resumed", "resumed"],
+  ["judge_failures", "judge"],
 ];
 
 function filtered(rows) {
@@ -91,9 +92,10 @@ function filtered(rows) {
     (r.reward === null ? lo === -Infinity && hi === Infinity : r.reward >= lo && r.reward <= hi) &&
     (!f.finish || r.finish_reason === f.finish) &&
     (!f.toolerr || (f.toolerr === "with" ? r.tool_errors > 0 : r.tool_errors === 0)) &&
-    (!f.resumed || (f.resumed === "yes") === r.resumed));
+    (!f.resumed || (f.resumed === "yes") === r.resumed) &&
+    (!f.judge || (f.judge === "failed" ? r.judge_failures.length > 0 : r.judged.length > 0 && !r.judge_failures.length)));
   const { key, dir } = state.sort;
-  const val = (r) => (r[key] === null || r[key] === undefined ? -Infinity : r[key]);
+  const val = (r) => (r[key] === null || r[key] === undefined ? -Infinity : Array.isArray(r[key]) ? r[key].length : r[key]);
   return out.sort((a, b) => (val(a) < val(b) ? -dir : val(a) > val(b) ? dir : a.index - b.index));
 }
 
@@ -118,7 +120,8 @@ function filterBar(rows) {
         oninput: (e) => setFilter("rmax", e.target.value) })),
     select("f-finish", "finish ", uniq("finish_reason"), f.finish),
     select("f-toolerr", "tool errors ", [["with", "with errors"], ["without", "none"]], f.toolerr),
-    select("f-resumed", "resumed ", [["yes", "resumed"], ["no", "not resumed"]], f.resumed));
+    select("f-resumed", "resumed ", [["yes", "resumed"], ["no", "not resumed"]], f.resumed),
+    rows.some((r) => r.judged.length) ? select("f-judge", "judge ", [["failed", "failed"], ["ok", "scored"]], f.judge) : null);
 }
 
 function rowCells(run, r) {
@@ -132,6 +135,7 @@ function rowCells(run, r) {
     h("td", { class: "num" }, r.tool_calls), h("td", { class: "num" + (r.tool_errors ? " bad" : "") }, r.tool_errors),
     h("td", { class: "num" }, `${r.sampled} / ${r.tokens}`), h("td", { class: "num" }, r.turns),
     h("td", { class: "num" }, fmt(r.duration_s, 2)), h("td", {}, r.resumed ? "yes" : ""),
+    h("td", { class: r.judge_failures.length ? "bad" : "" }, r.judge_failures.length ? `failed: ${r.judge_failures.join(", ")}` : r.judged.length ? "ok" : ""),
   ];
 }
 
@@ -229,6 +233,17 @@ function toolCalls(t) {
     c.error ? h("pre", { class: "error" }, c.error) : null));
 }
 
+function judgeCard(t) {  // what stands behind a model-graded component: the judge's verdict
+  const details = Object.entries(t.reward_details || {});
+  if (!details.length) return null;
+  return h("div", { id: "judge" }, h("h3", {}, "judge"), details.map(([name, d]) => h("div", { class: `call ${d.failure ? "status-failed" : "status-ok"}` },
+    h("div", { class: "call-head" }, h("b", {}, name), ` · score ${fmt(d.score)} · `,
+      h("span", { class: "status" }, d.failure ? `failed: ${d.failure}` : "ok"),
+      d.latency_s !== undefined ? ` · ${fmt(d.latency_s, 3)} s` : "", d.cached ? " · cached" : "", d.rank !== undefined ? ` · rank ${d.rank}` : ""),
+    d.error ? h("pre", { class: "error" }, d.error) : null,
+    d.reply !== undefined ? [h("div", { class: "label" }, "reply"), h("pre", { class: "output" }, d.reply)] : null)));
+}
+
 function turnsTable(t) {
   const cols = ["prompt_tokens", "cached_tokens", "new_tokens", "finish_reason", "latency_s", "weight_version"];
   return h("table", { class: "small" }, h("tr", {}, h("th", {}, "turn"), cols.map((c) => h("th", {}, c.replace("_", " ")))),
@@ -237,6 +252,7 @@ function turnsTable(t) {
 
 async function showTrajectory(run, id) {
   const t = await api(`/api/run/${run}/traj?id=${enc(id)}`);
+  const info = (await runData(run)).info;
   const versions = t.weight_versions.filter((v) => v >= 0);
   const comps = Object.entries(t.reward_components || {});
   const tokens = h("div", { id: "tokens", class: state.heat ? "heat" : "" }, tokenSpans(t));
@@ -260,7 +276,10 @@ async function showTrajectory(run, id) {
         " heat view (sampled tokens by probability: red unlikely, pale likely)"),
       h("span", { class: "legend" }, h("span", { class: "tok m1" }, "sampled"), " ", h("span", { class: "tok m0" }, "inserted"),
         " ", h("span", { class: "tok m0 prompt" }, "prompt"))),
+    info.tokenizer_is_runs ? null : h("p", { class: "warn", id: "tokenizer-note" },
+      `token text from ${info.tokenizer}: the run's model directory (${info.settings.model || "not named"}) has no tokenizer.json here`),
     tokens,
+    judgeCard(t),
     h("h3", {}, "tool calls"), h("div", { id: "calls" }, toolCalls(t)),
     h("h3", {}, "turns"), turnsTable(t),
     h("h3", {}, "metadata"), h("pre", { class: "meta" }, JSON.stringify(t.metadata, null, 1)));
