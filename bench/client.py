@@ -106,9 +106,18 @@ async def run_once(engine: InstantEngine, programs: int, total: int, turn: int, 
 
     g0, e0, gaps0, r0 = engine.generated, engine.cpu_s, len(engine.gaps), engine.requests
     t0, c0 = time.perf_counter(), time.process_time()
+    async def stop_after(scope: anyio.CancelScope) -> None:
+        # ``seconds`` from the first request (the sandbox sessions are prepared by then).
+        while engine.requests == r0:
+            await anyio.sleep(0.05)
+        await anyio.sleep(seconds)
+        scope.cancel()
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(sample)
-        with anyio.move_on_after(seconds if seconds is not None else float("inf")):
+        with anyio.CancelScope() as run_scope:
+            if seconds is not None:
+                tg.start_soon(stop_after, run_scope)
             await execute(job, source)
         tg.cancel_scope.cancel()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0 - (engine.cpu_s - e0)
@@ -200,10 +209,14 @@ async def setting(args, programs: int, turn: int, workdir: Path, profile: bool =
                   else contextlib.nullcontext(None))
     async with sandbox_cm as sandbox:
         engine = InstantEngine(max_model_len=10**6)
-        prof = cProfile.Profile() if profile else None
+        # CPU time of this thread (wall time would count the event loop's idle waits in epoll).
+        prof = cProfile.Profile(time.thread_time) if profile else None
         if prof is not None:
             prof.enable()
-        r = await run_once(engine, programs, total, turn, sandbox, workdir)
+        # The profiled run goes to its end: the profiler slows it, and the programs' ends (the
+        # writer's lines) must be in it.
+        r = await run_once(engine, programs, total, turn, sandbox, workdir,
+                           seconds=None if profile else args.max_seconds)
         if prof is not None:
             prof.disable()
         row.update(tokens=r["tokens"], turns=r["turns"], wall_s=r["wall_s"], client_cpu_s=r["client_cpu_s"],
@@ -282,6 +295,8 @@ def main() -> None:
     p.add_argument("--paced-tok-s", type=float, default=20_000.0,
                    help="the engine's rate for the latency runs (0: skip them)")
     p.add_argument("--paced-seconds", type=float, default=6.0)
+    p.add_argument("--max-seconds", type=float, default=30.0,
+                   help="a flat-out run stops this long after its first request (the figures cover what ran)")
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--baseline", type=float, default=None,
                    help="the headline figure measured before a change, printed beside this one and recorded")
