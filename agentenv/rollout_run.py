@@ -242,14 +242,17 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
 
 def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> RunResult:
     """The summary table, a warning for failed rewards, and what was held back."""
-    from .summary import summary_rows, summary_table
+    from .summary import over_file, summary_rows, summary_table
 
     summary = source.summary()
     if job.judge is not None:
         summary.update(job.judge.stats.summary(wall_s=summary.get("wall_s")))
+    if job.resume is not None:  # the table describes the whole file, not only this invocation's part
+        summary = over_file(summary, job.out, block_size=source.stats.outcomes.block_size)
     rows = summary_rows(summary, prepared=source.prepared, startup_s=time.perf_counter() - job.t_start,
                         startup=source.startup, extra=source.rows())
-    console.print(summary_table(rows, writer.written, job.out))
+    total = summary["programs"] if job.resume is not None else None
+    console.print(summary_table(rows, writer.written, job.out, total=total))
     if writer.reward_errors:
         console.print(f"[bold yellow]warning:[/] the reward failed for {len(writer.reward_errors)} of {writer.written} "
                       "trajectories (reward None, finish_reason error:reward); first error: "

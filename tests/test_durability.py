@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,14 @@ def kill_at(proc: subprocess.Popen, out: Path, records: int, deadline: float = 3
     return False
 
 
+def summary_of(err: str) -> tuple[str, dict[str, str]]:
+    """The title and the rows of the closing summary table in a run's stderr (not a terminal:
+    plain lines, a row per line)."""
+    title = next(line for line in err.splitlines() if re.match(r"\d+ trajectories ", line))
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in err.splitlines() if line.startswith("│")]
+    return title, dict(cells)
+
+
 def check_output(out: Path, tok) -> list[str]:
     lines = out.read_text().splitlines()
     keys = []
@@ -82,14 +91,14 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
         kills = [rng.randint(2, 3 * TASKS * GROUP)]
         if trial % 3 == 0:
             kills.append(rng.randint(1, 6))  # and kill the first resume too
-        proc, done_before, partial_before = cli(out), b"", {}
+        proc, done_before, partial_before, resumed = cli(out), b"", {}, False
         for k, at in enumerate(kills):
             if not kill_at(proc, out, at if k == 0 else log_records(out) + at):
                 break
             done_before = out.read_bytes() if out.exists() else b""
             state = journal.load_state(journal.read(Path(f"{out}.log"))[0])
             partial_before = {p.id: p for p in state.partial.values()}
-            proc = cli(out, "--resume")
+            proc, resumed = cli(out, "--resume"), True
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-2000:]
         lines = check_output(out, tok)
@@ -97,6 +106,16 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
         # if any, is dropped and its program redone).
         complete_before = done_before[: done_before.rfind(b"\n") + 1]
         assert out.read_bytes().startswith(complete_before)
+        # The closing summary describes the whole file, the lines from before the resume included.
+        title, table = summary_of(err)
+        scored = [r for r in (json.loads(line)["reward"] for line in lines) if r is not None]
+        assert table["programs"] == str(len(lines)), (title, table)
+        assert table["mean reward"] == str(round(sum(scored) / len(scored), 4) if scored else None), table
+        if resumed:
+            before = len(complete_before.splitlines())
+            assert title.startswith(f"{len(lines)} trajectories ({len(lines) - before} this run, {before} from "
+                                    "before the resume) -> "), title
+            assert "tokens/s (this run)" in table and "wall time (this run)" in table
         # Programs in flight at the kill continued token-exact from their last logged turn.
         # (A program whose line reached --out while its log's "done" record was still in the
         # log's buffer looks in flight to the log alone: its line is what counts.)

@@ -1,0 +1,63 @@
+"""The closing summary (``agentenv.summary``): after a resume its outcome figures are the whole
+output file's, counted from its lines, and what only the resumed invocation measured says so.
+The file and the invocation's stats are real trajectories, counted by the run's own
+``RunStats``; a real interrupted run is in tests/test_durability.py."""
+
+from __future__ import annotations
+
+import json
+
+from agentenv.stats import RunStats
+from agentenv.summary import OUTCOMES, over_file, summary_rows, summary_table
+from agentenv.trajectory import ToolCall, Trajectory, TurnStats
+
+
+def traj(task: str, sample: int, reward: float | None, *, reason: str = "stop", tokens: int = 2) -> Trajectory:
+    t = Trajectory(f"{task}-{sample}", "e", task, f"{task}#g", sample, [1, 2], reward=reward, finish_reason=reason,
+                   reward_components={} if reward is None else {"correct": reward})
+    t.add_model(list(range(3, 3 + tokens)), [-0.1] * tokens, 0)
+    t.tool_calls.append(ToolCall(0, "python", {"code": "1"}, "1", "ok" if sample % 2 else "error", 0.1))
+    t.turns.append(TurnStats(2, 1, tokens, reason, 0.1, 0))
+    return t
+
+
+def test_after_a_resume_the_summary_is_the_whole_files(tmp_path):
+    before = [traj("a", 0, 1.0), traj("a", 1, 0.0, tokens=5), traj("b", 0, None, reason="error:reward")]
+    now = [traj("b", 1, 1.0, reason="length", tokens=7)]
+    out = tmp_path / "r.jsonl"
+    out.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in before + now))
+    stats = RunStats(slots=4)  # what the resumed invocation counted: its own program only
+    stats.start(1)
+    stats.add(now[0])
+    stats.stop()
+    mine = stats.summary()
+
+    s = over_file(mine, out)
+    assert s["this_run"] == {k: mine[k] for k in OUTCOMES}
+    assert (s["programs"], s["turns"], s["tool_calls"], s["tool_errors"]) == (4, 4, 4, 2)
+    assert s["tokens_generated"] == 2 + 5 + 2 + 7 and s["mean_reward"] == round(2 / 3, 4)
+    assert s["reward_components"] == {"correct": round(2 / 3, 4)}
+    assert s["finish_reasons"] == {"stop": 2, "error:reward": 1, "length": 1}
+    assert s["prefix_cache_hit_pct"] == 50.0  # 1 of 2 prompt tokens cached, in every turn of the file
+    assert {k: s[k] for k in mine if k not in OUTCOMES} == {k: v for k, v in mine.items() if k not in OUTCOMES}
+
+    rows = dict(summary_rows(s, prepared=1, startup_s=2.0, startup="model, sandbox"))
+    assert rows["programs"] == 4 and rows["mean reward"] == round(2 / 3, 4)
+    assert rows["tokens generated"] == "16 (7 this run)" and rows["tokens/s (this run)"] == mine["tokens_per_s"]
+    assert rows["wall time (this run)"].startswith(f"{mine['wall_s']}s rollout")
+    assert rows["engine occupancy (mean requests in flight) (this run)"] == mine["mean_requests_in_flight"]
+    assert "sandbox sessions prepared ahead (model loading) (this run)" in rows and "tokens/s" not in rows
+    assert summary_table(list(rows.items()), 1, out, total=4).title == \
+        f"4 trajectories (1 this run, 3 from before the resume) -> {out}"
+
+
+def test_a_run_without_resume_reports_as_it_counted():
+    stats = RunStats()
+    stats.start(1)
+    stats.add(traj("a", 0, 1.0))
+    stats.stop()
+    s = stats.summary()
+    rows = dict(summary_rows(s, startup_s=1.0, startup="model"))
+    assert rows["programs"] == 1 and rows["tokens generated"] == 2 and "tokens/s" in rows and "wall time" in rows
+    assert not [label for label in rows if "this run" in label]
+    assert summary_table(list(rows.items()), 1, "r.jsonl").title == "1 trajectories -> r.jsonl"
