@@ -19,20 +19,24 @@ from __future__ import annotations
 import json
 import threading
 import zlib
-from collections import Counter
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
-from ..evaluation import report
 from .tokens import TokenText, tokenizer_dir
 
 
 class Tail:
-    """The complete lines of a growing file, read once each. ``parse`` turns a line's bytes
-    into an object (``None`` drops it); a rewritten file starts over (``generation`` counts)."""
+    """The complete lines of a growing file, read once each. ``parse(line, at)`` turns a line's
+    bytes (starting at byte ``at``) into an item (``None`` drops it); a rewritten file starts
+    over (``generation`` counts). The file is read in chunks, so a large one never sits in
+    memory whole; what is kept is what ``parse`` returns."""
 
-    def __init__(self, path: Path, parse: Callable[[bytes], Any]) -> None:
+    CHUNK = 1 << 24
+
+    def __init__(self, path: Path, parse: Callable[[bytes, int], Any]) -> None:
         self.path = path
         self.parse = parse
         self.items: list[Any] = []
@@ -47,38 +51,56 @@ class Tail:
             size = 0
         if size < self.offset:  # rewritten: what was read is gone
             self.items, self.offset, self.generation = [], 0, self.generation + 1
+        before = len(self.items)
         if size == self.offset:
             return 0
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read(size - self.offset)
-        end = data.rfind(b"\n") + 1  # a torn last line waits for its newline
-        before = len(self.items)
-        for line in data[:end].splitlines():
-            if line.strip():
-                item = self.parse(line)
-                if item is not None:
-                    self.items.append(item)
-        self.offset += end
+            pending = b""
+            while self.offset + len(pending) < size:
+                data = pending + f.read(min(self.CHUNK, size - self.offset - len(pending)))
+                end = data.rfind(b"\n") + 1  # a torn last line waits for its newline
+                if end == 0 and len(data) == len(pending):
+                    break
+                at = self.offset
+                for line in data[:end].split(b"\n")[:-1]:
+                    if line.strip():
+                        item = self.parse(line, at)
+                        if item is not None:
+                            self.items.append(item)
+                    at += len(line) + 1
+                self.offset += end
+                pending = data[end:]
         return len(self.items) - before
 
+    def line(self, at: int, length: int) -> bytes:
+        """The bytes of the line at ``at`` (a position ``parse`` was given)."""
+        with open(self.path, "rb") as f:
+            f.seek(at)
+            return f.read(length)
 
-def _json_line(line: bytes) -> Any:
+
+def _json_line(line: bytes, at: int = 0) -> Any:
     try:
         return json.loads(line)
     except ValueError:
         return None
 
 
-def _log_record(line: bytes) -> dict[str, Any] | None:
-    """An event-log record (``<crc32> <json>``, agentenv.journal), or None when its checksum fails."""
+def _log_record(line: bytes, at: int = 0) -> dict[str, Any] | None:
+    """What the viewer keeps of an event-log record (``<crc32> <json>``, agentenv.journal): the
+    header whole, of the others their event, program and task (a turn's tokens are not kept);
+    None when its checksum fails."""
     if len(line) < 10 or line[8:9] != b" ":
         return None
     body = line[9:]
     try:
-        return json.loads(body) if int(line[:8], 16) == zlib.crc32(body) else None
+        rec = json.loads(body) if int(line[:8], 16) == zlib.crc32(body) else None
     except ValueError:
         return None
+    if rec is None or rec.get("e") == "header":
+        return rec
+    return {k: rec[k] for k in ("e", "k", "task", "sample") if k in rec}
 
 
 def summary_of(row: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +133,23 @@ def advantages(rewards: list[float | None], eps: float = 1e-6) -> list[float | N
     return [None if r is None else (r - mean) / (std + eps) for r in rewards]
 
 
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """What the viewer keeps of a trajectory line: its list row and where the line is (the
+    rest is read again when asked for, so a large file is not held in memory)."""
+
+    summary: dict[str, Any]
+    at: int
+    length: int
+
+
+def _trajectory_line(line: bytes, at: int) -> _Line | None:
+    row = _json_line(line)
+    if not isinstance(row, dict) or "id" not in row:
+        return None
+    return _Line(summary_of(row), at, len(line))
+
+
 class RolloutRun:
     """A rollout JSONL and its event log, followed as they grow."""
 
@@ -120,7 +159,7 @@ class RolloutRun:
         self.path = path
         self.threshold = threshold
         self.lock = threading.Lock()
-        self.rows = Tail(path, _json_line)
+        self.rows = Tail(path, _trajectory_line)
         self.log = Tail(path.with_name(path.name + ".log"), _log_record)
         self._index: dict[str, int] = {}
         self._tokens: TokenText | None = None
@@ -138,7 +177,7 @@ class RolloutRun:
             if generation != self.rows.generation:
                 self._index = {}
             for i in range(len(self._index), len(self.rows.items)):
-                self._index[self.rows.items[i]["id"]] = i
+                self._index[self.rows.items[i].summary["id"]] = i
 
     def settings(self) -> dict[str, Any]:
         """The run's settings from its log's header (empty without a log)."""
@@ -179,19 +218,22 @@ class RolloutRun:
         with self.lock:
             items = self.rows.items[since:]
             return {"since": since, "total": len(self.rows.items), "generation": self.rows.generation,
-                    "rows": [summary_of(r) for r in items], "progress": self.progress()}
+                    "rows": [r.summary for r in items], "progress": self.progress()}
 
     def token_text(self) -> TokenText:
         if self._tokens is None:
             self._tokens = TokenText(tokenizer_dir(self.settings().get("model"))[0])
         return self._tokens
 
+    def _row(self, line: _Line) -> dict[str, Any]:
+        return json.loads(self.rows.line(line.at, line.length))
+
     def trajectory(self, tid: str) -> dict[str, Any] | None:
         """One line in full, with each token's text and the segments' extents."""
         self.refresh()
         with self.lock:
             i = self._index.get(tid)
-            row = self.rows.items[i] if i is not None else None
+            row = self._row(self.rows.items[i]) if i is not None else None
         if row is None:
             return None
         ids = row.get("input_ids") or []
@@ -210,19 +252,26 @@ class RolloutRun:
         """A group's samples side by side: each one's list row, completion text and advantage."""
         self.refresh()
         with self.lock:
-            rows = sorted((r for r in self.rows.items if r.get("group_id") == gid),
-                          key=lambda r: r.get("sample_index", 0))
-        adv = advantages([r.get("reward") for r in rows])
-        return [{**summary_of(r), "advantage": a, "text": r.get("text") or ""} for r, a in zip(rows, adv)]
+            lines = sorted((r for r in self.rows.items if r.summary["group_id"] == gid),
+                           key=lambda r: r.summary["sample_index"])
+            texts = [self._row(r).get("text") or "" for r in lines]
+        adv = advantages([r.summary["reward"] for r in lines])
+        return [{**r.summary, "advantage": a, "text": t} for r, a, t in zip(lines, adv, texts)]
 
     def per_task(self) -> dict[str, dict[str, Any]]:
-        """Each task's samples, passes (reward >= threshold) and mean reward (agentenv.evaluation)."""
+        """Each task's samples, passes (reward >= threshold, as ``agentenv.evaluation.report``
+        counts them) and mean reward."""
         self.refresh()
+        by_task: dict[str, list[float | None]] = defaultdict(list)
         with self.lock:
-            rows = list(self.rows.items)
-        if not rows:
-            return {}
-        return {t["task_id"]: t for t in report(rows, threshold=self.threshold, ks=[])["per_task"]}
+            for r in self.rows.items:
+                by_task[r.summary["task_id"]].append(r.summary["reward"])
+        out = {}
+        for task, rewards in sorted(by_task.items()):
+            scored = [r for r in rewards if r is not None]
+            out[task] = {"task_id": task, "samples": len(rewards), "passed": sum(r >= self.threshold for r in scored),
+                         "mean_reward": round(sum(scored) / len(scored), 4) if scored else None}
+        return out
 
 
 class EvalRun(RolloutRun):

@@ -30,16 +30,28 @@ def test_open_run_tells_the_kinds_apart(rollout, eval_report, train_run, tmp_pat
 
 def test_tail_reads_complete_lines_once_and_starts_over_on_a_rewritten_file(tmp_path):
     path = tmp_path / "f.jsonl"
-    tail = Tail(path, json.loads)
+    tail = Tail(path, lambda line, at: (json.loads(line), at))
     assert tail.refresh() == 0  # not there yet
     path.write_text('{"a": 1}\n{"a": 2')
-    assert tail.refresh() == 1 and tail.items == [{"a": 1}]  # the torn line waits
+    assert tail.refresh() == 1 and tail.items == [({"a": 1}, 0)]  # the torn line waits
     with open(path, "a") as f:
-        f.write('}\n{"a": 3}\n')
-    assert tail.refresh() == 2 and [i["a"] for i in tail.items] == [1, 2, 3]
+        f.write('}\n\n{"a": 3}\n')
+    assert tail.refresh() == 2 and tail.items[1:] == [({"a": 2}, 9), ({"a": 3}, 19)]
+    assert tail.line(19, 8) == b'{"a": 3}'
     assert tail.refresh() == 0
     path.write_text('{"b": 1}\n')  # shorter: rewritten
-    assert tail.refresh() == 1 and tail.items == [{"b": 1}] and tail.generation == 1
+    assert tail.refresh() == 1 and tail.items == [({"b": 1}, 0)] and tail.generation == 1
+
+
+def test_tail_reads_a_large_file_in_chunks(tmp_path):
+    path = tmp_path / "f.jsonl"
+    lines = [json.dumps({"i": i, "pad": "x" * (i * 7)}) for i in range(40)]
+    path.write_text("\n".join(lines) + "\n" + lines[0][:5])
+    tail = Tail(path, lambda line, at: (json.loads(line)["i"], at))
+    tail.CHUNK = 64  # lines longer than a chunk, chunks ending mid-line
+    assert tail.refresh() == 40 and [i for i, _ in tail.items] == list(range(40))
+    assert all(tail.line(at, len(lines[i])) == lines[i].encode() for i, at in tail.items)
+    assert tail.offset == path.stat().st_size - 5
 
 
 def test_rollout_rows_and_progress_follow_the_files(rollout):

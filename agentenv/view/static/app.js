@@ -225,7 +225,7 @@ function showTip(e, t) {
 function toolCalls(t) {
   if (!t.tool_calls.length) return h("p", { class: "muted" }, "no tool calls");
   return t.tool_calls.map((c, k) => h("div", { class: `call status-${c.status}` },
-    h("div", { class: "call-head" }, h("b", {}, `call ${k + 1}`), ` · turn ${c.turn} · ${c.name} · `,
+    h("div", { class: "call-head" }, h("b", {}, `call ${k + 1}`), ` · turn ${c.turn} · ${c.name || "(no tool named)"} · `,
       h("span", { class: "status" }, c.status), ` · ${fmt(c.duration_s, 3)} s`),
     h("div", { class: "label" }, "code"),
     h("pre", { class: "code" }, c.arguments.code !== undefined ? c.arguments.code : JSON.stringify(c.arguments, null, 1)),
