@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -124,6 +125,7 @@ class Viewer:
 
 class _Handler(BaseHTTPRequestHandler):
     viewer: Viewer  # set on the subclass a server makes
+    hosts: frozenset[str] | None  # the Host names answered; None: any (a server bound to all addresses)
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the terminal shows the URL only
         pass
@@ -140,6 +142,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(finite(obj), separators=(",", ":")).encode(), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        # A web page elsewhere can make the browser ask a loopback server under its own host
+        # name (DNS rebinding); a loopback viewer answers only requests addressed to it.
+        if self.hosts is not None and urlsplit(f"//{self.headers.get('Host', '')}").hostname not in self.hosts:
+            self._send(HTTPStatus.FORBIDDEN, b"not this server's host name\n", "text/plain")
+            return
         url = urlsplit(self.path)
         path = url.path
         if path.startswith("/api/"):
@@ -166,9 +173,12 @@ class ViewServer:
     """
 
     def __init__(self, viewer: Viewer, host: str = "127.0.0.1", port: int = 0) -> None:
-        handler = type("Handler", (_Handler,), {"viewer": viewer})
+        hosts = None if host in ("", "0.0.0.0", "::") else frozenset({host.strip("[]"), "localhost", "127.0.0.1", "::1"})
+        handler = type("Handler", (_Handler,), {"viewer": viewer, "hosts": hosts})
+        server = type("Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6}) if ":" in host \
+            else ThreadingHTTPServer
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            self.httpd = server((host.strip("[]"), port), handler)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
                               "(--port 0 takes any free port)") from None

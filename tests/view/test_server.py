@@ -102,3 +102,26 @@ def test_a_busy_port_is_a_config_error(served):
         ViewServer(served.viewer, port=port)
     with pytest.raises(ConfigError, match="nothing to view"):
         Viewer([])
+
+
+def test_a_loopback_viewer_answers_only_requests_addressed_to_it(served):
+    """A page elsewhere that rebinds its host name to 127.0.0.1 gets nothing (DNS rebinding)."""
+    port = served.url.rsplit(":", 1)[1].strip("/")
+    for host, status in ((f"evil.example:{port}", 403), (f"localhost:{port}", 200), (f"127.0.0.1:{port}", 200)):
+        req = urllib.request.Request(served.url + "api/runs", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert r.status == status == 200 and len(json.loads(r.read())) == 3
+        except urllib.error.HTTPError as exc:
+            assert exc.code == status == 403
+
+
+def test_an_ipv6_loopback_viewer(rollout):
+    try:
+        server = ViewServer(Viewer([open_run(rollout)]), host="::1")
+    except ConfigError as exc:  # a machine without IPv6 on loopback
+        pytest.skip(str(exc))
+    with server:
+        assert server.url.startswith("http://[::1]:")
+        status, runs = get(server.url + "api/runs")
+        assert status == 200 and runs[0]["kind"] == "rollout"
