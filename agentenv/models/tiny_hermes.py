@@ -140,8 +140,8 @@ def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int,
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = arguments(__doc__, DEFAULT_DIR, 400)
-    ap.set_defaults(tasks=2000, batch=16, lr=1e-3, drills=1000)
+    ap = arguments(__doc__, DEFAULT_DIR, 300)
+    ap.set_defaults(tasks=2000, batch=16, lr=1e-3, drills=1000, threads=1)
     ap.add_argument("--base", default="tiny-retool",
                     help="start from this model's weights: a bundled model's name or a directory ('none': from scratch)")
     a = ap.parse_args(argv)

@@ -1,0 +1,204 @@
+"""The bundled Hermes model (``agentenv/models/tiny-hermes``, built by
+``agentenv.models.tiny_hermes``) through the Hermes path: its recipe is what was shipped, the
+token bridge is exact under its chat template, ``--model tiny-hermes`` finds it, retool-math
+speaks its format, a call written inside ``<think>`` is not run, and its rollouts make calls
+that run, with every array aligned."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+from transformers import AutoConfig
+
+from agentenv import Reactor, RolloutConfig, Trajectory, check_tokenizer, make
+from agentenv.cli import _bundled, main
+from agentenv.engines.embedded import load_tokenizer
+from agentenv.engines.instant import InstantEngine
+from agentenv.envs.retool_math import HERMES_PROMPT, SYSTEM_PROMPT, RetoolMathEnv
+from agentenv.errors import ConfigError
+from agentenv.formats import HermesFormat, ToolRequest
+from agentenv.models import BUNDLED, default_model, model_dir, tiny, tiny_hermes
+from agentenv.models.tokenizer import HERMES_CHAT_TEMPLATE
+from agentenv.sandboxes.local import LocalSandbox
+
+HERMES = BUNDLED["tiny-hermes"]
+CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(HERMES)
+
+
+def test_the_bundled_model_is_the_recipes(tok):
+    recorded = json.loads((HERMES / "training.json").read_text())
+    model = tiny.build_model(len(tok), tok.eos_token_id, tok.pad_token_id)
+    assert sum(p.numel() for p in model.parameters()) == recorded["params"] and recorded["format"] == "hermes"
+    bundled = AutoConfig.from_pretrained(str(HERMES))
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "head_dim", "eos_token_id", "pad_token_id"):
+        assert getattr(model.config, key) == getattr(bundled, key), key
+    assert tok.chat_template == HERMES_CHAT_TEMPLATE
+    assert sum(f.stat().st_size for f in HERMES.iterdir()) < 10 * 2**20  # a few MB, like tiny-retool
+
+
+def test_the_token_bridge_is_exact_under_its_chat_template(tok):
+    report = check_tokenizer(tok, HermesFormat())
+    assert report.exact, str(report)
+    assert all(report.checks.values()) and len(report.checks) >= 6, report.checks
+    # Its template renders history as written: re-rendered conversations keep their think blocks.
+    assert not any("rewrites earlier turns" in n for n in report.notes), report.notes
+    assert len(tok.encode("<think>", add_special_tokens=False)) == 1  # so the bridge played reasoning blocks
+
+
+def test_a_transcript_is_laid_out_as_the_chat_template_renders_the_conversation(tok):
+    think, final = "<think>\nI compute.\n</think>\n\n", "<think>\nDone.\n</think>\n\nThe answer is \\boxed{42}."
+    msgs = [{"role": "system", "content": HERMES_PROMPT}, {"role": "user", "content": "6 * 7?"}]
+    tr = {"messages": msgs, "pieces": [("model", think + CALL), ("tool", "42"), ("model", final)]}
+    ids, mask = tiny_hermes.lay_out(tok, tr)
+    rendered = tok.apply_chat_template(msgs + [{"role": "assistant", "content": think + CALL},
+                                               {"role": "tool", "content": "42"},
+                                               {"role": "assistant", "content": final}], tokenize=False)
+    assert tok.decode(ids) + "\n" == rendered  # the template ends the last turn with a newline after EOS
+    sampled = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert sampled == think + CALL + final + tok.eos_token
+    spliced = tok.decode([i for i, m in zip(ids, mask) if not m])
+    assert spliced.endswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+                            "<|im_start|>assistant\n")
+
+
+def test_the_cli_finds_it_by_name(capsys):
+    assert main(["check-tokenizer", "--model", "tiny-hermes", "--format", "hermes"]) == 0
+    out = capsys.readouterr().out
+    assert f"{HERMES} with the 'hermes' format: the token bridge is EXACT" in out, out
+
+
+def test_bundled_models_are_found_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert model_dir(None) == default_model() == BUNDLED["tiny-retool"]
+    assert model_dir("tiny-hermes") == HERMES and _bundled("tiny-hermes") == str(HERMES)
+    assert model_dir("elsewhere/m") == tmp_path.joinpath("elsewhere/m").relative_to(tmp_path)
+    (tmp_path / "tiny-hermes").mkdir()  # a directory of that name here is what the user means
+    assert model_dir("tiny-hermes").resolve() == tmp_path / "tiny-hermes"
+
+
+def test_retool_math_speaks_the_format_it_is_given():
+    assert RetoolMathEnv().tool_format == "retool" and RetoolMathEnv().system_prompt == SYSTEM_PROMPT
+    env = make("retool-math", format="hermes")
+    assert isinstance(env.tool_format, HermesFormat) and not env.tool_format.calls_in_think
+    assert env.prompt(env.tasks(1)[0])[0] == {"role": "system", "content": HERMES_PROMPT}
+    assert make("retool-math", format="hermes", calls_in_think=True).tool_format.calls_in_think
+    with pytest.raises(ConfigError, match="format must be one of retool, hermes"):
+        make("retool-math", format="xml")
+
+
+def _rollout(engine, env, n_tasks: int, group_size: int, **cfg):
+    async def go():
+        config = RolloutConfig(**{"max_turns": 4, "max_new_tokens": 256, "concurrency": 8, **cfg})
+        async with LocalSandbox() as sb:
+            groups = await Reactor(engine, env, sb, config).collect(env.tasks(n_tasks, seed=3), group_size)
+        return [t for g in groups for t in g.trajectories]
+
+    return anyio.run(go)
+
+
+@pytest.mark.parametrize("calls_in_think", [False, True])
+def test_a_call_inside_think_is_not_run_unless_allowed(tok, calls_in_think):
+    """The engine returns a turn that writes a call before closing its ``<think>`` (and stops
+    at ``</tool_call>``, as a real engine does): the program ends with nothing run, or, with
+    ``calls_in_think=True``, runs it in a real sandbox."""
+    reply = tok.encode("<think>\nI run it now: " + CALL, add_special_tokens=False)
+    engine = InstantEngine(tok, reply=reply, turn_tokens=len(reply))
+    env = RetoolMathEnv(format="hermes", calls_in_think=calls_in_think)
+    trajs = _rollout(engine, env, n_tasks=2, group_size=2, max_turns=2)
+    assert len(trajs) == 4
+    for t in trajs:
+        t.validate()
+        assert tok.decode(t.segments[0].token_ids) == tok.decode(reply)
+        if calls_in_think:
+            assert [(c.name, c.arguments, c.status, c.output) for c in t.tool_calls][:1] == [
+                ("python", {"code": "print(6 * 7)"}, "ok", "42")]
+            assert t.finish_reason == "max_turns"
+        else:
+            assert t.tool_calls == [] and t.finish_reason == "stop" and len(t.turns) == 1
+            assert t.segments[-1].kind == "model" and t.reward == 0.0
+
+
+@pytest.fixture(scope="module")
+def hermes_engine():
+    from agentenv.engines.embedded import EmbeddedEngine
+
+    eng = EmbeddedEngine(HERMES, seed=0)
+    yield eng
+    eng.close()
+
+
+def test_rollouts_make_calls_that_run_and_keep_every_array_aligned(hermes_engine):
+    tok, env = hermes_engine.tokenizer, RetoolMathEnv(extra_digits=0, format="hermes")
+    trajs = _rollout(hermes_engine, env, n_tasks=4, group_size=2)
+    ran = [t for t in trajs if any(c.status == "ok" for c in t.tool_calls)]
+    assert len(ran) >= len(trajs) / 2, [t.text for t in trajs]
+    prompt = tok.apply_chat_template(env.prompt(env.tasks(1, seed=3)[0]), tokenize=False, add_generation_prompt=True)
+    for t in trajs:
+        t.validate()
+        mask, ids = t.loss_mask, t.input_ids
+        assert [x for x, m in zip(ids, mask) if m] == [i for s in t.segments if s.kind == "model" for i in s.token_ids]
+        assert len(t.logprobs) == len(ids) and all(lp <= 0 for s in t.segments if s.kind == "model" for lp in s.logprobs)
+        assert tok.decode(t.prompt_ids).startswith(prompt[:40])
+        assert tok.decode(ids) == tok.decode(t.prompt_ids) + t.text
+    for t in ran:
+        env_segs = [s for s in t.segments if s.kind == "env"]
+        for seg, call in zip(env_segs, t.tool_calls):  # each output spliced as the template's tool turn
+            assert tok.decode(seg.token_ids) == HermesFormat().observation([call.output], tok, False)
+        call = next(c for c in t.tool_calls if c.status == "ok")
+        assert HermesFormat().parse(CALL, ["python"]) == [ToolRequest("python", {"code": "print(6 * 7)"})]
+        assert call.name == "python" and "code" in call.arguments
+        assert "<think>" in t.text and "</think>" in t.text
+
+
+def read(path) -> list[Trajectory]:
+    """A rollout file's trajectories, each checked (segments, flat arrays, input_ids)."""
+    return [Trajectory.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
+
+
+def calls_ran(trajs: list[Trajectory]) -> float:
+    """The share of programs with a well-formed tool call that ran ok."""
+    return sum(any(c.status == "ok" for c in t.tool_calls) for t in trajs) / len(trajs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_agentenv_rollout_and_eval_run_the_hermes_path(tmp_path, capsys):
+    out, report = tmp_path / "r.jsonl", tmp_path / "report.json"
+    hermes = ["--model", "tiny-hermes", "--env-arg", "format=hermes", "--no-progress"]
+    assert main(["rollout", *hermes, "--tasks", "16", "--group-size", "4", "--out", str(out)]) == 0
+    trajs = read(out)
+    assert len(trajs) == 64 and calls_ran(trajs) >= 0.5, calls_ran(trajs)
+    assert all("<tool_call>" in t.text for t in trajs if t.tool_calls)
+    assert any(t.reward == 1.0 for t in trajs)
+    capsys.readouterr()
+    assert main(["eval", *hermes, "--env-arg", "extra_digits=0", "--tasks", "8", "--k", "2", "--out",
+                 str(tmp_path / "e.jsonl"), "--report", str(report)]) == 0
+    rep = json.loads(report.read_text())
+    assert rep["model"] == str(HERMES.resolve()) and rep["env_args"] == {"format": "hermes", "extra_digits": 0}
+    assert calls_ran(read(tmp_path / "e.jsonl")) >= 0.5 and rep["components"]["tool_ran"] >= 0.5, rep
+    assert rep["pass@k"]["1"] > 0, rep
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_agentenv_train_with_tiny_hermes_raises_the_reward(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "--model", "tiny-hermes", "--env-arg", "format=hermes", "--steps", "30", "--eval-every", "30",
+            "--eval-tasks", "64", "--eval-k", "2", "--max-new-tokens", "256", "--out-dir", str(run), "--no-progress",
+            "--report-to", "none", "--seed", "0"]
+    assert main(args) == 0, capsys.readouterr().err
+    config = json.loads((run / "config.json").read_text())
+    assert config["env_kwargs"] == {"extra_digits": 1, "format": "hermes"} and config["model"] == str(HERMES)
+    evals = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 30]
+    assert all(e["mean_tool_ran"] >= 0.5 for e in evals), evals  # the evaluator parsed Hermes calls too
+    assert evals[-1]["mean_reward"] > evals[0]["mean_reward"], evals
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 30
