@@ -218,7 +218,8 @@ def _train(opts: TrainRunConfig) -> int:
     """Refuse or clear an earlier run in ``--out-dir``, then train."""
     cfg = opts.config
     out_dir = Path(cfg.out_dir)
-    earlier = [p.name for p in (out_dir / "metrics.jsonl", out_dir / "checkpoints") if p.exists()]
+    fresh = not out_dir.exists()
+    earlier = _earlier_run(out_dir)
     if earlier and not (cfg.resume or opts.output.overwrite):
         raise AgentEnvError(f"{out_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, "
                             "--overwrite to replace it, or another --out-dir")
@@ -251,9 +252,24 @@ def _train(opts: TrainRunConfig) -> int:
           f"-> {cfg.out_dir}"
           f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
           flush=True)
-    summary = train(cfg, progress=opts.output.progress and sys.stderr.isatty())
+    try:
+        summary = train(cfg, progress=opts.output.progress and sys.stderr.isatty())
+    except BaseException:
+        if fresh and not _earlier_run(out_dir):  # it failed before its first step: nothing to keep
+            import shutil
+
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     print(json.dumps(summary), flush=True)
     return 0
+
+
+def _earlier_run(out_dir: Path) -> list[str]:
+    """What in ``out_dir`` is an earlier run's: its checkpoints, or a metrics.jsonl with a step
+    (a run that failed before its first step left nothing to continue or to lose)."""
+    metrics, checkpoints = out_dir / "metrics.jsonl", out_dir / "checkpoints"
+    stepped = metrics.exists() and not (metrics.is_file() and metrics.stat().st_size == 0)
+    return [p.name for p, found in ((metrics, stepped), (checkpoints, checkpoints.exists())) if found]
 
 
 def _check_tokenizer(opts: CheckTokenizerConfig) -> int:
@@ -308,7 +324,7 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
     _check_e2b(opts.sandbox.sandbox)
     out = opts.output.out
     check_out(out)
-    if out.stat().st_size > 0 and not (opts.output.resume or opts.output.overwrite):
+    if out.exists() and out.stat().st_size > 0 and not (opts.output.resume or opts.output.overwrite):
         raise AgentEnvError(f"{out} exists and is not empty: pass --resume to continue that run, or "
                             "--overwrite to replace it")
     from .registry import make

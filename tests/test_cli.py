@@ -369,3 +369,75 @@ def test_failing_rewards_are_warned_about_and_start_up_is_in_the_wall_time(tmp_p
     text = " ".join(r.stderr.split())
     assert "warning: the reward failed for 4 of 4 trajectories" in text and "grader is down" in text
     assert "with start-up" in text
+
+
+def test_a_refused_run_creates_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.jsonl").write_text("{}\n")
+    rc, _, err = cli(capsys, "rollout", "--out", "r.jsonl")
+    assert rc == 2 and "r.jsonl exists and is not empty" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl"] and (tmp_path / "r.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("args", [["--env-arg", "extra_digits=abc"], ["--env", "nosuch"],
+                                  ["--model", "/nonexistent/model"]])
+def test_a_bad_env_or_model_leaves_no_output_or_log(args, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for command in ("rollout", "eval"):
+        rc, _, err = cli(capsys, command, *args, "--out", "r.jsonl")
+        assert rc == 2, err
+    assert list(tmp_path.iterdir()) == []
+
+
+RUN = ["--tasks", "1", "--group-size", "1", "--max-new-tokens", "8", "--no-progress"]
+BAD_ENGINE = ["--engine-arg", "bogus=1"]  # the engine fails to start once the sandbox is up
+
+
+def test_a_failed_engine_start_leaves_no_output_or_log(tmp_path, model_dir):
+    out = tmp_path / "r.jsonl"
+    r = agentenv("rollout", *RUN, *BAD_ENGINE, "--model", model_dir, "--out", str(out))
+    assert r.returncode == 2 and "bad --engine-arg for the embedded engine" in r.stderr, r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_resumed_run_whose_engine_fails_to_start_keeps_its_files(tmp_path, model_dir):
+    out = tmp_path / "r.jsonl"
+    r = agentenv("rollout", *RUN, "--model", model_dir, "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["r.jsonl", "r.jsonl.log"] and before["r.jsonl"]
+    r = agentenv("rollout", *RUN, *BAD_ENGINE, "--model", model_dir, "--out", str(out), "--resume")
+    assert r.returncode == 2 and "bad --engine-arg" in r.stderr, r.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_run_directory_without_a_step_does_not_block_the_next_train(tmp_path, capsys):
+    """A start that failed before its first step left config.json and an empty metrics.jsonl:
+    nothing to resume or to lose, so the next run is not refused (it fails here on its model)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("")
+    rc, _, err = cli(capsys, "train", "--out-dir", str(run), "--model", "/nonexistent/model")
+    assert rc == 2 and "model directory not found" in err and "earlier run" not in err, err
+
+
+@pytest.mark.slow
+def test_a_train_stopped_before_its_first_step_leaves_no_run_directory(tmp_path, model_dir):
+    import signal
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentenv.cli", "train", "--out-dir", str(run), "--model", model_dir, "--steps", "1",
+         "--no-progress", "--report-to", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal (see above)
+    # config.json is written once the engine and the policy are up; the held-out evaluation
+    # before step 1 (128 tasks x 4) is under way then.
+    wait_for(lambda: (run / "config.json").exists(), "the run wrote config.json", unless=lambda: proc.poll() is not None)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert not run.exists()
