@@ -11,6 +11,7 @@ from .errors import (
     EngineError,
     EnvCheckError,
     EnvNotFoundError,
+    MissingExtra,
     ModelNotFoundError,
     PromptTooLongError,
     SandboxError,
@@ -33,7 +34,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AgentEnvError", "BridgeReport", "check_tokenizer", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "Environment",
-    "FunctionTool", "Group", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
+    "FunctionTool", "Group", "MissingExtra", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
     "RolloutConfig", "RolloutProducer", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
     "Trajectory", "TrajectoryError", "TurnAction", "TurnStats", "check_env", "make", "register",
     "journal", "registered",

@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from .config import EnvModules, EnvOptions, EvalRunConfig, RolloutRunConfig
 from .errors import AgentEnvError, ConfigError
+from .extras import check_choices
 from .options import add_options, build, option, same_as
 from .scaffold import InitConfig, run as _init
 from .train.config import TrainConfig, env_train_defaults
@@ -223,6 +224,7 @@ def _train(opts: TrainRunConfig) -> int:
     if earlier and not (cfg.resume or opts.output.overwrite):
         raise AgentEnvError(f"{out_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, "
                             "--overwrite to replace it, or another --out-dir")
+    check_choices(engine=cfg.engine, sandbox=cfg.sandbox, cluster=cfg.cluster, report_to=cfg.report_to)
     _check_e2b(cfg.sandbox)
     defaults = env_train_defaults(cfg.env)
     # The parser's defaults were the env's; its env arguments go under the ones given.
@@ -321,6 +323,7 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
     t_start = time.perf_counter()
     if opts.engine.engine == "openai" and not opts.engine.base_urls:
         raise ConfigError("--engine openai needs --base-url http://HOST:PORT")
+    check_choices(engine=opts.engine.engine, sandbox=opts.sandbox.sandbox, cluster=opts.cluster.cluster)
     _check_e2b(opts.sandbox.sandbox)
     out = opts.output.out
     check_out(out)

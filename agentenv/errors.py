@@ -7,7 +7,8 @@ as data (``Trajectory.finish_reason == "error:<type>"`` or a tool call with an e
 
     AgentEnvError
     ├── ConfigError            bad arguments or settings
-    │   └── ModelNotFoundError a --model path that is not a model directory
+    │   ├── ModelNotFoundError a --model path that is not a model directory
+    │   └── MissingExtra       an optional dependency is not installed (names the extra)
     ├── EnvNotFoundError       unknown environment id (with "did you mean ...")
     ├── EnvCheckError          a user Environment class that fails check_env()
     ├── EngineError            the inference engine failed or was closed
@@ -18,6 +19,8 @@ as data (``Trajectory.finish_reason == "error:<type>"`` or a tool call with an e
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 
 class AgentEnvError(Exception):
@@ -30,6 +33,19 @@ class ConfigError(AgentEnvError, ValueError):
 
 class ModelNotFoundError(ConfigError):
     """The model path does not hold a loadable model."""
+
+
+class MissingExtra(ConfigError, ImportError):
+    """An optional dependency is not installed. The message names the extra of the package
+    that installs everything the part needs (``pip install 'agentenv[openai]'``);
+    :func:`agentenv.extras.require` raises it."""
+
+    def __init__(self, message: str, *, extra: str = "", missing: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        #: The extra that installs what is missing.
+        self.extra = extra
+        #: The modules that could not be imported.
+        self.missing = list(missing)
 
 
 class EnvNotFoundError(AgentEnvError, KeyError):

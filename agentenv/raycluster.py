@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import ConfigError
-
 
 def ray_module() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError("--cluster ray needs Ray: pip install 'agentenv[ray]'") from exc
+    """The ``ray`` module (:class:`~agentenv.errors.MissingExtra` without it)."""
+    from .extras import require
+
+    require("ray", extra="ray", what="--cluster ray")
+    import ray
+
     return ray
 
 

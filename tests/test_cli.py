@@ -371,6 +371,38 @@ def test_failing_rewards_are_warned_about_and_start_up_is_in_the_wall_time(tmp_p
     assert "with start-up" in text
 
 
+@pytest.mark.parametrize("module, args, message", [
+    ("httpx", ["rollout", "--engine", "openai", "--base-url", "http://127.0.0.1:9"],
+     "--engine openai needs httpx: pip install 'agentenv[openai]'"),
+    ("openai", ["eval", "--engine", "openai", "--base-url", "http://127.0.0.1:9"],
+     "--engine openai needs openai: pip install 'agentenv[openai]'"),
+    ("vllm", ["rollout", "--engine", "vllm"], "--engine vllm needs vllm: pip install 'agentenv[vllm]'"),
+    ("e2b_code_interpreter", ["rollout", "--sandbox", "e2b"], "--sandbox e2b needs e2b_code_interpreter: "
+                                                              "pip install 'agentenv[e2b]'"),
+    ("ray", ["rollout", "--cluster", "ray"], "--cluster ray needs ray: pip install 'agentenv[ray]'"),
+    ("ray", ["train", "--cluster", "ray"], "--cluster ray needs ray: pip install 'agentenv[ray]'"),
+    ("wandb", ["train", "--report-to", "wandb"], "--report-to wandb needs wandb: pip install 'agentenv[tracking]'"),
+    ("tiktoken", ["check-tokenizer", "--family", "qwen3"], "a family's tokenizer needs tiktoken: "
+                                                            "pip install 'agentenv[families]'"),
+    ("datasets", ["rollout", "--env", "dataset", "--env-arg", "source=some/hub-dataset"],
+     "loading 'some/hub-dataset' needs datasets: pip install 'agentenv[datasets]'"),
+])
+def test_a_missing_extra_is_named_in_one_line_before_anything_is_written(module, args, message, capsys,
+                                                                          tmp_path, monkeypatch):
+    """The extra that installs everything the option needs (a missing httpx is never "cannot
+    reach ..."), said before a file or a run directory is made."""
+    from agentenv.models.families import _build
+
+    _build.cache_clear()  # a family tokenizer built by another test would not look for its modules
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("E2B_API_KEY", "unused")
+    monkeypatch.setitem(sys.modules, module, None)
+    rc, _, err = cli(capsys, *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and message in lines[-1], err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_refused_run_creates_nothing(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "r.jsonl").write_text("{}\n")

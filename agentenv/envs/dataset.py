@@ -68,11 +68,10 @@ def load_rows(source: Any, split: str = "train", config: str | None = None) -> t
         if not path.is_file():
             raise ConfigError(f"no such file: {source}")
         return _read_jsonl(path), path.stem
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(f"loading {source!r} needs the datasets package (pip install datasets); "
-                          "a .jsonl file does not") from None
+    from ..extras import require
+
+    require("datasets", extra="datasets", what=f"loading {source!r}", note="a .jsonl file needs none")
+    import datasets
     kinds = {".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
     try:
         if path.is_file() and path.suffix in kinds:

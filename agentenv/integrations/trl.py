@@ -67,6 +67,9 @@ class AgentEnvRollout:
     # -- the dataset TRL iterates ---------------------------------------------------------------
     def dataset(self, n: int, seed: int = 0) -> Any:
         """``n`` tasks of the environment as a ``datasets.Dataset`` with a ``prompt`` column."""
+        from ..extras import require
+
+        require("datasets", extra="trl", what="AgentEnvRollout.dataset")
         from datasets import Dataset
 
         rows = []

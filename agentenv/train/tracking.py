@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import ConfigError
+from ..extras import require
 
 CHOICES = ("tensorboard", "wandb", "none")
 
@@ -75,10 +76,7 @@ class Trackers:
         for n in names:
             if n not in CHOICES:
                 raise ConfigError(f"report_to: unknown tracker {n!r}; choose from {', '.join(CHOICES)}")
-            module = {"tensorboard": "tensorboard", "wandb": "wandb"}[n]
-            if importlib.util.find_spec(module) is None:
-                raise ConfigError(f"report_to {n} needs the {module} package (pip install {module}, or "
-                                  "agentenv[tracking])")
+            require(n, extra="tracking", what=f"--report-to {n}")
         out.mkdir(parents=True, exist_ok=True)
         self.names = names
         self._all: list[Any] = []

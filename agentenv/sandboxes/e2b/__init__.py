@@ -129,10 +129,10 @@ class E2BSandbox(Sandbox):
         retries: int = 6,
         **sandbox_opts: Any,
     ) -> None:
-        try:
-            from e2b_code_interpreter import AsyncSandbox
-        except ImportError as exc:
-            raise SandboxError("the E2B backend needs 'pip install agentenv[e2b]'") from exc
+        from agentenv.extras import require
+
+        require("e2b_code_interpreter", "e2b", "httpx", extra="e2b", what="the E2B sandbox")
+        from e2b_code_interpreter import AsyncSandbox
         self._cls = AsyncSandbox
         self.sessions_per_sandbox = sessions_per_sandbox
         self.max_sandboxes = max_sandboxes
