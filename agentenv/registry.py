@@ -8,7 +8,8 @@ Lookup order for ``make(spec)``:
 2. ids published by installed packages under the ``agentenv.envs`` entry-point group
    (agentenv's own ``retool-math`` is published this way in pyproject.toml);
 3. ``"package.module:ClassName"`` import paths (a module in the current directory included,
-   as with ``python -m``) and ``"path/to/file.py:ClassName"``.
+   as with ``python -m``) and ``"path/to/file.py:ClassName"``; ``"path/to/file.py"`` alone
+   names the one Environment subclass the file defines.
 
 Every class is checked once with :func:`agentenv.checker.check_env` before its first use.
 Constructor arguments given as text (``--env-arg KEY=VALUE``) are checked against the
@@ -31,7 +32,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from .env import Environment
-from .errors import ConfigError, EnvNotFoundError
+from .errors import ConfigError, EnvCheckError, EnvNotFoundError
 
 EntryPoint = type[Environment] | Callable[..., Environment] | str
 _REGISTRY: dict[str, EntryPoint] = {}
@@ -204,6 +205,8 @@ def _resolve(spec: str) -> EntryPoint:
         return eps[spec].load()
     if ":" in spec:
         return _import(spec)
+    if spec.endswith(".py"):
+        return _only_class(spec)
     known = sorted(set(_REGISTRY) | set(eps))
     close = difflib.get_close_matches(spec, known, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -212,6 +215,21 @@ def _resolve(spec: str) -> EntryPoint:
         "A 'package.module:ClassName' or 'path/to/file.py:ClassName' path also works; a module "
         "that register()s environments loads with --env-module (or AGENTENV_ENV_MODULES)."
     )
+
+
+def _only_class(path: str) -> type[Environment]:
+    """The one Environment subclass that the file ``path`` defines (not one it imports)."""
+    module = load_module(path)
+    found = [c for c in vars(module).values()
+             if isinstance(c, type) and issubclass(c, Environment) and c.__module__ == module.__name__]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise EnvNotFoundError(f"{path} defines no Environment subclass (a class that subclasses "
+                               "agentenv.Environment)")
+    names = ", ".join(c.__qualname__ for c in found)
+    raise EnvNotFoundError(f"{path} defines {len(found)} Environment subclasses ({names}): add :ClassName, "
+                           f"e.g. {path}:{found[0].__qualname__}")
 
 
 def _entry(spec: str) -> Any:
@@ -343,20 +361,39 @@ def describe(spec: str) -> dict[str, Any]:
     }
 
 
+def _check_entry(spec: str, entry: Any) -> None:
+    """``entry`` can make an environment: an Environment subclass, or a function (a factory)."""
+    if isinstance(entry, type):
+        if not issubclass(entry, Environment):
+            raise EnvCheckError(f"{spec} is the class {entry.__qualname__}, which does not subclass "
+                                "agentenv.Environment")
+    elif not callable(entry):
+        raise EnvCheckError(f"{spec} is {type(entry).__name__} {entry!r:.40}, not an Environment subclass")
+
+
 def make(spec: str, **kwargs: Any) -> Environment:
     """Create an environment by id or ``module:Class`` path, checked before first use.
     Arguments its constructor does not take are refused, with the ones it does."""
     from .checker import check_env
 
     entry = _entry(spec)
+    _check_entry(spec, entry)
     params = parameters(entry)
     unknown = sorted(set(kwargs) - set(params)) if params is not None else []
     if unknown:
         raise ConfigError(f"environment {spec!r} has no argument {unknown[0]!r}; it takes: {_accepted(params)}")
+    missing = [n for n, p in (params or {}).items() if p.default is inspect.Parameter.empty and n not in kwargs]
+    if missing:
+        raise ConfigError(f"environment {spec!r} needs " + " and ".join(
+            f"--env-arg {n}=... ({_accepted({n: params[n]})})" for n in missing))  # type: ignore[index]
     try:
         env = entry(**kwargs)
     except (TypeError, ValueError) as exc:  # bad constructor arguments (--env-arg)
         raise ConfigError(f"cannot create environment {spec!r} with {kwargs}: {exc}") from exc
+    if not isinstance(env, Environment):  # a factory (a class is refused before it is called)
+        what = "a function" if inspect.isroutine(entry) else f"a callable {type(entry).__name__}"
+        raise EnvCheckError(f"{spec} is {what}, not an Environment subclass: one named as an environment must "
+                            f"return an Environment, and this one returned {type(env).__name__}")
     if type(env) not in _CHECKED:
         check_env(env)
         _CHECKED.add(type(env))

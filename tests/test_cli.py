@@ -145,6 +145,7 @@ def test_an_environment_from_the_users_own_file(tmp_path, model_dir):
     assert r.returncode == 0 and "digit-sum" in r.stdout, r.stderr
     small = ["--tasks", "2", "--group-size", "1", "--max-new-tokens", "32", "--model", model_dir, "--no-progress"]
     for spec, extra in (("digitsum_env:DigitSum", []), (str(tmp_path / "digitsum_env.py") + ":DigitSum", []),
+                        ("./digitsum_env.py", []),  # the one Environment subclass the file defines
                         ("digit-sum", ["--env-module", "digitsum_env"])):
         out = tmp_path / "r.jsonl"
         r = agentenv("rollout", "--env", spec, *extra, "--env-arg", "digits=4", "--env-arg", "shout=yes",
@@ -401,6 +402,46 @@ def test_a_missing_extra_is_named_in_one_line_before_anything_is_written(module,
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and message in lines[-1], err
     assert list(tmp_path.iterdir()) == []
+
+
+ENV_FILES = {
+    "one.py": "from agentenv.envs.retool_math import RetoolMathEnv\n\n\nclass OnlyEnv(RetoolMathEnv):\n"
+              "    '''The one class.'''\n\n\ndef factory():\n    return None\n",
+    "two.py": "from agentenv.envs.retool_math import RetoolMathEnv\n\n\nclass EnvA(RetoolMathEnv):\n    pass\n\n\n"
+              "class EnvB(RetoolMathEnv):\n    pass\n",
+    "none.py": "from agentenv.envs.retool_math import RetoolMathEnv  # imported, not defined here\n",
+    "plain.py": "class Plain:\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("env, message", [
+    ("./one.py:factory", "./one.py:factory is a function, not an Environment subclass: one named as an environment "
+                         "must return an Environment, and this one returned NoneType"),
+    ("./two.py", "./two.py defines 2 Environment subclasses (EnvA, EnvB): add :ClassName, e.g. ./two.py:EnvA"),
+    ("./none.py", "./none.py defines no Environment subclass"),
+    ("./plain.py:Plain", "./plain.py:Plain is the class Plain, which does not subclass agentenv.Environment"),
+    ("dataset", "environment 'dataset' needs --env-arg source=... (source: str)"),
+])
+def test_env_messages_say_what_was_named_and_what_to_give(env, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, text in ENV_FILES.items():
+        (tmp_path / name).write_text(text)
+    rc, out, err = cli(capsys, "rollout", "--env", env, "--out", "r.jsonl")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert (rc, out, len(lines)) == (2, "", 1) and message in lines[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ENV_FILES)  # no r.jsonl, no r.jsonl.log
+
+
+def test_a_file_with_one_environment_class_is_that_class(tmp_path, monkeypatch):
+    """``--env ./one.py`` (the rollout itself: test_an_environment_from_the_users_own_file)."""
+    from agentenv.registry import env_kwargs, make
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.py").write_text(ENV_FILES["one.py"])
+    assert env_kwargs("./one.py", ["extra_digits=1"]) == {"extra_digits": 1}  # --env-arg checked against it
+    env = make("./one.py", extra_digits=1)
+    assert type(env).__name__ == "OnlyEnv"
+    assert Path(sys.modules[type(env).__module__].__file__) == tmp_path / "one.py"
 
 
 def test_a_refused_run_creates_nothing(capsys, tmp_path, monkeypatch):
