@@ -1,7 +1,7 @@
 """agentenv: token-exact, async rollouts for RL on tool-calling reasoning models."""
 
 from .bridge import BridgeReport, check_tokenizer
-from .checker import check_env
+from .checker import EnvReport, check_env
 from .config import RolloutConfig
 from . import journal
 from .env import Environment, Task, TurnAction
@@ -33,7 +33,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'agentenv' has no attribute {name!r}")
 
 __all__ = [
-    "AgentEnvError", "BridgeReport", "check_tokenizer", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "Environment",
+    "AgentEnvError", "BridgeReport", "check_tokenizer", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "EnvReport", "Environment",
     "FunctionTool", "Group", "MissingExtra", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
     "RolloutConfig", "RolloutProducer", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
     "Trajectory", "TrajectoryError", "TurnAction", "TurnStats", "check_env", "make", "register",

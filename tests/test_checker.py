@@ -3,7 +3,7 @@ a tokenizer (the bundled one) the chat template and the format's stop tags are c
 
 import pytest
 
-from agentenv import Environment, EnvCheckError, Task, check_env, make
+from agentenv import Environment, EnvCheckError, EnvReport, Task, check_env, make
 from agentenv.formats import ReToolFormat
 from agentenv.tools import FunctionTool, PythonTool
 
@@ -146,3 +146,39 @@ def test_a_stop_tag_the_engine_cannot_stop_on_is_found_only_with_the_tokenizer(t
     check_env(MultiTokenEnv())  # without a tokenizer this cannot be known
     with pytest.raises(EnvCheckError, match="'</end of the call>' is not a single token for this tokenizer"):
         check_env(MultiTokenEnv(), tokenizer=tokenizer)
+
+
+class Documented(GoodEnv):
+    """Sums, documented."""
+
+
+class NoTools(Documented):
+    def tools(self):
+        return []
+
+
+def test_check_env_returns_a_report_of_what_it_checked(tokenizer):
+    report = check_env(Documented)
+    assert isinstance(report, EnvReport) and report.env == "Documented"
+    assert list(report.checks) == ["an Environment", "limits", "overrides", "async hooks", "tool format", "tasks",
+                                   "prompts", "tools"]
+    assert report.checks["tools"] == "python" and report.checks["tool format"] == "retool"
+    assert "'good/0/0'" in report.checks["tasks"]
+    assert report.warnings == ["no tokenizer given: the chat template and the format's stop tags were not checked "
+                               "(check_env(env, tokenizer=...) does)"]
+    text = str(report)
+    assert repr(report) == text  # what the REPL shows
+    assert text.splitlines()[0] == "Documented passes check_env (8 checks, 1 warning)"
+    assert "  [ok] limits: max_turns 4, tool_timeout 5.0 s" in text.splitlines()
+    assert text.splitlines()[-1].startswith("  warning: no tokenizer given")
+
+    with_tok = check_env(Documented(), tokenizer=tokenizer)
+    assert with_tok.warnings == [] and str(with_tok).splitlines()[0] == "Documented passes check_env (10 checks)"
+    assert with_tok.checks["stop tags"] == "'</code>' is a single token"
+
+
+def test_the_report_warns_of_what_works_but_may_not_be_meant():
+    assert any("has no docstring" in w for w in check_env(GoodEnv).warnings)
+    report = check_env(NoTools)
+    assert report.checks["tools"] == "none"
+    assert "no tools: the model has nothing to call (a chat-only environment)" in report.warnings
