@@ -186,6 +186,10 @@ class ProgramTable:
         self._ws = 0  # working set: sum of resident footprints
         self._marked: set[int] = set()  # decoding programs that pause when their turn returns
         self._unprepared: set[int] = set()  # admitted programs whose environment is not started
+        self._unprepared_heap: list[tuple[int, int]] = []  # (order, pid) of _unprepared, stale ones skipped
+        # (waits for its environment, ready_seq, pid) of the ready programs, in submission
+        # order (the program policy's): entries that no longer match their program are skipped.
+        self._ready_heap: list[tuple[bool, int, int]] = []
         self._clock = 0.0  # tokens allocated so far (for "is a paused prefix still cached")
         self._turn_tokens = 0  # observed turn lengths, for the growth reserve
         self._turn_count = 0
@@ -235,6 +239,8 @@ class ProgramTable:
         p.fp = fp
         if resident and p.state == State.READY and p.wanting:
             self._ready.add(p.pid)
+            if self.config.policy == SchedulingPolicy.PROGRAM:
+                heapq.heappush(self._ready_heap, (self._env_wait(p), p.ready_seq, p.pid))
         else:
             self._ready.discard(p.pid)
         if p.state == State.PAUSED:
@@ -290,6 +296,8 @@ class ProgramTable:
         if p.env == EnvState.PREPARING:
             self.preparing -= 1
         p.env = EnvState.READY
+        if pid in self._ready and self.config.policy == SchedulingPolicy.PROGRAM:
+            heapq.heappush(self._ready_heap, (False, p.ready_seq, pid))  # its turn no longer goes last
 
     def finish(self, pid: int) -> None:
         """The program ended (from any admitted state; a second call does nothing)."""
@@ -374,6 +382,7 @@ class ProgramTable:
         self._touch(p)
         if p.needs_env and p.env == EnvState.NONE:
             self._unprepared.add(p.pid)
+            heapq.heappush(self._unprepared_heap, (p.order, p.pid))
         self._clock += p.tokens
         d.admit.append(p.pid)
 
@@ -489,10 +498,19 @@ class Scheduler(ProgramTable):
         # Admitted programs first (they may call a tool soon), then the lookahead.
         if self.preparing >= cfg.max_preparing:
             return
-        candidates = sorted((self.programs[i] for i in self._unprepared), key=lambda p: p.order)
+        heap = self._unprepared_heap
+        while heap and self.preparing < cfg.max_preparing:  # oldest first, without a sort
+            _, pid = heapq.heappop(heap)
+            if pid in self._unprepared:
+                p = self.programs[pid]
+                if p.needs_env and p.env == EnvState.NONE:
+                    self._start_env(p)
+                    d.prepare.append(pid)
+                else:
+                    self._unprepared.discard(pid)
         ahead = (self.programs[self._queue[i]] for i in range(self._head, min(len(self._queue),
                                                                              self._head + cfg.env_lookahead)))
-        for p in (*candidates, *ahead):
+        for p in ahead:
             if self.preparing >= cfg.max_preparing:
                 return
             if p.needs_env and p.env == EnvState.NONE:
@@ -506,6 +524,9 @@ class Scheduler(ProgramTable):
         room = cfg.max_requests - self.in_flight
         if cfg.policy == SchedulingPolicy.PROGRAM and room <= 0:
             return  # every decode slot is taken: most events arrive so, nothing to sort
+        if cfg.policy == SchedulingPolicy.PROGRAM:
+            self._submit_in_order(room, d)
+            return
         ready = [self.programs[i] for i in self._ready]
         if cfg.policy == SchedulingPolicy.FIFO:
             # The slot is the program's: its first turn waits for its environment.
@@ -516,12 +537,29 @@ class Scheduler(ProgramTable):
             if any(p.needs_env and p.env != EnvState.READY and p.turns == 0 for p in ready):
                 return
             go = ready
-        else:
-            go = heapq.nsmallest(room, ready, key=self._submit_key)  # already in order
-        if cfg.policy != SchedulingPolicy.PROGRAM:
-            go.sort(key=self._submit_key)
+        go.sort(key=self._submit_key)
         for p in go:
             self._submit_one(p, d)
+
+    def _submit_in_order(self, room: int, d: Decision) -> None:
+        """Submit up to ``room`` ready turns in :meth:`_submit_key` order, from the ready heap
+        (each event costs a few heap operations, however many programs there are)."""
+        heap = self._ready_heap
+        while heap and room > 0:
+            wait, seq, pid = heapq.heappop(heap)
+            p = self.programs.get(pid)
+            if p is None or pid not in self._ready or p.ready_seq != seq or self._env_wait(p) != wait:
+                continue  # stale: submitted, paused, or its key changed (a newer entry holds it)
+            self._submit_one(p, d)
+            room -= 1
+        if len(heap) > 4 * len(self._ready) + 1024:  # stale entries outnumber live ones: rebuild
+            self._ready_heap = [(self._env_wait(p), p.ready_seq, p.pid) for p in map(self.programs.get, self._ready)]
+            heapq.heapify(self._ready_heap)
+
+    @staticmethod
+    def _env_wait(p: Program) -> bool:
+        """Whether ``p`` will want an environment that is not ready yet."""
+        return p.needs_env and p.env != EnvState.READY
 
     def _submit_key(self, p: Program) -> tuple:
         if self.config.policy != SchedulingPolicy.PROGRAM:
@@ -529,4 +567,4 @@ class Scheduler(ProgramTable):
         # A turn whose program will want an environment that is not ready yet goes after the
         # others: otherwise every new program's first turn runs at once and then all of them
         # wait on session starts together; this way first turns follow the preparations.
-        return (p.needs_env and p.env != EnvState.READY, p.ready_seq)
+        return (self._env_wait(p), p.ready_seq)
