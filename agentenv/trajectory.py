@@ -77,7 +77,8 @@ class Segment(_Plain):
                     f"model segment misaligned: {n} tokens, {len(self.logprobs)} logprobs, "
                     f"{len(self.weight_versions)} weight versions"
                 )
-            if any(math.isnan(lp) or lp > 1e-4 for lp in self.logprobs):
+            lps = self.logprobs  # checked in C (max, map): no Python frame per token
+            if lps and (max(lps) > 1e-4 or any(map(math.isnan, lps))):
                 raise TrajectoryError("a sampled token's logprob must be a number <= 0")
         elif self.kind == "env":
             if self.logprobs is not None or self.weight_versions is not None:
