@@ -152,7 +152,8 @@ function drawTable() {
   box.replaceChildren(h("table", { id: "rows" }, h("thead", {}, head), h("tbody", {}, body)));
   const scored = rows.filter((r) => r.reward !== null);
   const mean = scored.length ? scored.reduce((s, r) => s + r.reward, 0) / scored.length : null;
-  $("#count").textContent = `${rows.length} of ${d.rows.length} shown · mean reward ${fmt(mean)}`;
+  const drawn = rows.length > 2000 ? ` (the first 2000 drawn: filter or sort to see others)` : "";
+  $("#count").textContent = `${rows.length} of ${d.rows.length} shown · mean reward ${fmt(mean)}${drawn}`;
 }
 
 function reportBox(rep) {
