@@ -43,6 +43,25 @@ def test_the_bundled_model_is_the_recipes(tok):
     assert sum(f.stat().st_size for f in HERMES.iterdir()) < 10 * 2**20  # a few MB, like tiny-retool
 
 
+def test_a_warm_start_keeps_the_base_layers_and_each_shared_tokens_embedding(tok):
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(default_model()))
+    base_tok = load_tokenizer(default_model())
+    model = tiny.build_model(len(tok), tok.eos_token_id, tok.pad_token_id)
+    tiny_hermes.warm_start(model, tok, default_model())
+    ours, theirs = model.state_dict(), base.state_dict()
+    layers = [k for k in theirs if "embed_tokens" not in k and "lm_head" not in k]
+    assert layers and all(ours[k].equal(theirs[k]) for k in layers)
+    rows, base_rows = model.get_input_embeddings().weight, base.get_input_embeddings().weight
+    for text in ["7", "<tool_call>", "</think>", "<|im_end|>"]:
+        assert rows[tok.convert_tokens_to_ids(text)].equal(base_rows[base_tok.convert_tokens_to_ids(text)]), text
+    new = next(t for t in tok.get_vocab() if t not in base_tok.get_vocab())  # spelled by several base tokens
+    spelled = base_tok.encode(tok.convert_tokens_to_string([new]), add_special_tokens=False)
+    assert len(spelled) > 1 and rows[tok.convert_tokens_to_ids(new)].allclose(base_rows[spelled].mean(0))
+    assert model.get_output_embeddings().weight is rows  # the head is tied: it follows
+
+
 def test_the_token_bridge_is_exact_under_its_chat_template(tok):
     report = check_tokenizer(tok, HermesFormat())
     assert report.exact, str(report)
@@ -155,6 +174,16 @@ def test_rollouts_make_calls_that_run_and_keep_every_array_aligned(hermes_engine
         assert HermesFormat().parse(CALL, ["python"]) == [ToolRequest("python", {"code": "print(6 * 7)"})]
         assert call.name == "python" and "code" in call.arguments
         assert "<think>" in t.text and "</think>" in t.text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_script_writes_a_model_directory_with_an_exact_bridge(tmp_path):
+    info = tiny_hermes.train(tmp_path / "m", n_tasks=4, steps=2, batch=2, lr=1e-3, seed=0, drills=2,
+                             base=default_model())
+    assert (info["format"], info["base"], info["steps"]) == ("hermes", "tiny-retool", 2)
+    assert json.loads((tmp_path / "m" / "training.json").read_text()) == info
+    assert check_tokenizer(load_tokenizer(tmp_path / "m"), "hermes").exact
 
 
 def read(path) -> list[Trajectory]:
