@@ -19,8 +19,8 @@ from agentenv.train.rows import IntervalMeter, StepRow, Sync
 
 #: Running totals at each step's end: (seconds since the start, tokens of finished programs,
 #: generator busy seconds, seconds the step loop waited). Step 3's interval: the generator busy
-#: throughout, but no program finished in it, so no token was counted (it is what the issue's
-#: last step was); step 4's: the generator idle throughout, so it truly generated nothing.
+#: throughout, but no program finished in it, so no token was counted (as a short run's last step
+#: often is); step 4's: the generator idle throughout, so it truly generated nothing.
 TOTALS = [(4.0, 800, 3.8, 2.9), (7.0, 1400, 6.7, 3.0), (9.5, 1400, 9.2, 3.0), (12.0, 1400, 9.2, 5.5),
           (16.0, 2400, 13.1, 6.0)]
 
