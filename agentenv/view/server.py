@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
 from http import HTTPStatus
@@ -45,6 +46,11 @@ def finite(obj: Any) -> Any:
     if isinstance(obj, list):
         return [finite(v) for v in obj]
     return obj
+
+
+def natural(name: str) -> list[Any]:
+    """A sort key that puts ``task/2`` before ``task/10``: digit runs compare as numbers."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
 class NotFound(Exception):
@@ -113,7 +119,7 @@ class Viewer:
             return {"samples": t["samples"], "passed": t["passed"], "rate": t["passed"] / t["samples"],
                     "mean_reward": t["mean_reward"]}
 
-        tasks = [{"task_id": k, "a": side(ta.get(k)), "b": side(tb.get(k))} for k in sorted(set(ta) | set(tb))]
+        tasks = [{"task_id": k, "a": side(ta.get(k)), "b": side(tb.get(k))} for k in sorted(set(ta) | set(tb), key=natural)]
         both = [t for t in tasks if t["a"] and t["b"]]
         mean = (lambda key: sum(t[key]["rate"] for t in both) / len(both) if both else None)
         return {"a": {"index": int(a), "label": self.runs[int(a)].label},

@@ -12,7 +12,7 @@ import pytest
 from agentenv.errors import ConfigError
 from agentenv.evaluation import read_jsonl
 from agentenv.view.runs import open_run
-from agentenv.view.server import Viewer, ViewServer, finite
+from agentenv.view.server import Viewer, ViewServer, finite, natural
 
 
 def get(url: str) -> tuple[int, object]:
@@ -125,3 +125,8 @@ def test_an_ipv6_loopback_viewer(rollout):
         assert server.url.startswith("http://[::1]:")
         status, runs = get(server.url + "api/runs")
         assert status == 200 and runs[0]["kind"] == "rollout"
+
+
+def test_tasks_sort_by_their_numbers():
+    names = ["retool-math/0/10", "retool-math/0/2", "retool-math/1/0", "a", "retool-math/0/1b"]
+    assert sorted(names, key=natural) == ["a", "retool-math/0/1b", "retool-math/0/2", "retool-math/0/10", "retool-math/1/0"]
