@@ -40,7 +40,9 @@ FORMATS = ("retool", "hermes")
 
 class RetoolMathEnv(Environment):
     """Arithmetic word problems the model solves by writing Python (ReTool style); reward 1
-    for the right final answer in \\boxed{}. ``extra_digits`` makes the numbers longer.
+    for the right final answer in \\boxed{}. ``extra_digits`` makes the numbers longer;
+    ``format="hermes"`` asks for Hermes calls after a ``<think>`` block (the ``tiny-hermes``
+    model's format) and ``calls_in_think=True`` runs calls written inside that block.
 
     The bundled demo environment: tasks are generated from the seed, so any count works."""
 
