@@ -115,7 +115,7 @@ class EnvModules:
 class EnvOptions:
     """Which environment, made with which constructor arguments."""
 
-    env: str = option("retool-math", "environment: a registered id, package.module:Class or path/to/file.py:Class "
+    env: str = option("retool-math", "environment: a registered id, package.module:Class or path/to/file.py[:Class] "
                                      "(default {default}; `agentenv envs` lists them)", resume=True)
     env_kwargs: dict[str, Any] = option(
         factory=dict, flag="--env-arg", metavar="KEY=VALUE", convert=_env_args, resume="env_args",
