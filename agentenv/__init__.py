@@ -11,7 +11,7 @@ from .errors import (
     EngineError,
     EnvCheckError,
     EnvNotFoundError,
-    MissingExtra,
+    MissingExtraError,
     ModelNotFoundError,
     PromptTooLongError,
     SandboxError,
@@ -34,7 +34,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AgentEnvError", "BridgeReport", "check_tokenizer", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "EnvReport", "Environment",
-    "FunctionTool", "Group", "MissingExtra", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
+    "FunctionTool", "Group", "MissingExtraError", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
     "RolloutConfig", "RolloutProducer", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
     "Trajectory", "TrajectoryError", "TurnAction", "TurnStats", "check_env", "make", "register",
     "journal", "registered",

@@ -8,7 +8,7 @@ as data (``Trajectory.finish_reason == "error:<type>"`` or a tool call with an e
     AgentEnvError
     ├── ConfigError            bad arguments or settings
     │   ├── ModelNotFoundError a --model path that is not a model directory
-    │   └── MissingExtra       an optional dependency is not installed (names the extra)
+    │   └── MissingExtraError  an optional dependency is not installed (names the extra)
     ├── EnvNotFoundError       unknown environment id (with "did you mean ...")
     ├── EnvCheckError          a user Environment class that fails check_env()
     ├── EngineError            the inference engine failed or was closed
@@ -35,7 +35,7 @@ class ModelNotFoundError(ConfigError):
     """The model path does not hold a loadable model."""
 
 
-class MissingExtra(ConfigError, ImportError):
+class MissingExtraError(ConfigError, ImportError):
     """An optional dependency is not installed. The message names the extra of the package
     that installs everything the part needs (``pip install 'agentenv[openai]'``);
     :func:`agentenv.extras.require` raises it."""

@@ -6,7 +6,7 @@ install, one that carries everything the part imports. Without httpx,
 
     require("openai", "httpx", extra="openai", what="--engine openai")
 
-raises ``MissingExtra("--engine openai needs httpx: pip install 'agentenv[openai]'")``.
+raises ``MissingExtraError("--engine openai needs httpx: pip install 'agentenv[openai]'")``.
 
 :data:`EXTRAS` states which modules each extra provides and from which distribution;
 ``tests/test_extras.py`` holds it against pyproject.toml, so an extra cannot lack what its
@@ -19,7 +19,7 @@ import importlib
 import importlib.util
 from typing import Iterable
 
-from .errors import MissingExtra
+from .errors import MissingExtraError
 
 #: extra -> {module it provides: the distribution that installs the module}.
 EXTRAS: dict[str, dict[str, str]] = {
@@ -41,7 +41,7 @@ def install_hint(extra: str) -> str:
 
 
 def require(*modules: str, extra: str, what: str | None = None, note: str = "", load: bool = True) -> None:
-    """Import ``modules``; if any cannot be imported, raise :class:`~agentenv.errors.MissingExtra`
+    """Import ``modules``; if any cannot be imported, raise :class:`~agentenv.errors.MissingExtraError`
     naming the missing ones and the extra that installs them all.
 
     ``what`` names the part that needs them (default: the extra's name), ``note`` is added to
@@ -66,7 +66,7 @@ def require(*modules: str, extra: str, what: str | None = None, note: str = "", 
             missing.append(name)
             first = first or exc
     if missing:
-        raise MissingExtra(f"{what or f'the {extra} extra'} needs {' and '.join(missing)}: {install_hint(extra)}"
+        raise MissingExtraError(f"{what or f'the {extra} extra'} needs {' and '.join(missing)}: {install_hint(extra)}"
                            f"{f' ({note})' if note else ''}", extra=extra, missing=missing) from first
 
 

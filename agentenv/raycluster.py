@@ -11,7 +11,7 @@ from typing import Any
 
 
 def ray_module() -> Any:
-    """The ``ray`` module (:class:`~agentenv.errors.MissingExtra` without it)."""
+    """The ``ray`` module (:class:`~agentenv.errors.MissingExtraError` without it)."""
     from .extras import require
 
     require("ray", extra="ray", what="--cluster ray")

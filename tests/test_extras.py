@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import agentenv
-from agentenv.errors import ConfigError, MissingExtra
+from agentenv.errors import ConfigError, MissingExtraError
 from agentenv.extras import CHOICES, EXTRAS, check_choices, require
 
 ROOT = Path(agentenv.__file__).parent.parent
@@ -67,14 +67,14 @@ def test_every_require_in_the_package_names_modules_its_extra_provides():
 def test_require_names_the_missing_modules_and_the_extra(monkeypatch):
     require("openai", "httpx", extra="openai")  # installed here: nothing raised
     monkeypatch.setitem(sys.modules, "httpx", None)
-    with pytest.raises(MissingExtra) as caught:
+    with pytest.raises(MissingExtraError) as caught:
         require("openai", "httpx", extra="openai", what="the openai engine")
     exc = caught.value
     assert str(exc) == "the openai engine needs httpx: pip install 'agentenv[openai]'"
     assert (exc.extra, exc.missing) == ("openai", ["httpx"])
     assert isinstance(exc, ConfigError) and isinstance(exc, ImportError)  # both kinds of caller catch it
     assert isinstance(exc.__cause__, ImportError)
-    with pytest.raises(MissingExtra, match="needs httpx: "):
+    with pytest.raises(MissingExtraError, match="needs httpx: "):
         require("httpx", extra="openai", load=False)  # looked up only
 
 
@@ -97,7 +97,7 @@ def test_check_choices_before_a_run(module, chosen, message, monkeypatch):
     check_choices(engine="embedded", sandbox="local", cluster="none", report_to=None)
     check_choices(**chosen)  # all installed here
     monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(MissingExtra, match="^" + message.replace("[", r"\[").replace("(", r"\(")):
+    with pytest.raises(MissingExtraError, match="^" + message.replace("[", r"\[").replace("(", r"\(")):
         check_choices(**chosen)
 
 
@@ -161,7 +161,7 @@ def test_each_part_names_its_extra_when_a_module_is_missing(module, part, extra,
 
     _build.cache_clear()  # a family tokenizer built by another test would not look for its modules
     monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(MissingExtra) as caught:
+    with pytest.raises(MissingExtraError) as caught:
         part(tmp_path) if part is _tracker else part()
     assert caught.value.extra == extra and module in caught.value.missing
     assert f"pip install 'agentenv[{extra}]'" in str(caught.value)
