@@ -52,6 +52,7 @@ THOUGHTS = {
 
 
 def thought(rng: random.Random, key: str) -> str:
+    """A one-sentence reasoning block for ``key``, then the blank line before the action."""
     return f"<think>\n{rng.choice(THOUGHTS[key])}\n</think>\n\n"
 
 
@@ -140,8 +141,8 @@ def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int,
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = arguments(__doc__, DEFAULT_DIR, 300)
-    ap.set_defaults(tasks=2000, batch=16, lr=1e-3, drills=1000, threads=1)
+    ap = arguments(__doc__, DEFAULT_DIR, 900)
+    ap.set_defaults(batch=16, lr=1e-3, drills=2000, threads=1)
     ap.add_argument("--base", default="tiny-retool",
                     help="start from this model's weights: a bundled model's name or a directory ('none': from scratch)")
     a = ap.parse_args(argv)
