@@ -11,12 +11,15 @@
 
 Every file is followed: :class:`Tail` keeps the byte offset it has read to and, on
 ``refresh()``, reads only the bytes appended since, keeping a torn last line for later. A file
-that shrank was rewritten (``--overwrite``) and is read again from the start.
+that was rewritten (``--overwrite``, with a server up across it) is read again from the start,
+whether it is now shorter or longer: it is another file (inode), shorter than what was read, or
+its first bytes or the bytes before the offset are no longer the ones read there.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import zlib
 from collections import Counter, defaultdict
@@ -31,47 +34,86 @@ from .tokens import TokenText, tokenizer_dir
 class Tail:
     """The complete lines of a growing file, read once each. ``parse(line, at)`` turns a line's
     bytes (starting at byte ``at``) into an item (``None`` drops it); a rewritten file starts
-    over (``generation`` counts). The file is read in chunks, so a large one never sits in
-    memory whole; what is kept is what ``parse`` returns."""
+    over (``generation`` counts, and ``restart()``, when given, is called before the file is
+    read again). The file is read in chunks, so a large one never sits in memory whole; what
+    is kept is what ``parse`` returns."""
 
     CHUNK = 1 << 24
+    PROBE = 256  # bytes compared at the start of the file and before the offset
 
-    def __init__(self, path: Path, parse: Callable[[bytes, int], Any]) -> None:
+    def __init__(self, path: Path, parse: Callable[[bytes, int], Any],
+                 restart: Callable[[], None] | None = None) -> None:
         self.path = path
         self.parse = parse
+        self.restart = restart
         self.items: list[Any] = []
         self.offset = 0
         self.generation = 0
+        self._inode: int | None = None
+        self._head = b""  # the file's first bytes, as read
+        self._mark = b""  # the bytes just before ``offset``, as read
+
+    def _rewritten(self, f: Any, size: int) -> bool:
+        """Whether the open file ``f`` is not the one read up to ``offset``: a rewrite that
+        grew past the offset keeps neither its first bytes nor those before the offset."""
+        if self.offset == 0:
+            return False
+        if size < self.offset or os.fstat(f.fileno()).st_ino != self._inode:
+            return True
+        f.seek(0)
+        if f.read(len(self._head)) != self._head:
+            return True
+        f.seek(self.offset - len(self._mark))
+        return f.read(len(self._mark)) != self._mark
+
+    def _start_over(self) -> None:
+        self.items, self.offset, self.generation = [], 0, self.generation + 1
+        self._head = self._mark = b""
+        if self.restart is not None:
+            self.restart()
 
     def refresh(self) -> int:
         """Read what was appended; the number of new items."""
         try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        if size < self.offset:  # rewritten: what was read is gone
-            self.items, self.offset, self.generation = [], 0, self.generation + 1
-        before = len(self.items)
-        if size == self.offset:
+            f = open(self.path, "rb")
+        except FileNotFoundError:  # gone: what was read is gone with it
+            if self.offset:
+                self._start_over()
             return 0
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            pending = b""
-            while self.offset + len(pending) < size:
-                data = pending + f.read(min(self.CHUNK, size - self.offset - len(pending)))
-                end = data.rfind(b"\n") + 1  # a torn last line waits for its newline
-                if end == 0 and len(data) == len(pending):
-                    break
-                at = self.offset
-                for line in data[:end].split(b"\n")[:-1]:
-                    if line.strip():
-                        item = self.parse(line, at)
-                        if item is not None:
-                            self.items.append(item)
-                    at += len(line) + 1
-                self.offset += end
-                pending = data[end:]
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if self._rewritten(f, size):
+                self._start_over()
+            self._inode = os.fstat(f.fileno()).st_ino
+            before = len(self.items)
+            if size > self.offset:
+                self._read(f, size)
         return len(self.items) - before
+
+    def _read(self, f: Any, size: int) -> None:
+        """Parse the complete lines between ``offset`` and ``size``."""
+        f.seek(self.offset)
+        pending = b""
+        while self.offset + len(pending) < size:
+            data = pending + f.read(min(self.CHUNK, size - self.offset - len(pending)))
+            end = data.rfind(b"\n") + 1  # a torn last line waits for its newline
+            if end == 0 and len(data) == len(pending):
+                break
+            at = self.offset
+            for line in data[:end].split(b"\n")[:-1]:
+                if line.strip():
+                    item = self.parse(line, at)
+                    if item is not None:
+                        self.items.append(item)
+                at += len(line) + 1
+            self.offset += end
+            pending = data[end:]
+        if self.offset:
+            if len(self._head) < self.PROBE:
+                f.seek(0)
+                self._head = f.read(min(self.PROBE, self.offset))
+            f.seek(max(0, self.offset - self.PROBE))
+            self._mark = f.read(self.offset - max(0, self.offset - self.PROBE))
 
     def line(self, at: int, length: int) -> bytes:
         """The bytes of the line at ``at`` (a position ``parse`` was given)."""

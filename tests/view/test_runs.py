@@ -43,6 +43,30 @@ def test_tail_reads_complete_lines_once_and_starts_over_on_a_rewritten_file(tmp_
     assert tail.refresh() == 1 and tail.items == [({"b": 1}, 0)] and tail.generation == 1
 
 
+def test_tail_starts_over_on_a_file_rewritten_larger(tmp_path):
+    """``--overwrite`` with the server up: the new file grows past what was read of the old one,
+    in place (same inode) or as a new file moved over it; either way it is read from the start."""
+    path = tmp_path / "f.jsonl"
+    restarts = []
+    tail = Tail(path, lambda line, at: json.loads(line)["a"], restart=lambda: restarts.append(tail.generation))
+    path.write_text('{"a": 1}\n{"a": 2}\n')
+    assert tail.refresh() == 2 and tail.items == [1, 2]
+    path.write_text('{"a": 10}\n{"a": 20}\n{"a": 30}\n')  # truncated and written again, larger
+    assert tail.refresh() == 3 and tail.items == [10, 20, 30] and tail.generation == 1 and restarts == [1]
+    with open(path, "a") as f:  # then it grows as usual: only the new line is read
+        f.write('{"a": 40}\n')
+    assert tail.refresh() == 1 and tail.items == [10, 20, 30, 40] and tail.generation == 1
+    # the same first line, another file after it (a rerun with the same header)
+    path.write_text('{"a": 10}\n{"a": 21}\n{"a": 31}\n{"a": 41}\n{"a": 51}\n')
+    assert tail.refresh() == 5 and tail.items == [10, 21, 31, 41, 51] and tail.generation == 2
+    other = tmp_path / "new.jsonl"  # written beside it and moved over it: another inode
+    other.write_text("".join(f'{{"a": {i}}}\n' for i in range(100, 106)))
+    other.replace(path)
+    assert tail.refresh() == 6 and tail.items == list(range(100, 106)) and tail.generation == 3
+    path.unlink()  # gone: nothing is shown of it
+    assert tail.refresh() == 0 and tail.items == [] and restarts == [1, 2, 3, 4]
+
+
 def test_tail_reads_a_large_file_in_chunks(tmp_path):
     path = tmp_path / "f.jsonl"
     lines = [json.dumps({"i": i, "pad": "x" * (i * 7)}) for i in range(40)]
