@@ -213,23 +213,22 @@ class Loopback:
                 pass
 
     async def _exchange(self, stream) -> None:
-        if True:
-            buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = await stream.receive()
-                    buf += chunk
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                lines = head.decode().split("\r\n")
-                length = next((int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")), 0)
-                while len(buf) < length:
-                    buf += await stream.receive()
-                buf = buf[length:]
-                self.requests += 1
-                self.paths.append(lines[0].split()[1])
-                if self.mode == "hang":
-                    await anyio.sleep_forever()
-                await stream.send(self._answer(lines[0].split()[1]))
+        buf = b""
+        while True:
+            while b"\r\n\r\n" not in buf:
+                chunk = await stream.receive()
+                buf += chunk
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            lines = head.decode().split("\r\n")
+            length = next((int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")), 0)
+            while len(buf) < length:
+                buf += await stream.receive()
+            buf = buf[length:]
+            self.requests += 1
+            self.paths.append(lines[0].split()[1])
+            if self.mode == "hang":
+                await anyio.sleep_forever()
+            await stream.send(self._answer(lines[0].split()[1]))
 
     @staticmethod
     def _answer(path: str) -> bytes:
