@@ -129,10 +129,9 @@ def _json_line(line: bytes, at: int = 0) -> Any:
         return None
 
 
-def _log_record(line: bytes, at: int = 0) -> dict[str, Any] | None:
-    """What the viewer keeps of an event-log record (``<crc32> <json>``, agentenv.journal): the
-    header whole, of the others their event, program and task (a turn's tokens are not kept);
-    None when its checksum fails."""
+def _log_record(line: bytes) -> dict[str, Any] | None:
+    """An event-log record (``<crc32> <json>``, agentenv.journal) as its JSON object; None when
+    its checksum fails."""
     if len(line) < 10 or line[8:9] != b" ":
         return None
     body = line[9:]
@@ -140,9 +139,51 @@ def _log_record(line: bytes, at: int = 0) -> dict[str, Any] | None:
         rec = json.loads(body) if int(line[:8], 16) == zlib.crc32(body) else None
     except ValueError:
         return None
-    if rec is None or rec.get("e") == "header":
-        return rec
-    return {k: rec[k] for k in ("e", "k", "task", "sample") if k in rec}
+    return rec if isinstance(rec, dict) else None
+
+
+class Progress:
+    """What a rollout's event log says of its programs, folded record by record as the log is
+    read: the header, the keys started and done, and the programs in flight (started, not
+    done) with their task, sample and turns. Nothing is kept per record, so memory grows with
+    the programs, not the turns, and :meth:`figures` does not walk the log. Used as the log's
+    :class:`Tail` parse (it keeps no items) and restart."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget everything (the log was rewritten)."""
+        self.header: dict[str, Any] | None = None
+        self.started: set[Any] = set()
+        self.done: set[Any] = set()
+        self.flight: dict[Any, list[Any]] = {}  # key -> [task, sample, turns], in order of start
+
+    def __call__(self, line: bytes, at: int = 0) -> None:
+        rec = _log_record(line)
+        if rec is None:
+            return None
+        e, key = rec.get("e"), rec.get("k")
+        if e == "header":
+            self.header = self.header or rec
+        elif e == "start":
+            self.started.add(key)
+            if key not in self.done:
+                turns = self.flight[key][2] if key in self.flight else 0
+                self.flight[key] = [rec.get("task"), rec.get("sample"), turns]
+        elif e == "turn" and key not in self.done:
+            self.flight.setdefault(key, [None, None, 0])[2] += 1
+        elif e == "done":
+            self.done.add(key)
+            self.flight.pop(key, None)
+        return None
+
+    def figures(self, expected: int | None, limit: int = 50) -> dict[str, Any]:
+        """Programs started and done, ``expected`` (the run's tasks x group size), and the
+        first ``limit`` of those in flight."""
+        flight = [{"task_id": t, "sample": s, "turns": n} for k, (t, s, n) in self.flight.items() if k in self.started]
+        return {"started": len(self.started), "done": len(self.done), "expected": expected,
+                "in_flight": flight[:limit], "in_flight_count": len(flight)}
 
 
 def summary_of(row: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +243,8 @@ class RolloutRun:
         self.threshold = threshold
         self.lock = threading.Lock()
         self.rows = Tail(path, _trajectory_line)
-        self.log = Tail(path.with_name(path.name + ".log"), _log_record)
+        self.events = Progress()
+        self.log = Tail(path.with_name(path.name + ".log"), self.events, restart=self.events.clear)
         self._index: dict[str, int] = {}
         self._tokens: TokenText | None = None
 
@@ -223,28 +265,13 @@ class RolloutRun:
 
     def settings(self) -> dict[str, Any]:
         """The run's settings from its log's header (empty without a log)."""
-        head = self.log.items[0] if self.log.items else {}
-        return head.get("settings", {}) if head.get("e") == "header" else {}
+        return (self.events.header or {}).get("settings", {})
 
     def progress(self) -> dict[str, Any]:
         """What the event log says of programs: started, written, and those in flight (turns done)."""
-        started: dict[str, dict[str, Any]] = {}
-        turns: Counter = Counter()
-        done = set()
-        for rec in self.log.items:
-            e, key = rec.get("e"), rec.get("k")
-            if e == "start":
-                started[key] = rec
-            elif e == "turn":
-                turns[key] += 1
-            elif e == "done":
-                done.add(key)
         s = self.settings()
-        flight = [{"task_id": r["task"], "sample": r["sample"], "turns": turns[k]}
-                  for k, r in started.items() if k not in done]
-        return {"log": self.log.path.is_file(), "started": len(started), "done": len(done),
-                "expected": s["tasks"] * s["group_size"] if "tasks" in s and "group_size" in s else None,
-                "in_flight": flight[:50], "in_flight_count": len(flight)}
+        expected = s["tasks"] * s["group_size"] if "tasks" in s and "group_size" in s else None
+        return {"log": self.log.path.is_file(), **self.events.figures(expected)}
 
     def info(self) -> dict[str, Any]:
         self.refresh()
@@ -402,4 +429,4 @@ def open_run(path: str | Path) -> Run:
     return RolloutRun(path)
 
 
-__all__ = ["EvalRun", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "open_run", "summary_of"]
+__all__ = ["EvalRun", "Progress", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "open_run", "summary_of"]

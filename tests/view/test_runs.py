@@ -103,6 +103,45 @@ def test_rollout_rows_and_progress_follow_the_files(rollout):
         {"task_id": "retool-math/0/3", "sample": 0, "turns": 0}]
 
 
+def _walked(records: list[dict]) -> dict:
+    """Progress the plain way, every record walked: the figures the fold must give."""
+    started, turns, done = {}, {}, set()
+    for rec in records:
+        e, key = rec.get("e"), rec.get("k")
+        if e == "start":
+            started[key] = rec
+        elif e == "turn":
+            turns[key] = turns.get(key, 0) + 1
+        elif e == "done":
+            done.add(key)
+    flight = [{"task_id": r["task"], "sample": r["sample"], "turns": turns.get(k, 0)}
+              for k, r in started.items() if k not in done]
+    return {"started": len(started), "done": len(done), "in_flight": flight[:50], "in_flight_count": len(flight)}
+
+
+def test_progress_is_folded_as_the_log_is_read_and_keeps_no_record(rollout):
+    """The event log's records are folded into counters as they are read: the figures are the
+    walk's at every point of the recorded log, and the log's tail keeps no per-record list."""
+    log = rollout.with_name("rollout.jsonl.log")
+    lines = log.read_bytes().splitlines(keepends=True)
+    records, _ = journal.read(log)
+    assert len(records) == len(lines) and sum(r["e"] == "turn" for r in records) > 0
+    log.write_bytes(b"")
+    run = RolloutRun(rollout)
+    for n in range(1, len(lines) + 1):
+        with open(log, "ab") as f:
+            f.write(lines[n - 1])
+        got = run.summaries(since=6)["progress"]
+        assert {k: got[k] for k in ("started", "done", "in_flight", "in_flight_count")} == _walked(records[:n]), n
+        assert run.log.items == []
+    assert run.settings() == records[0]["settings"] and got["expected"] == 6
+    assert run.events.flight == {} and len(run.events.started) == len(run.events.done) == 6
+    log.write_bytes(b"".join(lines[:9]))  # rewritten (shorter): the fold starts over
+    got = run.summaries(since=6)["progress"]
+    assert {k: got[k] for k in ("started", "done", "in_flight", "in_flight_count")} == _walked(records[:9])
+    assert got["in_flight_count"] == 6 and {f["turns"] for f in got["in_flight"]} == {0, 1}
+
+
 def test_a_trajectory_has_each_tokens_text_mask_logprob_and_version(rollout):
     row = read_jsonl(rollout)[0]
     t = RolloutRun(rollout).trajectory(row["id"])
