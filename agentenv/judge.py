@@ -551,9 +551,16 @@ class JudgedEnv(Environment):
             nonlocal base
             base = await self.inner.reward(task, trajectory)
 
-        async with anyio.create_task_group() as tg:  # the judge runs beside the env's own reward
-            tg.start_soon(inner)
-            score = await self.judge(task, trajectory)
+        try:
+            async with anyio.create_task_group() as tg:  # the judge runs beside the env's own reward
+                tg.start_soon(inner)
+                score = await self.judge(task, trajectory)
+        except BaseExceptionGroup as group:
+            # A judge call never raises, so a failure is the env's reward's own: raised as it is
+            # (its type and message are what the trajectory's error records), not as a group.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         return _plus(base, self.judge.name, score, self.weight)
 
     async def aclose(self) -> None:

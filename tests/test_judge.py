@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import anyio
 import pytest
 
 from agentenv.config import JudgeOptions, OutputOptions, RolloutConfig, RolloutRunConfig, RunOptions
 from agentenv.engines.base import Engine
+from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.env import Task
 from agentenv.errors import ConfigError
 from agentenv.judge import (Judge, JudgeParseError, judge_from_spec, judged, parse_ranking, parse_score,
                             ranking_scores, score_parser)
+from agentenv.program import score_program
 from agentenv.registry import make
 from agentenv.rewards import Rubric
 from agentenv.trajectory import Trajectory
@@ -189,13 +192,20 @@ async def test_a_policy_judge_without_its_engine_fails_as_data():
 
 
 # -- real HTTP servers that hang or answer garbage ------------------------------------------
-class Loopback:
-    """A real HTTP/1.1 server on loopback: ``garbage`` answers every request with a well-formed
-    OpenAI chat completion (or model list) of nonsense; ``hang`` reads requests and never
-    answers. Counts the requests it read."""
+GARBAGE = "Purple ∞ lorem <scor>banana</score> 12 of 7"
 
-    def __init__(self, mode: str) -> None:
-        self.mode, self.requests, self.paths = mode, 0, []
+
+class Loopback:
+    """A real HTTP/1.1 server on loopback in the OpenAI wire format: ``garbage`` answers every
+    chat completion with ``reply`` (a string, or a function of the request's JSON body; default
+    nonsense) and lists one model; ``hang`` reads requests and never answers. ``status`` other
+    than 200 answers every request with that status and an error body, ``raw`` with those bytes
+    as a 200's body (not JSON). Counts the requests it read."""
+
+    def __init__(self, mode: str = "garbage", *, reply: Any = GARBAGE, status: int = 200,
+                 raw: bytes | None = None) -> None:
+        self.mode, self.reply, self.status, self.raw = mode, reply, status, raw
+        self.requests, self.paths = 0, []
         self.url = ""
 
     async def serve(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
@@ -223,24 +233,25 @@ class Loopback:
             length = next((int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")), 0)
             while len(buf) < length:
                 buf += await stream.receive()
-            buf = buf[length:]
+            body, buf = buf[:length], buf[length:]
             self.requests += 1
             self.paths.append(lines[0].split()[1])
             if self.mode == "hang":
                 await anyio.sleep_forever()
-            await stream.send(self._answer(lines[0].split()[1]))
+            await stream.send(self._answer(lines[0].split()[1], json.loads(body) if body else None))
 
-    @staticmethod
-    def _answer(path: str) -> bytes:
-        if path.endswith("/models"):
-            body = {"object": "list", "data": [{"id": "nonsense-1", "object": "model"}]}
-        else:
-            body = {"id": "c1", "object": "chat.completion", "model": "nonsense-1", "choices": [
-                {"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "Purple ∞ lorem <scor>banana</score> 12 of 7"}}]}
-        data = json.dumps(body).encode()
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                + str(len(data)).encode() + b"\r\n\r\n" + data)
+    def _answer(self, path: str, request: Any) -> bytes:
+        status, data = self.status, self.raw
+        if status != 200:
+            data = json.dumps({"error": {"message": "bad request", "code": status}}).encode()
+        elif data is None and path.endswith("/models"):
+            data = json.dumps({"object": "list", "data": [{"id": "nonsense-1", "object": "model"}]}).encode()
+        elif data is None:
+            content = self.reply(request) if callable(self.reply) else self.reply
+            data = json.dumps({"id": "c1", "object": "chat.completion", "model": "nonsense-1", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}).encode()
+        return (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                .encode() + data)
 
 
 async def test_a_server_answering_garbage_gives_parse_failures():
@@ -279,6 +290,30 @@ async def test_a_server_that_never_answers_costs_each_call_its_deadline():
         tg.cancel_scope.cancel()
     assert [v.failure for v in results] == ["deadline"] * 4 and {v.score for v in results} == {0.1}
     assert judge.stats.failures == {"deadline": 4} and server.requests >= 1
+
+
+class NoReward(RetoolMathEnv):
+    """Its own reward fails: a key its table lacks."""
+
+    async def reward(self, task, trajectory):
+        table: dict[str, float] = {}
+        return table["missing"]
+
+
+async def test_the_envs_own_reward_error_is_the_trajectorys_error_the_judge_beside_it_aside():
+    server = Loopback(reply="<score>5</score>")
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        async with Judge(server.url) as judge:
+            env = judged(NoReward(), judge)
+            t = traj("5")
+            await score_program(env, TASK, t, timeout=30)
+            ok = traj("5", 1)
+            await score_program(judged(make("retool-math"), judge), TASK, ok, timeout=30)
+        tg.cancel_scope.cancel()
+    assert t.finish_reason == "error:reward" and t.reward is None
+    assert t.error == "reward: KeyError: 'missing'"
+    assert ok.reward_components["judge"] == 0.5 and ok.error is None
 
 
 @pytest.mark.slow
