@@ -18,7 +18,8 @@ Where the judge runs (the first argument):
 Calls from many programs are in flight at once (the engine batches them), at most
 ``concurrency`` of them (an anyio ``CapacityLimiter``); each ends within ``deadline`` seconds
 (waiting for a slot included), is retried on transient errors (a server's 5xx or 429, a
-dropped connection, an engine error), and a prompt already judged is answered from a bounded
+dropped connection, an engine error; not a server's 4xx or a reply that is not a chat
+completion, which fail at once), and a prompt already judged is answered from a bounded
 cache. A call that fails (``deadline``, ``parse``: the reply holds no score, ``engine``: the
 engine or server failed) never raises: the part's value is ``fallback`` and the failure is
 written to the trajectory's ``reward_details[name]`` (see docs/schemas.md), as is every
@@ -74,6 +75,11 @@ class JudgeParseError(ValueError):
 
 class _Transient(Exception):
     """A failure worth another try (a server's 5xx or 429, a dropped connection)."""
+
+
+class _Rejected(EngineError):
+    """A server's refusal (a 4xx other than 429) or a reply not in the OpenAI wire format:
+    another try would get the same, so none is made."""
 
 
 # -- parsers -------------------------------------------------------------------------------
@@ -289,11 +295,11 @@ class _HTTPBackend:
         if r.status_code >= 500 or r.status_code == 429:
             raise _Transient(f"HTTP {r.status_code} from {self.url}{path}")
         if r.status_code >= 400:
-            raise EngineError(f"HTTP {r.status_code} from {self.url}{path}: {r.text[:200]}")
+            raise _Rejected(f"HTTP {r.status_code} from {self.url}{path}: {r.text[:200]}")
         try:
             return r.json()
         except ValueError as exc:
-            raise EngineError(f"{self.url}{path} did not answer JSON: {r.text[:200]!r}") from exc
+            raise _Rejected(f"{self.url}{path} did not answer JSON: {r.text[:200]!r}") from exc
 
     async def complete(self, messages: Messages, max_tokens: int, temperature: float) -> str:
         if self.model is None:
@@ -301,13 +307,13 @@ class _HTTPBackend:
             try:
                 self.model = str(listed["data"][0]["id"])
             except (KeyError, IndexError, TypeError) as exc:
-                raise EngineError(f"{self.url}/models lists no model: {str(listed)[:200]}") from exc
+                raise _Rejected(f"{self.url}/models lists no model: {str(listed)[:200]}") from exc
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
         out = await self._json("POST", "/chat/completions", body)
         try:
             content = out["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as exc:
-            raise EngineError(f"not a chat completion: {str(out)[:200]}") from exc
+            raise _Rejected(f"not a chat completion: {str(out)[:200]}") from exc
         return content if isinstance(content, str) else ""
 
     async def aclose(self) -> None:
@@ -317,7 +323,10 @@ class _HTTPBackend:
 
 
 def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, _Transient) or (isinstance(exc, EngineError) and not isinstance(exc, PromptTooLongError)
+    """Worth another try: a server's 5xx or 429, a dropped connection, one of our engines'
+    errors; not a server's 4xx or malformed reply, a prompt too long, a closed engine."""
+    return isinstance(exc, _Transient) or (isinstance(exc, EngineError)
+                                           and not isinstance(exc, (PromptTooLongError, _Rejected))
                                            and "closed" not in str(exc))
 
 

@@ -292,6 +292,22 @@ async def test_a_server_that_never_answers_costs_each_call_its_deadline():
     assert judge.stats.failures == {"deadline": 4} and server.requests >= 1
 
 
+@pytest.mark.parametrize("answer, tries", [({"status": 400}, 1), ({"status": 404}, 1), ({"raw": b"<html>oops"}, 1),
+                                            ({"raw": b'{"choices": []}'}, 1), ({"status": 500}, 3),
+                                            ({"status": 429}, 3)])
+async def test_a_refusal_or_a_malformed_reply_fails_at_once_a_server_error_is_retried(answer, tries):
+    server = Loopback(**answer)
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        async with Judge(server.url, model="m", attempts=3, deadline=20) as judge:
+            v = await judge.grade("Q", "A")
+        tg.cancel_scope.cancel()
+    assert v.failure == "engine" and v.score == 0.0 and judge.stats.failures == {"engine": 1}
+    assert server.requests == tries  # 4xx and replies not in the wire format: one request each
+    if "status" in answer:
+        assert f"HTTP {answer['status']}" in v.error
+
+
 class NoReward(RetoolMathEnv):
     """Its own reward fails: a key its table lacks."""
 
