@@ -275,6 +275,9 @@ class _HTTPBackend:
     one ``{url}/models`` lists unless named."""
 
     def __init__(self, url: str, model: str | None) -> None:
+        from .extras import require
+
+        require("httpx", extra="openai", what="a judge on an OpenAI-compatible server")
         self.url, self.model = url.rstrip("/"), model
         self._client: Any = None
 
@@ -623,17 +626,19 @@ def judged(env: Environment, judge: Judge, *, weight: float = 1.0, group: bool =
 
 
 def judge_from_spec(spec: str, *, model: str | None = None, **settings: Any) -> Judge:
-    """The judge a ``--judge`` value names: ``policy``, ``embedded[:MODEL_DIR]`` (default: the
-    run's ``model``), ``vllm:MODEL_DIR`` or ``http(s)://HOST:PORT/v1``; ``settings`` go to
-    :class:`Judge`."""
+    """The judge a ``--judge`` value names: ``policy``, ``embedded[:MODEL]`` (default: the
+    run's ``model``), ``vllm:MODEL`` or ``http(s)://HOST:PORT/v1``, MODEL a directory or a
+    bundled model's name as ``--model`` takes it; ``settings`` go to :class:`Judge`."""
     from .engines.spec import EngineSpec
+    from .models import model_dir
 
     if spec == "policy" or spec.startswith(("http://", "https://")):
         return Judge(spec, **settings)
     kind, _, path = spec.partition(":")
     if kind not in ("embedded", "vllm") or not (path or model):
         raise ConfigError(f"--judge {spec!r}: policy, embedded[:MODEL_DIR], vllm:MODEL_DIR or http(s)://HOST:PORT/v1")
-    return Judge(EngineSpec(kind, path or str(model), temperature=settings.get("temperature", 0.0)), **settings)
+    return Judge(EngineSpec(kind, str(model_dir(path)) if path else str(model),
+                            temperature=settings.get("temperature", 0.0)), **settings)
 
 
 JUDGE_SPEC_HELP = ("grade each program's answer with a model, a reward component named judge: policy (the run's own "

@@ -74,6 +74,26 @@ def test_a_judge_spec_names_where_it_runs(model_dir):
         JudgeOptions(judge="gpt-4")
 
 
+def test_a_judge_spec_takes_a_bundled_models_name_as_model_does():
+    from agentenv.models import BUNDLED
+
+    assert judge_from_spec("embedded:tiny-hermes").engine.model == str(BUNDLED["tiny-hermes"])
+    assert judge_from_spec("vllm:tiny-retool").engine.model == str(BUNDLED["tiny-retool"])
+    assert judge_from_spec("embedded:/models/q").engine.model == "/models/q"
+
+
+def test_a_judge_on_a_server_without_httpx_names_the_extra(monkeypatch):
+    import sys
+
+    from agentenv.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "httpx", None)  # what Python does when it is not installed
+    with pytest.raises(MissingExtraError, match=r"^a judge on an OpenAI-compatible server needs httpx: "
+                                                 r"pip install 'agentenv\[openai\]'$"):
+        Judge("http://127.0.0.1:8000/v1")
+    assert Judge("policy").engine == "policy"  # a judge on an engine needs no httpx
+
+
 # -- the embedded engine as judge ------------------------------------------------------------
 class Gate(Engine):
     """The real engine behind a gate that lets requests through once ``want`` are in flight at
