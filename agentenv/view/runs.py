@@ -226,11 +226,47 @@ class _Line:
     length: int
 
 
+class MalformedLine(Exception):
+    """A trajectory line that is JSON with an ``id`` but not a trajectory the viewer can show
+    (a segment without ``token_ids``, a reward that is not a number, ...)."""
+
+
+_NUMBER = (int, float)
+_TYPES = {"id": str, "env": str, "task_id": str, "group_id": str, "finish_reason": str, "sample_index": int,
+          "components": dict, "duration_s": _NUMBER, "tokens": int, "sampled": _NUMBER}
+
+
+def _checked(summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` when the page can show it (each field of the type the list expects); else
+    TypeError naming the field."""
+    for key, kind in _TYPES.items():
+        if not isinstance(summary[key], kind) or isinstance(summary[key], bool) and kind is not bool:
+            raise TypeError(f"{key} is {summary[key]!r}")
+    if summary["reward"] is not None and (not isinstance(summary["reward"], _NUMBER) or isinstance(summary["reward"], bool)):
+        raise TypeError(f"reward is {summary['reward']!r}")
+    return summary
+
+
+def _malformed(row: dict[str, Any], at: int, exc: Exception) -> dict[str, Any]:
+    """The list row of a line that is not a trajectory the viewer can show: its id and task
+    when they are strings, and the error."""
+    text = lambda key: row.get(key) if isinstance(row.get(key), str) else ""  # noqa: E731
+    return {"id": str(row["id"]), "env": text("env"), "task_id": text("task_id"), "group_id": text("group_id"),
+            "sample_index": 0, "reward": None, "components": {}, "finish_reason": "error: malformed line",
+            "error": f"malformed line at byte {at}: {type(exc).__name__}: {exc}", "tool_calls": 0, "tool_errors": 0,
+            "resumed": False, "turns": 0, "tokens": 0, "sampled": 0, "duration_s": 0.0, "judged": [],
+            "judge_failures": []}
+
+
 def _trajectory_line(line: bytes, at: int) -> _Line | None:
     row = _json_line(line)
     if not isinstance(row, dict) or "id" not in row:
         return None
-    return _Line(summary_of(row), at, len(line))
+    try:
+        summary = _checked(summary_of(row))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # shown as an error in its row
+        summary = _malformed(row, at, exc)
+    return _Line(summary, at, len(line))
 
 
 class RolloutRun:
@@ -305,6 +341,14 @@ class RolloutRun:
             row = self._row(self.rows.items[i]) if i is not None else None
         if row is None:
             return None
+        try:
+            return self._shown(row)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise MalformedLine(f"{self.path.name}: the line of trajectory {tid!r} is malformed "
+                                f"({type(exc).__name__}: {exc})") from None
+
+    def _shown(self, row: dict[str, Any]) -> dict[str, Any]:
+        """What :meth:`trajectory` answers for ``row``."""
         ids = row.get("input_ids") or []
         at = len(row.get("prompt_ids") or [])
         spans = [{"kind": "prompt", "start": 0, "end": at}]
@@ -429,4 +473,4 @@ def open_run(path: str | Path) -> Run:
     return RolloutRun(path)
 
 
-__all__ = ["EvalRun", "Progress", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "open_run", "summary_of"]
+__all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "open_run", "summary_of"]

@@ -25,6 +25,7 @@ import json
 import math
 import re
 import socket
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -147,10 +148,32 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(finite(obj), separators=(",", ":")).encode(), "application/json")
 
+    def _addressed_here(self) -> bool:
+        """Whether the request's Host names this server (any name when it listens on all
+        addresses); a Host that is not a host name (``[``) names none."""
+        if self.hosts is None:
+            return True
+        try:
+            return urlsplit(f"//{self.headers.get('Host', '')}").hostname in self.hosts
+        except ValueError:
+            return False
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        """Answer one request. Whatever goes wrong is answered (500 with a JSON error, and one
+        line on stderr): the connection is never dropped without an answer."""
+        try:
+            self._get()
+        except ConnectionError:  # the browser went away mid-answer: nobody to tell
+            pass
+        except Exception as exc:  # noqa: BLE001 (the boundary: every failure becomes an answer)
+            error = f"{type(exc).__name__}: {exc}"
+            sys.stderr.write(f"agentenv view: GET {self.path[:200]}: {error}\n")
+            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": error})
+
+    def _get(self) -> None:
         # A web page elsewhere can make the browser ask a loopback server under its own host
         # name (DNS rebinding); a loopback viewer answers only requests addressed to it.
-        if self.hosts is not None and urlsplit(f"//{self.headers.get('Host', '')}").hostname not in self.hosts:
+        if not self._addressed_here():
             self._send(HTTPStatus.FORBIDDEN, b"not this server's host name\n", "text/plain")
             return
         url = urlsplit(self.path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from urllib.parse import quote
@@ -130,3 +131,57 @@ def test_an_ipv6_loopback_viewer(rollout):
 def test_tasks_sort_by_their_numbers():
     names = ["retool-math/0/10", "retool-math/0/2", "retool-math/1/0", "a", "retool-math/0/1b"]
     assert sorted(names, key=natural) == ["a", "retool-math/0/1b", "retool-math/0/2", "retool-math/0/10", "retool-math/1/0"]
+
+
+def raw_get(url: str, target: str, host: str) -> tuple[int, bytes]:
+    """A request written by hand (``urllib`` refuses a Host like ``[``): status and body."""
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_a_host_that_is_no_host_name_is_refused(served):
+    assert raw_get(served.url, "/api/runs", "[")[0] == 403
+    assert raw_get(served.url, "/api/runs", "[::1")[0] == 403
+    status, body = raw_get(served.url, "/api/runs", "127.0.0.1")
+    assert status == 200 and len(json.loads(body)) == 3
+
+
+def test_a_malformed_line_is_an_error_in_its_row_and_the_list_goes_on(served, rollout):
+    rows = read_jsonl(rollout)
+    no_ids = {**rows[0], "id": "no-token-ids", "segments": [{"kind": "model"}]}  # a segment without token_ids
+    bad_tools = {**rows[1], "id": "bad-tools", "tool_calls": [1]}
+    bad_reward = {**rows[2], "id": "bad-reward", "reward": "high"}
+    with open(rollout, "a") as f:
+        for row in (no_ids, bad_tools, bad_reward, {**rows[3], "id": "fine"}):
+            f.write(json.dumps(row) + "\n")
+    status, got = get(served.url + "api/run/0/rows?since=6")
+    assert status == 200 and got["total"] == 10
+    by_id = {r["id"]: r for r in got["rows"]}
+    assert list(by_id) == ["no-token-ids", "bad-tools", "bad-reward", "fine"]
+    for bad, src in (("bad-tools", bad_tools), ("bad-reward", bad_reward)):
+        assert by_id[bad]["finish_reason"] == "error: malformed line" and by_id[bad]["reward"] is None
+        assert by_id[bad]["error"].startswith("malformed line at byte ") and by_id[bad]["task_id"] == src["task_id"]
+    assert "reward is 'high'" in by_id["bad-reward"]["error"]
+    assert by_id["fine"]["error"] is None and by_id["fine"]["reward"] == rows[3]["reward"]
+    status, err = get(served.url + "api/run/0/traj?id=no-token-ids")
+    assert status == 500 and "trajectory 'no-token-ids' is malformed (KeyError: 'token_ids')" in err["error"]
+    assert get(served.url + "api/run/0/traj?id=fine")[0] == 200
+    status, tasks = get(served.url + "api/run/0/tasks")
+    assert status == 200 and sum(t["samples"] for t in tasks.values()) == 10
+
+
+def test_an_unexpected_error_is_a_500_with_one_line_logged(served, rollout, capsys):
+    capsys.readouterr()
+    rollout.unlink()
+    rollout.mkdir()  # the path is a directory now: reading it fails as nothing in the viewer expects
+    status, err = get(served.url + "api/run/0/rows")
+    assert status == 500 and err["error"].startswith("IsADirectoryError: ")
+    logged = capsys.readouterr().err.splitlines()
+    assert len(logged) == 1 and logged[0].startswith("agentenv view: GET /api/run/0/rows: IsADirectoryError: ")
+    assert get(served.url + "api/runs")[0] == 200  # the server goes on
