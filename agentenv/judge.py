@@ -592,15 +592,16 @@ class JudgedGroupsEnv(JudgedEnv):
         return await self.inner.reward(task, trajectory) if self.rank_groups else await super().reward(task, trajectory)
 
     async def group_reward(self, task: "Task", trajectories: list["Trajectory"]) -> list[Any] | None:
-        from .program import apply_reward
-
         values = await self.inner.group_reward(task, trajectories)
         if not self.rank_groups:
             return values
-        if values is not None:  # the wrapped environment's group rewards, then the ranking on top
-            for t, v in zip(trajectories, values):
-                apply_reward(t, v)
-        return await self.judge.group_reward(task, trajectories, self.weight)
+        # The ranking goes on top of the wrapped environment's group rewards (or the per-sample
+        # ones), combined here: the trajectories keep their per-sample rewards, which the
+        # reactor saves as ``sample_reward`` and a group run again starts from.
+        scores = await self.judge.rank(task, trajectories)
+        bases = [t.reward or 0.0 for t in trajectories] if values is None else values
+        return [_plus(v if isinstance(v, dict) else {**t.reward_components, "reward": v}, self.judge.name, s,
+                      self.weight) for t, v, s in zip(trajectories, bases, scores)]
 
 
 def _plus(base: Any, name: str, score: float, weight: float) -> dict[str, float]:

@@ -352,6 +352,44 @@ async def test_the_envs_own_reward_error_is_the_trajectorys_error_the_judge_besi
     assert ok.reward_components["judge"] == 0.5 and ok.error is None
 
 
+class PlusOne(RetoolMathEnv):
+    """Its own group reward: each sample's reward plus one."""
+
+    async def reward(self, task, trajectory):
+        return {"correct": 1.0}
+
+    async def group_reward(self, task, trajectories):
+        return [t.reward + 1.0 for t in trajectories]
+
+
+async def test_a_judged_group_scored_again_on_a_resume_gets_the_same_rewards(engine):
+    """The reactor saves each sample's reward before the group's (``sample_reward``) and a group
+    run again (a resumed one, whose samples are all in the output) starts from it: the wrapped
+    environment's group reward and the ranking are applied once, however often it runs."""
+    from agentenv import Reactor
+    from agentenv.journal import LogState
+
+    server = Loopback(reply="<ranking>2, 1</ranking>")
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve)
+        async with Judge(server.url) as judge:
+            env = judged(PlusOne(), judge, weight=0.5, group=True)
+            trajs = [traj("5", i) for i in range(2)]
+            for t in trajs:
+                await score_program(env, TASK, t, timeout=30)
+            runs = []
+            for _ in range(3):  # the first scoring, then twice from what the output holds
+                done = LogState({}, {}, {(TASK.id, t.sample_index) for t in trajs})
+                group = await Reactor(engine, env, None).group(TASK, 2, resume=done, finished=trajs)
+                runs.append([(t.reward, t.reward_components, t.metadata["sample_reward"]) for t in group.trajectories])
+                trajs = [Trajectory.from_dict(json.loads(json.dumps(t.to_dict()))) for t in group.trajectories]
+        tg.cancel_scope.cancel()
+    sample = {"reward": 1.0, "components": {"correct": 1.0}}
+    assert runs[0] == [(2.0, {"correct": 1.0, "judge": 0.0}, sample), (2.5, {"correct": 1.0, "judge": 1.0}, sample)]
+    assert runs[1] == runs[2] == runs[0]
+    assert [t.reward_details["judge"]["rank"] for t in trajs] == [2, 1]
+
+
 @pytest.mark.slow
 async def test_a_rollout_whose_judges_hang_or_answer_garbage_completes_with_the_failures_counted(tmp_path):
     """A real rollout run (embedded engine, local sandbox): one judge from ``--judge`` that never
