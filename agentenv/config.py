@@ -220,13 +220,15 @@ class JudgeOptions:
     judge: str | None = option(
         None, "grade each answer with a model: policy (the run's own engine), embedded[:MODEL_DIR] or "
               "vllm:MODEL_DIR (a second engine; default: --model), or an OpenAI-compatible server's URL "
-              "(http://HOST:PORT/v1); its score (0 to 1) is the reward component judge", check=JUDGE_SPEC)
+              "(http://HOST:PORT/v1); its score (0 to 1) is the reward component judge", check=JUDGE_SPEC,
+        resume=True)
     judge_deadline: float = option(30.0, "seconds per judge call, its wait for a slot included; a call past it "
                                          "scores 0 and counts as a failure", check=POSITIVE)
     judge_concurrency: int = option(16, "judge calls in flight at once", check=POSITIVE)
-    judge_weight: float = option(1.0, "weight of the judge's score in the reward")
+    # What the judge is, its weight and its mode make the reward: a resumed run must keep them.
+    judge_weight: float = option(1.0, "weight of the judge's score in the reward", resume=True)
     judge_group: bool = option(False, "the judge ranks each group's answers in one call (best 1, worst 0; a group "
-                                      "reward) instead of grading each answer alone")
+                                      "reward) instead of grading each answer alone", resume=True)
 
     def __post_init__(self) -> None:
         validate(self)

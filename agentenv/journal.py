@@ -289,7 +289,8 @@ def lines_of(out: Path, task_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
 
 #: Settings a header may lack because the CLI could not set them when it was written: such a
 #: run ran with these values, so a resume with the same values continues it.
-IMPLIED_SETTINGS: dict[str, Any] = {"top_k": 0, "max_tokens_per_turn": 256}
+IMPLIED_SETTINGS: dict[str, Any] = {"top_k": 0, "max_tokens_per_turn": 256, "judge": None, "judge_weight": 1.0,
+                                     "judge_group": False}
 
 
 def settings_difference(logged: dict[str, Any], now: dict[str, Any]) -> str | None:

@@ -141,7 +141,7 @@ def test_resume_settings_are_the_fields_marked_resume():
     settings = resume_settings(opts, model="/m")
     assert set(settings) == {"env", "env_args", "tasks", "group_size", "seed", "model", "max_turns",
                              "max_new_tokens", "max_tokens_per_turn", "tool_timeout", "temperature", "top_p",
-                             "top_k"}
+                             "top_k", "judge", "judge_weight", "judge_group"}
     assert settings["model"] == "/m" and settings["env_args"] == {} and settings["tasks"] == 32
 
 

@@ -94,6 +94,38 @@ def test_a_judge_on_a_server_without_httpx_names_the_extra(monkeypatch):
     assert Judge("policy").engine == "policy"  # a judge on an engine needs no httpx
 
 
+def test_a_resume_with_another_judge_is_refused_and_an_older_log_without_one_resumes(tmp_path):
+    """The judge, its weight and its mode are resume settings (they make the reward); a log
+    whose header predates them was written without a judge, and resumes without one."""
+    from agentenv import journal
+    from agentenv.errors import AgentEnvError
+    from agentenv.rollout_run import RolloutJob
+
+    out, env = tmp_path / "r.jsonl", make("retool-math")
+    judge = JudgeOptions(judge="policy", judge_weight=0.5)
+    first = RolloutRunConfig(run=RunOptions(tasks=2, group_size=2), judge=judge,
+                             output=OutputOptions(out=out, progress=False))
+
+    def resume(j: JudgeOptions) -> None:
+        RolloutJob.open(replace(first, judge=j, output=replace(first.output, resume=True)), env).log.close()
+
+    RolloutJob.open(first, env).log.close()
+    for other, says in [(JudgeOptions(), "judge was 'policy', now None"),
+                        (replace(judge, judge_weight=2.0), "judge_weight was 0.5, now 2.0"),
+                        (replace(judge, judge_group=True), "judge_group was False, now True")]:
+        with pytest.raises(AgentEnvError, match=rf"^cannot resume with different settings: {says}$"):
+            resume(other)
+    resume(replace(judge, judge_deadline=5.0, judge_concurrency=2))  # they bound the calls, not the reward
+
+    log = out.with_name("r.jsonl.log")
+    settings = journal.load_state(journal.read(log)[0]).settings
+    older = {k: v for k, v in settings.items() if not k.startswith("judge")}
+    journal.Journal.create(log, older).close()
+    resume(JudgeOptions())
+    with pytest.raises(AgentEnvError, match=r"judge was None, now 'policy'$"):
+        resume(judge)
+
+
 # -- the embedded engine as judge ------------------------------------------------------------
 class Gate(Engine):
     """The real engine behind a gate that lets requests through once ``want`` are in flight at

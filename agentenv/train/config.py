@@ -76,11 +76,13 @@ class TrainConfig:
         EnvOptions, "env_kwargs", flag="--eval-env-arg", resume=False, convert=lambda items, earlier: _env_args(
             earlier["env"], items, "--eval-env-arg"),
         help="environment argument for the held-out tasks only, e.g. split=test for the dataset env")
-    judge: str | None = same_as(JudgeOptions, "judge")
+    # A resumed training run may change its judge, as it may its sampling (checkpoints written
+    # before these options existed resume too).
+    judge: str | None = same_as(JudgeOptions, "judge", resume=False)
     judge_deadline: float = same_as(JudgeOptions, "judge_deadline")
     judge_concurrency: int = same_as(JudgeOptions, "judge_concurrency")
-    judge_weight: float = same_as(JudgeOptions, "judge_weight")
-    judge_group: bool = same_as(JudgeOptions, "judge_group")
+    judge_weight: float = same_as(JudgeOptions, "judge_weight", resume=False)
+    judge_group: bool = same_as(JudgeOptions, "judge_group", resume=False)
     cluster: Literal["none", "ray"] = option(
         "none", "none: train in this process; ray: the policy as --trainer-ranks data-parallel Ray actors "
                 f"(torch.distributed, gloo), generation here or on --engines engine actors {_RAY}")
