@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -39,7 +40,7 @@ def test_the_page_fetches_nothing_from_elsewhere():
         assert not found, f"{name} reaches out: {found}"
         assert "@import" not in text and "url(" not in text.replace('url("data:', "")
     assert re.findall(r'(?:src|href)="([^"]+)"', files["index.html"]) == [
-        "/static/style.css", "data:,", "#/", "/static/app.js"]
+        "/static/style.css", "/static/icon.svg", "#/", "/static/app.js"]
 
 
 def _browser_or_fail():
@@ -120,6 +121,8 @@ def page(browser):
     assert errors == [], errors  # no script error, no failed request
 
 
+# The page's CSP forbids eval: a wait_for_function predicate is a function ("() => ..."),
+# which Playwright runs without evaluating a string in the page.
 def goto(page, server, route: str) -> None:
     page.goto(server.url + route)
     page.wait_for_selector(f'body[data-ready="{route}"]')
@@ -140,7 +143,7 @@ def test_the_list_filters_and_sorts_128_trajectories(page, server, made, shots):
     page.screenshot(path=shots / "list.png")
 
     def shown(n: int) -> None:
-        page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{n} of 128')")
+        page.wait_for_function(f"() => document.querySelector('#count').textContent.startsWith('{n} of 128')")
         assert page.locator("tr.row").count() == n
 
     page.select_option("#f-finish", "stop")
@@ -254,9 +257,9 @@ def test_an_eval_report_shows_its_figures_and_its_trajectories(page, server, mad
     rows = read_jsonl(made / "b.jsonl")
     failed = [r for r in rows if r["reward_details"]["judge"].get("failure")]
     page.select_option("#f-judge", "failed")
-    page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{len(failed)} of {len(rows)}')")
+    page.wait_for_function(f"() => document.querySelector('#count').textContent.startsWith('{len(failed)} of {len(rows)}')")
     page.select_option("#f-judge", "ok")
-    page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{len(rows) - len(failed)} of')")
+    page.wait_for_function(f"() => document.querySelector('#count').textContent.startsWith('{len(rows) - len(failed)} of')")
     row = (failed or rows)[0]
     page.select_option("#f-judge", "")
     page.click(f"tr.row[data-id='{row['id']}'] td:first-child")
@@ -323,15 +326,58 @@ def test_a_growing_run_is_followed(browser, made, shots, tmp_path):
         assert page.inner_text("#count").startswith("10 of 10 shown")
         started, flying = upto(60)
         assert flying > 0
-        page.wait_for_function("document.querySelector('#count').textContent.startsWith('60 of 60')")
-        page.wait_for_function(f"document.querySelector('#live').textContent.includes('{flying} in flight · {started} started')")
+        page.wait_for_function("() => document.querySelector('#count').textContent.startsWith('60 of 60')")
+        page.wait_for_function(f"() => document.querySelector('#live').textContent.includes('{flying} in flight · {started} started')")
         assert page.locator("tr.row").count() == 60
         assert page.inner_text("#flight").count(" turns)") == min(flying, 50)
         page.screenshot(path=shots / "live.png")
         with open(out, "ab") as f:
             f.write(content[ends[59]:ends[59] + 100])  # torn: not shown until its newline
         upto(128)
-        page.wait_for_function("document.querySelector('#count').textContent.startsWith('128 of 128')")
-        page.wait_for_function("document.querySelector('#live').textContent.includes('128 written of 128 · 0 in flight')")
+        page.wait_for_function("() => document.querySelector('#count').textContent.startsWith('128 of 128')")
+        page.wait_for_function("() => document.querySelector('#live').textContent.includes('128 written of 128 · 0 in flight')")
     page.close()
     assert out.read_bytes() == content
+
+
+MARKUP = '<img src=x onerror="window.pwned=(window.pwned||[]).concat(1)"><script>window.pwned=[2]</script>'
+
+
+@pytest.mark.slow
+def test_markup_in_a_run_shows_as_text_and_runs_nothing(page, made, shots, tmp_path):
+    """A tool's output, the model's text, a task id and an error holding HTML: the page shows
+    them as text (no element made of them) and no script runs (nor would under its CSP)."""
+    from tokenizers import Tokenizer
+
+    from agentenv.models import default_model
+
+    tok = Tokenizer.from_file(str(default_model() / "tokenizer.json"))
+    ids = tok.encode(MARKUP, add_special_tokens=False).ids
+    row = next(r for r in read_jsonl(made / "a.jsonl") if r["tool_calls"])
+    n = len(ids)
+    row.update(task_id=f"task {MARKUP}", error=MARKUP, text=row["text"] + MARKUP,
+               segments=row["segments"] + [{"kind": "model", "token_ids": ids, "logprobs": [-0.5] * n,
+                                            "weight_versions": [0] * n}],
+               input_ids=row["input_ids"] + ids, loss_mask=row["loss_mask"] + [1] * n,
+               logprobs=row["logprobs"] + [-0.5] * n, weight_versions=row["weight_versions"] + [0] * n)
+    row["tool_calls"] = [{**row["tool_calls"][0], "output": MARKUP, "error": MARKUP}]
+    out = tmp_path / "markup.jsonl"
+    out.write_text(json.dumps(row) + "\n")
+
+    def nothing_ran() -> None:
+        assert page.evaluate("window.pwned === undefined")
+        assert page.locator("#main img, #main script").count() == 0
+
+    with ViewServer(Viewer([open_run(out)])) as server:
+        goto(page, server, "#/run/0")
+        assert MARKUP in page.inner_text("#rows")
+        nothing_ran()
+        goto(page, server, f"#/run/0/t/{row['id']}")
+        assert MARKUP in page.inner_text("#calls") and MARKUP in page.inner_text("#reward")
+        text = page.evaluate("[...document.querySelectorAll('#tokens .seg-model .tok')].map(t => t.textContent).join('')")
+        assert text.endswith(MARKUP)
+        nothing_ran()
+        page.screenshot(path=shots / "markup.png")
+        goto(page, server, f"#/run/0/g/{quote(row['group_id'], safe='')}")
+        assert page.inner_text("#group pre.text").endswith(MARKUP)
+        nothing_ran()

@@ -12,6 +12,7 @@ import pytest
 
 from agentenv.errors import ConfigError
 from agentenv.evaluation import read_jsonl
+from agentenv.view.page import STATIC, asset
 from agentenv.view.runs import open_run
 from agentenv.view.server import Viewer, ViewServer, finite, natural
 
@@ -39,7 +40,6 @@ def test_the_runs_and_the_page_are_served(served):
     status, page = get(served.url)
     assert status == 200 and b"<script src=\"/static/app.js\"" in page
     assert get(served.url + "static/app.js")[0] == 200
-    assert get(served.url + "static/../server.py")[0] == 404
     assert get(served.url + "api/run/7")[0] == 404
     assert get(served.url + "api/run/2/rows")[0] == 404  # a training run has no trajectories
 
@@ -185,3 +185,31 @@ def test_an_unexpected_error_is_a_500_with_one_line_logged(served, rollout, caps
     logged = capsys.readouterr().err.splitlines()
     assert len(logged) == 1 and logged[0].startswith("agentenv view: GET /api/run/0/rows: IsADirectoryError: ")
     assert get(served.url + "api/runs")[0] == 200  # the server goes on
+
+
+def test_no_path_reaches_outside_static(served, tmp_path):
+    """A file the page's suffixes allow, outside static/: no spelling of its path is served."""
+    secret = tmp_path / "secret.js"
+    secret.write_text("the runs' secrets\n")
+    up = "../" * (len(STATIC.resolve().parts) + 2)  # past the root: resolves to the file itself
+    for name in (str(secret), f"{up}{secret}".replace("//", "/"), f"{up}{secret}"):
+        assert (STATIC / name).resolve() == secret.resolve()  # what the check must refuse
+        assert asset(name) is None, name
+    targets = [f"/static/{secret}", f"/static//{secret}", f"/static/{up}{secret}".replace("//", "/"),
+               f"/static/{up}{secret}".replace("//", "/").replace("..", "%2e%2e"),
+               f"/static/{up}{secret}".replace("//", "/").replace("/", "%2f").replace("%2fstatic%2f", "/static/", 1),
+               "/static/../page.py", "/static/../static/app.js/..", f"/{up}{secret}".replace("//", "/"), f"//{secret}"]
+    for target in targets:
+        status, body = raw_get(served.url, target, "127.0.0.1")
+        assert status == 404 and b"secrets" not in body, target
+    assert raw_get(served.url, "/static/../static/app.js", "127.0.0.1")[0] == 200  # inside static/: served
+
+
+def test_the_page_forbids_scripts_and_loads_from_elsewhere(served):
+    for path in ("", "static/app.js", "api/runs"):
+        with urllib.request.urlopen(served.url + path, timeout=30) as r:
+            assert r.headers["Content-Security-Policy"] == "default-src 'self'"
+            assert r.headers["X-Content-Type-Options"] == "nosniff"
+    with urllib.request.urlopen(served.url + "static/icon.svg", timeout=30) as r:
+        assert r.headers["Content-Type"] == "image/svg+xml" and r.read().startswith(b"<svg")
+

@@ -16,6 +16,7 @@ function h(tag, attrs = {}, ...children) {
   for (const [k, v] of Object.entries(attrs)) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") el.className = v;
+    else if (k === "style") Object.assign(el.style, v);  // CSSOM: the page's CSP refuses style attributes
     else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else el.setAttribute(k, v === true ? "" : v);
   }
@@ -305,7 +306,7 @@ async function showGroup(run, gid) {
 
 // -- two runs task by task ---------------------------------------------------------------
 function bar(rate) {
-  return h("span", { class: "bar" }, h("span", { style: `width:${rate === null ? 0 : 100 * rate}%` }), h("i", {}, pct(rate)));
+  return h("span", { class: "bar" }, h("span", { style: { width: `${rate === null ? 0 : 100 * rate}%` } }), h("i", {}, pct(rate)));
 }
 
 async function showCompare(a, b) {
@@ -408,7 +409,7 @@ function drawCurves(run) {
       const id = `${panel.id}:${s.key}`;
       return h("span", { class: "key" + (state.hiddenSeries.has(id) ? " off" : ""), title: "click: show or hide",
         onclick: () => { state.hiddenSeries.has(id) ? state.hiddenSeries.delete(id) : state.hiddenSeries.add(id); drawCurves(run); } },
-      h("i", { style: `background:${s.color}` }), s.label);
+      h("i", { style: { background: s.color } }), s.label);
     }));
     return h("div", { class: "panel" }, h("h4", {}, panel.title), g.svg, legend, readout);
   }).filter(Boolean));
