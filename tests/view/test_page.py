@@ -267,7 +267,10 @@ def test_an_eval_report_shows_its_figures_and_its_trajectories(page, server, mad
     judge = page.inner_text("#judge")
     verdict = row["reward_details"]["judge"]
     assert f"score {js_fmt(verdict['score'])}" in judge
-    assert (f"failed: {verdict['failure']}" in judge and verdict["error"] in judge) if verdict.get("failure") else "ok" in judge
+    status = page.inner_text("#judge .call[data-name='judge'] .status")
+    assert status == (f"failed: {verdict['failure']}" if verdict.get("failure") else "ok")
+    if verdict.get("failure"):
+        assert verdict["error"] in judge
     if verdict.get("reply"):
         assert verdict["reply"].strip()[:40] in judge
     page.screenshot(path=shots / "judge.png")

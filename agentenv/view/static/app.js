@@ -238,7 +238,7 @@ function toolCalls(t) {
 function judgeCard(t) {  // what stands behind a model-graded component: the judge's verdict
   const details = Object.entries(t.reward_details || {});
   if (!details.length) return null;
-  return h("div", { id: "judge" }, h("h3", {}, "judge"), details.map(([name, d]) => h("div", { class: `call ${d.failure ? "status-failed" : "status-ok"}` },
+  return h("div", { id: "judge" }, h("h3", {}, "judge"), details.map(([name, d]) => h("div", { class: `call ${d.failure ? "status-failed" : "status-ok"}`, "data-name": name },
     h("div", { class: "call-head" }, h("b", {}, name), ` · score ${fmt(d.score)} · `,
       h("span", { class: "status" }, d.failure ? `failed: ${d.failure}` : "ok"),
       d.latency_s !== undefined ? ` · ${fmt(d.latency_s, 3)} s` : "", d.cached ? " · cached" : "", d.rank !== undefined ? ` · rank ${d.rank}` : ""),
