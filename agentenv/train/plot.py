@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def _moving(values: list[float], window: int) -> list[float]:
+def moving(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it, NaN (a batch with no scored
+    reward) left out; NaN where the window holds no number."""
     out = []
     for i in range(len(values)):
         part = [v for v in values[max(0, i - window + 1): i + 1] if v == v]  # NaN: a batch with no reward
@@ -62,7 +64,7 @@ def _below(ax: Any, *more: Any) -> None:
 def _reward(ax: Any, c: _Curves) -> None:
     reward = c.series("reward_mean")
     ax.plot(c.steps, reward, ".", alpha=0.35, label="batch mean")
-    ax.plot(c.steps, _moving(reward, c.window), "-", label=f"moving mean ({c.window} steps)")
+    ax.plot(c.steps, moving(reward, c.window), "-", label=f"moving mean ({c.window} steps)")
     if c.evals:
         ax.plot([e["step"] for e in c.evals], [e["pass@1"] for e in c.evals], "s-", color="tab:red",
                 label=f"held-out pass@1 ({c.evals[0]['tasks']} tasks)")

@@ -19,6 +19,7 @@ its first bytes or the bytes before the offset are no longer the ones read there
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import zlib
@@ -415,8 +416,34 @@ class EvalRun(RolloutRun):
         return {**super().info(), "report_path": str(self.report_path), "report": self.report}
 
 
+_RATE_KEYS = ("gen_tokens_per_s", "step_s", "gen_idle_frac")
+
+
+def _number(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def derived(rows: list[dict[str, Any]], window: int = 5) -> list[dict[str, float | None]]:
+    """Per step row, the series ``agentenv plot`` draws that are not in the row, computed by
+    its own functions (:func:`agentenv.train.plot.moving`, :func:`~agentenv.train.plot.throughput`):
+    ``reward_moving`` (the reward's moving mean over ``window`` steps),
+    ``gen_tokens_per_s_measured`` (the generation rate, None in an interval in which the
+    generator was busy but no program finished: it measured no rate) and
+    ``gen_tokens_per_s_run_mean`` (the run's mean rate up to that step, where measured)."""
+    from ..train.plot import moving, throughput
+
+    reward = moving([_number(r.get("reward_mean")) for r in rows], window)
+    timed = [(i, r) for i, r in enumerate(rows) if all(not math.isnan(_number(r.get(k))) for k in _RATE_KEYS)]
+    at, rate, mean = throughput([{**{k: r[k] for k in _RATE_KEYS}, "step": i} for i, r in timed])
+    rates, means = dict(zip(at, rate)), dict(zip(at, mean))
+    return [{"reward_moving": None if math.isnan(reward[i]) else reward[i],
+             "gen_tokens_per_s_measured": rates.get(i), "gen_tokens_per_s_run_mean": means.get(i)}
+            for i in range(len(rows))]
+
+
 class TrainingRun:
-    """A training run's directory: its step and evaluation rows (followed), summary and config."""
+    """A training run's directory: its step and evaluation rows (followed), summary and config.
+    The step rows are served with the series :func:`derived` adds (``agentenv plot``'s)."""
 
     kind = "train"
 
@@ -443,11 +470,14 @@ class TrainingRun:
                 "config": self._json("config.json"), "summary": self._json("summary.json")}
 
     def curves(self, since: int = 0, evals_since: int = 0) -> dict[str, Any]:
-        """Step rows from ``since`` on and evaluation rows from ``evals_since`` on (the page polls)."""
+        """Step rows from ``since`` on, each with its :func:`derived` series, and evaluation rows
+        from ``evals_since`` on (the page polls)."""
         with self.lock:
             self.metrics.refresh()
             self.evals.refresh()
-            return {"since": since, "total": len(self.metrics.items), "rows": self.metrics.items[since:],
+            rows = self.metrics.items
+            more = derived(rows) if since < len(rows) else []  # a run mean needs the rows before
+            return {"since": since, "total": len(rows), "rows": [{**r, **d} for r, d in zip(rows[since:], more[since:])],
                     "evals_total": len(self.evals.items), "evals": self.evals.items[evals_since:],
                     "summary": self._json("summary.json")}
 
@@ -473,4 +503,4 @@ def open_run(path: str | Path) -> Run:
     return RolloutRun(path)
 
 
-__all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "open_run", "summary_of"]
+__all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "derived", "open_run", "summary_of"]

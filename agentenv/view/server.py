@@ -14,7 +14,8 @@ given on the command line):
                                       logprob and weight version, the segments' extents
 ``/api/run/i/group?id=GID``           a group's samples with their GRPO advantages
 ``/api/run/i/tasks``                  per task: samples, passes, mean reward
-``/api/run/i/curves?since=N``         a training run's step rows (and evaluation rows)
+``/api/run/i/curves?since=N``         a training run's step rows, with the series ``agentenv plot``
+                                      derives (and evaluation rows)
 ``/api/compare?a=i&b=j``              two runs task by task: pass rate of each
 ====================================  =========================================================
 """

@@ -283,7 +283,13 @@ def test_training_curves_are_interactive(page, server, made, shots):
     goto(page, server, "#/run/2")
     scored = sum(not math.isnan(r["reward_mean"]) for r in steps)
     assert page.locator("#chart-reward circle.dot").count() == scored + len(evals)  # batch means, evaluations
-    assert page.locator("#charts .panel").count() == 7
+    assert page.locator("#charts .panel").count() == 6  # agentenv plot's panels
+    labels = lambda panel: page.locator(f"#chart-{panel} text.axis-label").all_text_contents()  # noqa: E731
+    assert labels("offpolicy") == ["staleness (weight versions behind)", "KL(behaviour || trainer), nats/token"]
+    assert labels("throughput") == ["tokens/s", "idle fraction"]
+    assert labels("clipping") == ["fraction of tokens"] + (
+        ["KL(policy || reference), nats/token"] if any("kl_ref" in r for r in steps) else [])
+    assert labels("reward") == ["reward"] and labels("loss") == ["loss"] and labels("signal") == ["groups"]
     page.hover("#chart-loss", position={"x": 300, "y": 80})
     readout = page.locator(".panel:has(#chart-loss) .readout").inner_text()
     assert readout.startswith("step ") and "loss" in readout
@@ -294,6 +300,28 @@ def test_training_curves_are_interactive(page, server, made, shots):
     page.hover("#chart-reward", position={"x": 250, "y": 100})
     page.screenshot(path=shots / "training.png", full_page=True)
     assert f"{len(steps)} steps" in page.inner_text("#train-status")
+
+
+@pytest.mark.slow
+def test_a_step_that_measured_no_rate_is_not_drawn_at_zero(page, made, tmp_path):
+    """A step in which the generator was busy but no program finished has no throughput point
+    (agentenv plot's rule); a step in which it was idle throughout is drawn at 0."""
+    import shutil
+
+    run = tmp_path / "train"
+    shutil.copytree(made / "train", run)
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    busy, idle = last["step"] + 1, last["step"] + 2
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({**last, "step": busy, "gen_tokens_per_s": 0.0, "gen_idle_frac": 0.3}) + "\n")
+        f.write(json.dumps({**last, "step": idle, "gen_tokens_per_s": 0.0, "gen_idle_frac": 1.0}) + "\n")
+    with ViewServer(Viewer([open_run(run)])) as server:
+        goto(page, server, "#/run/0")
+        dot = lambda step: page.locator(  # noqa: E731
+            f"#chart-throughput circle[data-key='gen_tokens_per_s_measured'][data-step='{step}']")
+        assert dot(last["step"]).count() == 1 and dot(busy).count() == 0
+        assert dot(idle).get_attribute("data-value") == "0"
+        assert page.locator("#chart-throughput path[data-key='gen_tokens_per_s_run_mean']").count() == 1
 
 
 @pytest.mark.slow

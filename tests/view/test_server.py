@@ -213,3 +213,27 @@ def test_the_page_forbids_scripts_and_loads_from_elsewhere(served):
     with urllib.request.urlopen(served.url + "static/icon.svg", timeout=30) as r:
         assert r.headers["Content-Type"] == "image/svg+xml" and r.read().startswith(b"<svg")
 
+
+def test_training_curves_carry_the_series_agentenv_plot_derives(served, train_run):
+    """The derived series are plot.py's: a busy interval in which no program finished has no
+    measured rate (not 0 tok/s), an idle one measured 0; the moving mean skips NaN."""
+    from agentenv.train.plot import moving, throughput
+
+    path = train_run / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    last = rows[-1]
+    busy = {**last, "step": 4, "gen_tokens_per_s": 0.0, "gen_idle_frac": 0.25, "reward_mean": float("nan")}
+    idle = {**last, "step": 5, "gen_tokens_per_s": 0.0, "gen_idle_frac": 1.0}
+    with open(path, "a") as f:
+        f.write(json.dumps(busy) + "\n" + json.dumps(idle) + "\n")
+    rows += [busy, idle]
+    status, c = get(served.url + "api/run/2/curves")
+    assert status == 200 and [r["step"] for r in c["rows"]] == [1, 2, 3, 4, 5]
+    steps, rate, mean = throughput(rows)
+    assert 4 not in steps and 5 in steps
+    measured = {r["step"]: r["gen_tokens_per_s_measured"] for r in c["rows"]}
+    assert measured == {s: dict(zip(steps, rate)).get(s) for s in range(1, 6)} and measured[4] is None and measured[5] == 0
+    assert [r["gen_tokens_per_s_run_mean"] for r in c["rows"] if r["step"] in steps] == pytest.approx(mean)
+    assert [r["reward_moving"] for r in c["rows"]] == pytest.approx(moving([r["reward_mean"] for r in rows], 5))
+    status, tail = get(served.url + "api/run/2/curves?since=4")  # a poll for the last row: its run mean is the run's
+    assert [r["step"] for r in tail["rows"]] == [5] and tail["rows"][0]["gen_tokens_per_s_run_mean"] == pytest.approx(mean[-1])

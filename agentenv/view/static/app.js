@@ -334,54 +334,81 @@ async function showCompare(a, b) {
 }
 
 // -- a training run's curves -------------------------------------------------------------
+// The panels `agentenv plot` draws (agentenv/train/plot.py), with its axes: each series is
+// drawn on the axis it names (0: left, 1: right), each axis labelled, a right axis only where a
+// quantity of another unit shares the panel. The derived series (the reward's moving mean,
+// the measured generation rate and the run's mean rate) come from the server, which computes
+// them with plot.py's own functions: a step in which the generator was busy but no program
+// finished measured no rate and has no point, rather than a point at 0 tok/s.
 const PANELS = [
-  { id: "reward", title: "reward", series: [["reward_mean", "batch mean", "dots"], ["reward_moving", "moving mean (5 steps)"], ["eval_pass1", "held-out pass@1", "eval"]] },
-  { id: "loss", title: "loss", series: [["loss", "loss"]] },
-  { id: "clipping", title: "clipping", series: [["clip_frac", "clipped token fraction"], ["is_truncated_frac", "IS-truncated token fraction"], ["kl_ref", "KL(policy || reference)"]] },
-  { id: "throughput", title: "throughput (tokens/s)", series: [["gen_tokens_per_s", "generated tok/s"]] },
-  { id: "idle", title: "idle fractions", series: [["gen_idle_frac", "generator idle"], ["trainer_idle_frac", "trainer idle"]] },
-  { id: "offpolicy", title: "off-policyness", series: [["staleness_mean", "mean token staleness"], ["kl_behaviour", "KL(behaviour || trainer)"]] },
-  { id: "signal", title: "learning signal", series: [["zero_variance_groups", "groups with no reward variance"], ["groups", "groups per step"]] },
+  { id: "reward", title: "reward", axes: ["reward"],
+    series: [["reward_mean", "batch mean", 0, "dots"], ["reward_moving", "moving mean (5 steps)", 0], ["eval_pass1", "held-out pass@1", 0, "eval"]] },
+  { id: "loss", title: "loss", axes: ["loss"], series: [["loss", "loss", 0]] },
+  { id: "clipping", title: "clipping", axes: ["fraction of tokens", "KL(policy || reference), nats/token"],
+    series: [["clip_frac", "clipped token fraction", 0], ["is_truncated_frac", "IS-truncated token fraction", 0], ["kl_ref", "KL(policy || reference)", 1]] },
+  { id: "throughput", title: "throughput", axes: ["tokens/s", "idle fraction"], fixed: [null, [0, 1]],
+    series: [["gen_tokens_per_s_measured", "generated tok/s (programs finished in the step)", 0, "line"],
+      ["gen_tokens_per_s_run_mean", "generated tok/s (run mean)", 0], ["gen_idle_frac", "generator idle", 1], ["trainer_idle_frac", "trainer idle", 1]] },
+  { id: "offpolicy", title: "off-policyness", axes: ["staleness (weight versions behind)", "KL(behaviour || trainer), nats/token"],
+    series: [["staleness_mean", "mean token staleness", 0, "line"], ["kl_behaviour", "KL(behaviour || trainer)", 1, "line"]] },
+  { id: "signal", title: "learning signal", axes: ["groups"],
+    series: [["zero_variance_groups", "groups with no reward variance", 0], ["groups", "groups per step", 0]] },
 ];
 const COLORS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#8c564b"];
 
 function points(key, rows, evals) {
   if (key === "eval_pass1") return evals.map((e) => [e.step, e["pass@1"]]);
-  if (key === "reward_moving") {
-    return rows.map((r, i) => {
-      const part = rows.slice(Math.max(0, i - 4), i + 1).map((x) => x.reward_mean).filter((v) => v !== null && v !== undefined);
-      return [r.step, part.length ? part.reduce((a, b) => a + b, 0) / part.length : null];
-    });
-  }
   return rows.map((r) => [r.step, r[key] === undefined ? null : r[key]]);
 }
 
+function yRange(values, fixed) {  // an axis's extent: what it shows, and 0
+  if (fixed) return fixed;
+  let lo = Math.min(...values, 0), hi = Math.max(...values, 0);
+  if (hi === lo) hi = lo + 1;
+  return [lo, hi];
+}
+
 function chart(panel, rows, evals, hidden) {
-  const W = 420, H = 210, L = 48, R = 10, T = 10, B = 26;
+  const series = panel.series.map(([key, label, axis, style], k) => ({ key, label, axis, style, color: COLORS[k], pts: points(key, rows, evals).filter((p) => p[1] !== null) }))
+    .filter((s) => s.pts.length);
+  const twin = series.some((s) => s.axis === 1);
+  const W = 420, H = 210, L = 58, R = twin ? 58 : 10, T = 10, B = 26;
   const NS = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(NS, "svg");
-  const el = (tag, attrs) => { const e = document.createElementNS(NS, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); return e; };
+  const el = (tag, attrs, text) => {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  };
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("id", `chart-${panel.id}`);
-  const series = panel.series.map(([key, label, style], k) => ({ key, label, style, color: COLORS[k], pts: points(key, rows, evals).filter((p) => p[1] !== null) }))
-    .filter((s) => s.pts.length);
   const shown = series.filter((s) => !hidden.has(`${panel.id}:${s.key}`));
-  const xs = series.flatMap((s) => s.pts.map((p) => p[0])), ys = shown.flatMap((s) => s.pts.map((p) => p[1]));
+  const xs = series.flatMap((s) => s.pts.map((p) => p[0]));
   const x0 = Math.min(...xs, 0), x1 = Math.max(...xs, 1);
-  let y0 = Math.min(...ys, 0), y1 = Math.max(...ys, 0);
-  if (y1 === y0) y1 = y0 + 1;
-  const X = (x) => L + ((x - x0) / (x1 - x0 || 1)) * (W - L - R), Y = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
+  const X = (x) => L + ((x - x0) / (x1 - x0 || 1)) * (W - L - R);
   svg.append(el("rect", { x: L, y: T, width: W - L - R, height: H - T - B, class: "plot" }));
-  for (const f of [0, 0.5, 1]) {
-    const y = y0 + f * (y1 - y0);
-    svg.append(el("line", { x1: L, x2: W - R, y1: Y(y), y2: Y(y), class: "grid" }));
-    const t = el("text", { x: L - 4, y: Y(y) + 4, class: "ylab" }); t.textContent = fmt(y, Math.abs(y) >= 100 ? 0 : 3); svg.append(t);
+  const ranges = [0, 1].map((axis) => yRange(shown.filter((s) => s.axis === axis).flatMap((s) => s.pts.map((p) => p[1])), (panel.fixed || [])[axis]));
+  const Ys = ranges.map(([y0, y1]) => (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B));
+  for (const axis of twin ? [0, 1] : [0]) {  // ticks and the axis's label, on its side
+    const onAxis = series.filter((s) => s.axis === axis), [y0, y1] = ranges[axis];
+    const side = axis === 0 ? "left" : "right", tx = axis === 0 ? L - 4 : W - R + 4;
+    for (const f of [0, 0.5, 1]) {
+      const y = y0 + f * (y1 - y0);
+      if (axis === 0) svg.append(el("line", { x1: L, x2: W - R, y1: Ys[0](y), y2: Ys[0](y), class: "grid" }));
+      svg.append(el("text", { x: tx, y: Ys[axis](y) + 4, class: `ylab ${side}` }, fmt(y, Math.abs(y) >= 100 ? 0 : 3)));
+    }
+    const lx = axis === 0 ? 11 : W - 4, ly = T + (H - T - B) / 2;
+    svg.append(el("text", { x: lx, y: ly, transform: `rotate(-90 ${lx} ${ly})`, class: "axis-label", "data-axis": side,
+      fill: twin ? onAxis[0].color : "currentColor" }, panel.axes[axis]));
   }
-  const xl = el("text", { x: W - R, y: H - 6, class: "xlab" }); xl.textContent = `step (${x0}–${x1})`; svg.append(xl);
+  svg.append(el("text", { x: W - R, y: H - 6, class: "xlab" }, `step (${x0}–${x1})`));
   for (const s of shown) {
+    const Y = Ys[s.axis];
     if (s.style !== "dots") svg.append(el("path", { d: s.pts.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(""),
       class: "series", stroke: s.color, "data-key": s.key }));
-    if (s.style) for (const p of s.pts) svg.append(el("circle", { cx: X(p[0]), cy: Y(p[1]), r: s.style === "eval" ? 3.5 : 2.5, fill: s.color, class: "dot" }));
+    if (s.style) for (const p of s.pts) svg.append(el("circle", { cx: X(p[0]), cy: Y(p[1]), r: s.style === "eval" ? 3.5 : 2.5, fill: s.color, class: "dot",
+      "data-key": s.key, "data-step": p[0], "data-value": p[1] }));
   }
   const cursor = el("line", { y1: T, y2: H - B, class: "cursor", visibility: "hidden" });
   svg.append(cursor);
