@@ -316,6 +316,8 @@ class Journal:
 
     def __init__(self, path: Path, *, flush_interval: float = 0.2) -> None:
         self.path = path
+        #: Where the log belongs: ``path``, or for a staged log the one it replaces on :meth:`commit`.
+        self.target = path
         self._f = open(path, "ab", buffering=1 << 16)
         self._lock = threading.Lock()
         self._interval = flush_interval
@@ -326,13 +328,36 @@ class Journal:
         self.records = 0
 
     @classmethod
-    def create(cls, path: Path, settings: dict[str, Any], **kw: Any) -> "Journal":
-        """A new log at ``path`` (replacing any), its header written and synced."""
-        with open(path, "wb") as f:
+    def create(cls, path: Path, settings: dict[str, Any], *, staged: bool = False, **kw: Any) -> "Journal":
+        """A new log at ``path`` (replacing any), its header written and synced. ``staged``: it
+        is written beside ``path`` (``<path>.new``) and moved over it by :meth:`commit`, so that
+        the log there stays whole until the run replacing it has started; :meth:`discard`
+        drops it instead."""
+        file = Path(f"{path}.new") if staged else path
+        with open(file, "wb") as f:
             f.write(encode(Header(settings).to_json()))
             f.flush()
             os.fsync(f.fileno())
-        return cls(path, **kw)
+        log = cls(file, **kw)
+        log.target = path
+        return log
+
+    def commit(self) -> None:
+        """A staged log takes the place of the one it replaces (one atomic rename; records
+        written so far and later stay in it). Nothing to do for a log written in place."""
+        if self.path != self.target:
+            os.replace(self.path, self.target)
+            self.path = self.target
+
+    def discard(self) -> None:
+        """Close a staged log that was never committed and remove it: the log it was to replace
+        is left as it was. Nothing to do for a log written in place or committed."""
+        if self.path == self.target:
+            return
+        try:
+            self.close()
+        finally:
+            self.path.unlink(missing_ok=True)
 
     @classmethod
     def resume(cls, path: Path, settings: dict[str, Any], **kw: Any) -> tuple["Journal", LogState]:

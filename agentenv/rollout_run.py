@@ -92,7 +92,9 @@ class RolloutJob:
         """After a failure before the log recorded a program (the engine or the sandbox did
         not start): remove the files this run created, so that a failed start leaves nothing
         behind. A file that was there before the run (a resumed one) stays, and so does an
-        output that holds a line."""
+        output that holds a line. The new log of an ``--overwrite`` that did not start is
+        dropped, so the run it was to replace keeps its output and its log as they were."""
+        self.log.discard()
         if self.log.records:
             return
         for path in self.created:
@@ -120,8 +122,8 @@ def open_log(out: Path, settings: dict[str, Any], resume: bool) -> tuple[Journal
     from . import journal
 
     log = Path(f"{out}.log")
-    if not resume:
-        return journal.Journal.create(log, settings), None
+    if not resume:  # a log there (--overwrite) is replaced once the run has started, not before
+        return journal.Journal.create(log, settings, staged=log.exists()), None
     if not log.exists() or log.stat().st_size == 0:
         raise AgentEnvError(f"nothing to resume: {log} does not exist or is empty")
     j, state = journal.Journal.resume(log, settings)
@@ -225,6 +227,7 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
                 + f"reward {'-' if mr is None else f'{mr:.2f}'}")
 
     with progress, writer:
+        job.log.commit()  # started: the output is this run's (the writer truncated it), and so is the log
         bar = progress.add_task("rollouts", total=len(job.tasks) * g - len(in_out | held), info="")
 
         async def tick() -> None:  # the rate moves while long programs are under way

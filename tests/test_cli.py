@@ -485,6 +485,26 @@ def test_a_resumed_run_whose_engine_fails_to_start_keeps_its_files(tmp_path, mod
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+@pytest.mark.slow
+def test_an_eval_overwrite_whose_engine_fails_to_start_keeps_the_old_run(tmp_path, model_dir):
+    """The engine of ``eval --overwrite`` (``--engine openai`` at a port nothing listens on)
+    fails to start: the old output, log and report are there byte for byte, so a ``--resume``
+    with the new settings is refused by the old log's header."""
+    out = tmp_path / "r.jsonl"
+    small = ["--tasks", "2", "--k", "2", "--max-new-tokens", "8", "--no-progress"]
+    r = agentenv("eval", *small, "--model", model_dir, "--out", str(out), "--temperature", "1.0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["r.jsonl", "r.jsonl.log", "r.report.json"] and before["r.jsonl"]
+    r = agentenv("eval", *small, "--model", model_dir, "--out", str(out), "--temperature", "0.5", "--overwrite",
+                 "--engine", "openai", "--base-url", "http://127.0.0.1:9")
+    assert r.returncode == 2 and "cannot reach http://127.0.0.1:9" in r.stderr, r.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    r = agentenv("eval", *small, "--model", model_dir, "--out", str(out), "--temperature", "0.5", "--resume")
+    assert r.returncode == 2 and "temperature was 1.0, now 0.5" in r.stderr, r.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_a_run_directory_without_a_step_does_not_block_the_next_train(tmp_path, capsys):
     """A start that failed before its first step left config.json and an empty metrics.jsonl:
     nothing to resume or to lose, so the next run is not refused (it fails here on its model)."""

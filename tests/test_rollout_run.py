@@ -132,3 +132,39 @@ async def test_the_same_rollout_here_and_on_ray_reports_the_same_summary(ray_clu
                 for d in map(json.loads, out.read_text().splitlines())}
 
     assert by_key(ray_out) == by_key(here_out)
+
+
+@pytest.mark.anyio
+async def test_an_overwrite_that_fails_to_start_leaves_the_old_run_as_it_was(tmp_path, model_dir):
+    """--overwrite touches nothing of the run it replaces until its own has started: after an
+    engine that fails to start, the old output and log are there byte for byte (a later
+    --resume with the new settings is refused by the old header); after a start, both are the
+    new run's."""
+    from agentenv.errors import AgentEnvError
+
+    out = tmp_path / "r.jsonl"
+    old = RolloutRunConfig(run=RunOptions(tasks=2, group_size=1, seed=3),
+                           rollout=RolloutConfig(temperature=1.0, max_new_tokens=8),
+                           output=OutputOptions(out=out, progress=False))
+    old = replace(old, engine=replace(old.engine, model=model_dir))
+    assert (await execute(RolloutJob.open(old, make("retool-math")))).written == 2
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["r.jsonl", "r.jsonl.log"]
+
+    new = replace(old, rollout=replace(old.rollout, temperature=0.5), output=replace(old.output, overwrite=True))
+    bad = replace(new, engine=replace(new.engine, engine_kwargs={"bogus": 1}))
+    with pytest.raises(AgentEnvError, match="bad --engine-arg"):
+        await execute(RolloutJob.open(bad, make("retool-math")))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    resumed = replace(new, output=replace(new.output, overwrite=False, resume=True))
+    with pytest.raises(AgentEnvError, match="^cannot resume with different settings: temperature was 1.0, now 0.5$"):
+        RolloutJob.open(resumed, make("retool-math"))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+    result = await execute(RolloutJob.open(replace(new, run=replace(new.run, tasks=1)), make("retool-math")))
+    assert result.code == 0 and result.written == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r.jsonl.log"]
+    assert len(lines(out)) == 1  # the new run's one line, none of the old run's two
+    objs, _ = journal.read(Path(f"{out}.log"))
+    assert objs[0]["settings"]["temperature"] == 0.5
+    assert [e for e, _ in records(Path(f"{out}.log"))].count("done") == 1
