@@ -84,6 +84,19 @@ def test_a_name_the_package_cannot_have_is_refused_with_exit_2_and_nothing_writt
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_module_loaded_without_a_spec_is_refused_in_one_line(tmp_path):
+    """Under the console script, ``__main__`` is loaded with no import spec (``find_spec``
+    raises ValueError for it): refused as a module Python has, not a traceback."""
+    script = Path(sys.executable).with_name("agentenv")
+    r = subprocess.run([str(script), "init", "__main__", "--dir", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert r.stderr == ("agentenv: error: NAME '__main__' is a module Python already imports (loaded in this "
+                        "process): the package would shadow it or be shadowed by it; choose another name, e.g. "
+                        "'__main___env'\n")
+
+
 def test_the_suggested_name_is_one_init_takes(capsys, tmp_path):
     rc, _, err = cli(capsys, "init", "3d-env", "--dir", str(tmp_path))
     suggested = err.split("e.g. '")[1].split("'")[0]

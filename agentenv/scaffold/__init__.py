@@ -67,7 +67,10 @@ def check_name(name: str, target: Path | None = None) -> None:
         raise ConfigError(f"NAME {name!r} is the project's test folder: choose another name, e.g. '{name}_env'")
     where = "the standard library" if name in sys.stdlib_module_names else None
     if where is None:
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:  # ValueError: loaded with no spec (a console script's __main__)
+            spec, where = None, "loaded in this process" if name in sys.modules else f"its lookup failed: {exc}"
         origin = getattr(spec, "origin", None)  # None: a namespace package (a bare folder), no module
         if origin and not (target is not None and Path(origin).resolve().is_relative_to(target.resolve())):
             where = origin
