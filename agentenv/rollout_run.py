@@ -200,6 +200,15 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
     return result
 
 
+def resuming_line(done: int, partial: int, held: int) -> str:
+    """What a resumed run says it continues: ``done`` lines in the output, ``partial``
+    programs in flight, ``held`` finished ones waiting for their groups."""
+    from .summary import counted
+
+    return (f"resuming: {counted(done, 'trajectory', 'trajectories')} done, {partial} in flight continue from their "
+            "last logged turn" + (f", {held} finished wait for their groups" if held else ""))
+
+
 async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResult:
     import anyio
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -211,8 +220,7 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
     in_out = set(resume.done) if resume is not None else set()  # lines in the output already
     held = {k for k in (resume.held if resume is not None else ()) if k not in in_out}
     if resume is not None:
-        console.print(f"resuming: {len(in_out)} trajectories done, {len(resume.partial)} in flight continue from "
-                      "their last logged turn" + (f", {len(held)} finished wait for their groups" if held else ""))
+        console.print(resuming_line(len(in_out), len(resume.partial), len(held)))
     writer = RunWriter(job.out, job.log, by_group=has_group_reward(job.env), in_out=in_out, already=held,
                        append=job.options.output.resume)
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -245,7 +253,7 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
 
 def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> RunResult:
     """The summary table, a warning for failed rewards, and what was held back."""
-    from .summary import over_file, summary_rows, summary_table
+    from .summary import counted, over_file, summary_rows, summary_table
 
     summary = source.summary()
     if job.judge is not None:
@@ -257,12 +265,13 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
     total = summary["programs"] if job.resume is not None else None
     console.print(summary_table(rows, writer.written, job.out, total=total))
     if writer.reward_errors:
-        console.print(f"[bold yellow]warning:[/] the reward failed for {len(writer.reward_errors)} of {writer.written} "
-                      "trajectories (reward None, finish_reason error:reward); first error: "
-                      f"{writer.reward_errors[0]}")
+        console.print(f"[bold yellow]warning:[/] the reward failed for {len(writer.reward_errors)} of "
+                      f"{counted(writer.written, 'trajectory', 'trajectories')} (reward None, finish_reason "
+                      f"error:reward); first error: {writer.reward_errors[0]}")
     if writer.held_back:
         waiting = writer.waiting
-        console.print(f"[bold red]{len(writer.held_back)} programs stopped because the engine failed[/] "
+        console.print(f"[bold red]{counted(len(writer.held_back), 'program', 'programs')} stopped because the "
+                      "engine failed[/] "
                       f"(first: {writer.held_back[0].error}); they are not in {job.out}"
                       + (f", nor are the {len(waiting)} finished samples of their groups, held in the log so "
                          "that each group is scored whole" if waiting else "")

@@ -92,19 +92,25 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
     return rows
 
 
+def counted(n: int, one: str, many: str) -> str:
+    """``n`` things in words: ``counted(1, "trajectory", "trajectories")`` is ``"1 trajectory"``."""
+    return f"{n} {one if n == 1 else many}"
+
+
 def summary_table(rows: list[tuple[str, Any]], written: int, out: Path, *, total: int | None = None) -> Any:
     """The rows as a ``rich`` table titled with what was written where: ``written`` lines by
     this invocation, of ``total`` in the file after a resume."""
     from rich.table import Table
 
     if total is None:
-        title = f"{written} trajectories -> {out}"
+        title = f"{counted(written, 'trajectory', 'trajectories')} -> {out}"
     else:
-        title = f"{total} trajectories ({written} this run, {total - written} from before the resume) -> {out}"
+        title = (f"{counted(total, 'trajectory', 'trajectories')} ({written} this run, {total - written} from before "
+                 f"the resume) -> {out}")
     t = Table(title=title, show_header=False)
     for k, v in rows:
         t.add_row(k, str(v))
     return t
 
 
-__all__ = ["OUTCOMES", "over_file", "summary_rows", "summary_table"]
+__all__ = ["OUTCOMES", "counted", "over_file", "summary_rows", "summary_table"]

@@ -14,7 +14,7 @@ from agentenv import journal
 from agentenv.config import ClusterOptions, OutputOptions, RolloutConfig, RolloutRunConfig, RunOptions
 from agentenv.reactor import Group
 from agentenv.registry import make
-from agentenv.rollout_run import RolloutJob, execute
+from agentenv.rollout_run import RolloutJob, execute, resuming_line
 from agentenv.sources import WORKER_SIDE
 from agentenv.summary import summary_rows
 from agentenv.trajectory import Trajectory
@@ -76,6 +76,12 @@ def test_a_resumed_run_neither_rewrites_nor_recounts_what_was_finished(tmp_path)
     j.close()
     assert fresh == 1  # only a/2 ran in this run
     assert lines(out) == [("a", 0), ("a", 1), ("a", 2)]  # the held sample is written with its group
+
+
+def test_the_resuming_line_counts_in_words():
+    assert resuming_line(1, 0, 0) == "resuming: 1 trajectory done, 0 in flight continue from their last logged turn"
+    assert resuming_line(2, 1, 3) == ("resuming: 2 trajectories done, 1 in flight continue from their last logged "
+                                      "turn, 3 finished wait for their groups")
 
 
 def test_the_summary_leaves_out_what_its_source_did_not_measure():

@@ -60,4 +60,8 @@ def test_a_run_without_resume_reports_as_it_counted():
     rows = dict(summary_rows(s, startup_s=1.0, startup="model"))
     assert rows["programs"] == 1 and rows["tokens generated"] == 2 and "tokens/s" in rows and "wall time" in rows
     assert not [label for label in rows if "this run" in label]
-    assert summary_table(list(rows.items()), 1, "r.jsonl").title == "1 trajectories -> r.jsonl"
+    assert summary_table(list(rows.items()), 1, "r.jsonl").title == "1 trajectory -> r.jsonl"
+    assert summary_table(list(rows.items()), 2, "r.jsonl").title == "2 trajectories -> r.jsonl"
+    assert summary_table(list(rows.items()), 0, "r.jsonl").title == "0 trajectories -> r.jsonl"
+    assert summary_table(list(rows.items()), 0, "r.jsonl", total=1).title == \
+        "1 trajectory (0 this run, 1 from before the resume) -> r.jsonl"
