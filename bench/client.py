@@ -126,9 +126,18 @@ async def run_once(engine: InstantEngine, programs: int, total: int, turn: int, 
             "timeline": timeline, "gaps": engine.gaps[gaps0:], "engine_cpu_s": engine.cpu_s - e0}
 
 
+class NothingMeasured(Exception):
+    """A run left nothing to measure: it generated no tokens."""
+
+
 def sustained(timeline: list[tuple[float, int, float]]) -> float:
-    """Tokens per second from 10 % to 90 % of the run's tokens."""
-    total = timeline[-1][1] - timeline[0][1]
+    """Tokens per second from 10 % to 90 % of the run's tokens; :class:`NothingMeasured` when
+    the run generated none (a rate of 0 would read as a figure)."""
+    total = timeline[-1][1] - timeline[0][1] if timeline else 0
+    if total <= 0:
+        raise NothingMeasured(f"the run generated no tokens in {len(timeline)} samples of the engine's count, so it "
+                              "has no sustained tok/s: its programs never reached the engine, or their turns are "
+                              "0 tokens long (--turn-tokens)")
     lo = next(x for x in timeline if x[1] - timeline[0][1] >= 0.1 * total)
     hi = next(x for x in timeline if x[1] - timeline[0][1] >= 0.9 * total)
     return (hi[1] - lo[1]) / max(1e-9, hi[0] - lo[0])
@@ -305,7 +314,10 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.programs, args.turn_tokens = [1000, 10000], [57]
-    anyio.run(main_async, args, backend_options={"use_uvloop": True} if args.uvloop else {})
+    try:
+        anyio.run(main_async, args, backend_options={"use_uvloop": True} if args.uvloop else {})
+    except NothingMeasured as exc:
+        sys.exit(f"bench/client.py: {exc}")
 
 
 if __name__ == "__main__":
