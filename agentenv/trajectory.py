@@ -17,8 +17,7 @@ versioned by ``SCHEMA_VERSION``.
 from __future__ import annotations
 
 import math
-import copy
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from .errors import TrajectoryError
@@ -38,7 +37,14 @@ def plain(obj: Any) -> Any:
             return [x.to_dict() for x in obj]
     if isinstance(obj, _SCALARS):
         return obj
-    return copy.deepcopy(obj) if not is_dataclass(obj) else asdict(obj)
+    return asdict(_Box(obj))["value"]  # asdict's own copy: a dataclass inside a dict becomes a dict too
+
+
+@dataclass(slots=True)
+class _Box:
+    """One value, for :func:`plain` to copy it as ``asdict`` copies a field."""
+
+    value: Any
 
 
 class _Plain:
