@@ -17,14 +17,17 @@ commands run with. Argument parsing imports neither torch nor transformers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 from .config import EnvModules, EnvOptions, EvalRunConfig, RolloutRunConfig
 from .errors import AgentEnvError, ConfigError
@@ -180,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.code if isinstance(exc.code, int) else 0
         command = commands[values.pop("command")]
         values = {k: _bundled(v) if k.rsplit(".", 1)[-1] == "model" else v for k, v in values.items()}
-        return command.run(build(command.options, values))
+        with _sigterm_as_ctrl_c():
+            return command.run(build(command.options, values))
     except AgentEnvError as exc:
         sys.stderr.write(f"agentenv: error: {exc}\n")
         return 2
@@ -203,8 +207,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"agentenv: error: {ours}\n")
         return 2
     except KeyboardInterrupt:
+        if _terminated:
+            sys.stderr.write("agentenv: terminated\n")
+            return 128 + signal.SIGTERM
         sys.stderr.write("agentenv: interrupted\n")
         return 130
+
+
+_terminated: list[int] = []  # the SIGTERMs received while a command ran
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM stops a command as Ctrl-C does (a run cleans up: a run stopped before its first
+    record leaves no files), and it exits 143. In the main thread only: a signal handler
+    cannot be set elsewhere."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        _terminated.append(signum)
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(signal.SIGINT, frame)  # asyncio's: cancels the run's main task, as Ctrl-C does
+        else:
+            raise KeyboardInterrupt
+
+    _terminated.clear()
+    earlier = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, earlier)
 
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
@@ -325,6 +360,7 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
         raise ConfigError("--engine openai needs --base-url http://HOST:PORT")
     check_choices(engine=opts.engine.engine, sandbox=opts.sandbox.sandbox, cluster=opts.cluster.cluster)
     _check_e2b(opts.sandbox.sandbox)
+    _check_local_workers(opts)
     out = opts.output.out
     check_out(out)
     if out.exists() and out.stat().st_size > 0 and not (opts.output.resume or opts.output.overwrite):
@@ -335,6 +371,15 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
     env = make(opts.env.env, **opts.env.env_kwargs)
     job = RolloutJob.open(opts, env, command=command, t_start=t_start)
     return run(job)
+
+
+def _check_local_workers(opts: RolloutRunConfig) -> None:
+    """A local Ray cluster started for the run has this machine's CPUs: a worker per CPU at
+    most (more would share them down to a sliver each, and Ray starts a process per worker)."""
+    cpus, workers = os.cpu_count() or 1, opts.cluster.workers
+    if opts.cluster.cluster == "ray" and not os.environ.get("RAY_ADDRESS") and workers > cpus:
+        raise ConfigError(f"--workers {workers} is more than the {cpus} CPUs of the local Ray cluster started for "
+                          f"the run: give at most --workers {cpus}, or set RAY_ADDRESS to a bigger cluster")
 
 
 def _eval(opts: EvalRunConfig) -> int:

@@ -186,7 +186,9 @@ class ClusterOptions:
         "none", "none: this process; ray: rollout workers as Ray actors (RAY_ADDRESS, or a local cluster "
                 "started for the run; pip install 'agentenv[ray]')")
     workers: int = option(2, "rollout workers with --cluster ray, each with its own reactor and sandbox pool, and "
-                             "its own engine unless --engines is given", check=POSITIVE)
+                             "its own engine unless --engines is given; at most one per group (--tasks), and on a "
+                             "local cluster started for the run at most one per CPU (default {default})",
+                          check=POSITIVE)
     engines: int = option(0, "with --cluster ray: engine actors of --engine serving every worker, programs placed "
                              "by KV room (default {default}; 0: each worker opens its own engine)", check=NON_NEGATIVE)
     engine_gpus: float = option(0.0, "GPUs per engine actor with --engines (e.g. 1 for vllm; default {default})",
@@ -196,6 +198,11 @@ class ClusterOptions:
         validate(self)
         if (self.engines or self.engine_gpus) and self.cluster != "ray":
             raise ConfigError("--engines and --engine-gpus need --cluster ray")
+        if self.workers != _default(ClusterOptions, "workers") and self.cluster != "ray":
+            raise ConfigError(f"--workers {self.workers} needs --cluster ray (without it the run is this one process)")
+        if self.engine_gpus and not self.engines:
+            raise ConfigError(f"--engine-gpus {self.engine_gpus:g} needs --engines N: the GPUs go to engine actors, "
+                              "and with --engines 0 each worker opens its own engine")
 
 
 @dataclass(frozen=True)
@@ -232,6 +239,18 @@ class JudgeOptions:
 
     def __post_init__(self) -> None:
         validate(self)
+        if self.judge:
+            return
+        for name in ("judge_weight", "judge_group", "judge_deadline", "judge_concurrency"):
+            value = getattr(self, name)
+            if value != _default(JudgeOptions, name):
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag}{'' if isinstance(value, bool) else f' {value:g}'} needs --judge (without "
+                                  "it no judge grades the answers)")
+
+
+def _default(cls: type, name: str) -> Any:
+    return cls.__dataclass_fields__[name].default  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -252,6 +271,14 @@ class RolloutRunConfig:
     #: fields' own (dotted path -> ``Option`` settings, dotted path -> default).
     CHANGES: ClassVar[dict[str, dict[str, Any]]] = {}
     DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    def __post_init__(self) -> None:
+        # A worker runs whole groups: workers beyond the groups would hold an engine and a
+        # sandbox pool each and run nothing.
+        tasks, workers = self.run.tasks, self.cluster.workers
+        if self.cluster.cluster == "ray" and workers > tasks:
+            raise ConfigError(f"--workers {workers} is more than the run's {tasks} groups (--tasks {tasks}): a worker "
+                              f"runs whole groups, so give at most --workers {tasks}")
 
 
 @dataclass(frozen=True)

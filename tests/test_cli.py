@@ -14,7 +14,9 @@ import pytest
 from agentenv.cli import main
 from agentenv.envs.retool_math import RetoolMathEnv
 
-from .waiting import wait_for
+from .waiting import DEADLINE_S, wait_for
+
+CPUS = os.cpu_count() or 1
 
 
 def agentenv(*args, timeout=300, cwd=None, env=None):
@@ -71,6 +73,17 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
         (["rollout", "--env", "./no_such_file.py:Env"], "no such file"),
         (["rollout", "--env-module", "no_such_module_xyz"], "cannot import 'no_such_module_xyz'"),
         (["rollout", "--engines", "1"], "--engines and --engine-gpus need --cluster ray"),
+        (["rollout", "--workers", "3"], "--workers 3 needs --cluster ray"),
+        (["rollout", "--cluster", "ray", "--engine-gpus", "4"], "--engine-gpus 4 needs --engines N"),
+        (["rollout", "--judge-weight", "2"], "--judge-weight 2 needs --judge"),
+        (["rollout", "--judge-group"], "--judge-group needs --judge"),
+        (["eval", "--judge-deadline", "5"], "--judge-deadline 5 needs --judge"),
+        (["rollout", "--tasks", "2", "--cluster", "ray", "--workers", "1000"],
+         "--workers 1000 is more than the run's 2 groups (--tasks 2): a worker runs whole groups, so give at most "
+         "--workers 2"),
+        (["rollout", "--tasks", "1000", "--cluster", "ray", "--workers", str(CPUS + 1)],
+         f"--workers {CPUS + 1} is more than the {CPUS} CPUs of the local Ray cluster started for the run: give at "
+         f"most --workers {CPUS}, or set RAY_ADDRESS"),
         (["rollout", "--resume", "--overwrite"], "--resume and --overwrite exclude each other"),
         (["rollout", "--resume"], "nothing to resume"),
         (["eval", "--report", "/nonexistent/dir/r.json"], "--report /nonexistent/dir/r.json: not a file"),
@@ -78,6 +91,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 )
 def test_bad_input_is_one_clear_line(args, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where the default --out goes
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     (tmp_path / "pyproject.toml").write_text("")
     rc, out, err = cli(capsys, *args)
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -300,6 +314,35 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
     wait_for(gone, f"the sandbox workers {sorted(workers)} exited", timeout=30)
     for line in out.read_text().splitlines():  # whatever was written is complete JSON
         json.loads(line)
+
+
+def test_sigterm_before_the_first_record_leaves_no_files(tmp_path, model_dir):
+    """SIGTERM stops a run as Ctrl-C does: one that had not logged a program yet removes the
+    output and the log it created. The run waits on a server that accepts the connection and
+    never answers, so the signal reaches it before any program could start."""
+    import signal
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentenv.cli", "rollout", "--tasks", "1", "--group-size", "1", "--out", str(out),
+         "--model", model_dir, "--no-progress", "--engine", "openai",
+         "--base-url", f"http://127.0.0.1:{server.getsockname()[1]}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        server.settimeout(DEADLINE_S)
+        conn, _ = server.accept()  # the engine asks the server for its models: the log exists by then
+        assert Path(f"{out}.log").exists()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+        conn.close()
+    finally:
+        server.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, err.strip().splitlines()[-1]) == (143, "agentenv: terminated"), err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
