@@ -399,6 +399,23 @@ def test_bad_train_and_plot_input_is_one_line_and_exit_2(args, message, capsys):
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("name, text, message", [
+    ("rollouts.jsonl", '{"a": 1}\n', "rollouts.jsonl is not a training run's metrics.jsonl (line 1 has no 'step', "
+                                     "'time_s', 'step_s', 'gen_tokens_per_s', 'gen_idle_frac')"),
+    ("metrics.jsonl", '{"step": 1, "time_s": 1, "step_s": 1}\n',
+     "metrics.jsonl is not a training run's metrics.jsonl (line 1 has no 'gen_tokens_per_s', 'gen_idle_frac')"),
+    ("junk.txt", "hello\n", "junk.txt is not a training run's metrics.jsonl (line 1 is not JSON)"),
+    ("list.jsonl", "[1, 2]\n", "list.jsonl is not a training run's metrics.jsonl (line 1 is not a JSON object)"),
+])
+def test_plot_of_a_file_that_is_not_a_runs_metrics_is_one_line(name, text, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_text(text)
+    rc, out, err = cli(capsys, "plot", name)
+    assert (rc, out, err) == (2, "", f"agentenv: error: {message}; give an agentenv train --out-dir or its "
+                                     "metrics.jsonl\n")
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no curves.png
+
+
 class BrokenReward(RetoolMathEnv):
     async def reward(self, task, trajectory):
         raise RuntimeError("grader is down")

@@ -164,10 +164,39 @@ def run_time(path: Path, rows: list[dict[str, Any]]) -> str:
     return f"{s['wall_s']:.1f} s{since}"
 
 
+#: What every row of a training run's metrics.jsonl holds that the figure reads.
+REQUIRED = ("step", "time_s", "step_s", "gen_tokens_per_s", "gen_idle_frac")
+
+
+def _metrics_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``path``, checked to be a training run's metrics: ConfigError in one line
+    that says what ``path`` lacks (another JSONL, a text file, a run with no complete step)."""
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"{path} is not a training run's metrics.jsonl ({why}); give an agentenv train "
+                           "--out-dir or its metrics.jsonl")
+
+    try:
+        rows = read_metrics(path)
+    except UnicodeDecodeError:
+        raise refuse("not text") from None
+    if not rows:
+        if path.stat().st_size:
+            raise refuse("line 1 is not JSON")
+        raise ConfigError(f"{path} holds no complete step")
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise refuse(f"line {i} is not a JSON object")
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise refuse(f"line {i} has no {', '.join(repr(k) for k in missing)}")
+    return rows
+
+
 def figure(run: str | Path, window: int = 5) -> Figure:
     """The curves of ``run`` (a run directory or its ``metrics.jsonl``) as a matplotlib
     Figure (not drawn on any screen). ``window``: steps in the reward's moving mean.
-    ConfigError when there are no metrics or no complete step."""
+    ConfigError when there are no metrics, no complete step, or rows that are not a training
+    run's metrics (:data:`REQUIRED`)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -175,9 +204,7 @@ def figure(run: str | Path, window: int = 5) -> Figure:
     path = run / "metrics.jsonl" if run.is_dir() else run
     if not path.is_file():
         raise ConfigError(f"no metrics.jsonl at {path}")
-    rows = read_metrics(path)
-    if not rows:
-        raise ConfigError(f"{path} holds no complete step")
+    rows = _metrics_rows(path)
     evals = read_metrics(path.parent / "eval.jsonl") if (path.parent / "eval.jsonl").is_file() else []
     curves = _Curves(rows, evals, window)
     fig = Figure(figsize=(16, 8.5))
