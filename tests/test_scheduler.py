@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import random
 
 import pytest
 
-from agentenv.scheduler import Scheduler, SchedulerConfig, SchedulingPolicy, State
+from agentenv.scheduler import Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, State
 
 
 def sched(**kw) -> Scheduler:
@@ -325,3 +327,117 @@ def test_config_is_validated():
         SchedulerConfig(kv_watermark=0)
     with pytest.raises(ValueError):
         SchedulerConfig(policy="random")
+
+
+# -- the heaps decide as a sort of every candidate would --------------------------------------
+class Recorded(Scheduler):
+    """The scheduler as it is, every decision it makes recorded (copied as it was made), and
+    how often it rebuilt its ready heap (stale entries outnumbered live ones)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.decisions: list[tuple] = []
+        self.rebuilds = 0
+
+    def schedule(self) -> Decision:
+        d = super().schedule()
+        self.decisions.append(dataclasses.astuple(d))
+        return d
+
+    def _submit_in_order(self, room: int, d: Decision) -> None:
+        heap = self._ready_heap
+        super()._submit_in_order(room, d)
+        self.rebuilds += self._ready_heap is not heap
+
+
+class SortedReference(Recorded):
+    """The reference for the scheduler's heaps: the same choices made the straightforward
+    way, at every decision sorting all the unprepared programs by age and taking the
+    ``room`` ready turns that come first in ``_submit_key`` order (the sort-based code of
+    commit 164eee8's parent, as it reads there)."""
+
+    def _prepare(self, d: Decision) -> None:
+        cfg = self.config
+        if cfg.policy != SchedulingPolicy.PROGRAM:
+            for pid in d.admit:
+                p = self.programs[pid]
+                if p.needs_env and p.env == EnvState.NONE:
+                    self._start_env(p)
+                    d.prepare.append(pid)
+            return
+        if self.preparing >= cfg.max_preparing:
+            return
+        candidates = sorted((self.programs[i] for i in self._unprepared), key=lambda p: p.order)
+        ahead = (self.programs[self._queue[i]] for i in range(self._head, min(len(self._queue),
+                                                                             self._head + cfg.env_lookahead)))
+        for p in (*candidates, *ahead):
+            if self.preparing >= cfg.max_preparing:
+                return
+            if p.needs_env and p.env == EnvState.NONE:
+                self._start_env(p)
+                d.prepare.append(p.pid)
+
+    def _submit(self, d: Decision) -> None:
+        cfg = self.config
+        if not self._ready:
+            return
+        room = cfg.max_requests - self.in_flight
+        if cfg.policy == SchedulingPolicy.PROGRAM and room <= 0:
+            return
+        ready = [self.programs[i] for i in self._ready]
+        if cfg.policy == SchedulingPolicy.FIFO:
+            go = [p for p in ready if not (p.needs_env and p.env != EnvState.READY and p.turns == 0)]
+        elif cfg.policy == SchedulingPolicy.LOCKSTEP:
+            if len(ready) != len(self._resident):
+                return
+            if any(p.needs_env and p.env != EnvState.READY and p.turns == 0 for p in ready):
+                return
+            go = ready
+        else:
+            go = heapq.nsmallest(room, ready, key=self._submit_key)
+        if cfg.policy != SchedulingPolicy.PROGRAM:
+            go.sort(key=self._submit_key)
+        for p in go:
+            self._submit_one(p, d)
+
+
+#: (policy, KV capacity, tasks of 4, decode slots, most programs admitted, environment start s)
+SIMULATED = {
+    "program-kv-pressure": ("program", 4096, 96, 16, None, 0.012),
+    "program-no-pressure": ("program", 10**7, 96, 16, None, 0.012),
+    # 2,000 programs admitted at once, waiting on slow environment starts: the ready heap
+    # gathers more stale entries than live ones and is rebuilt.
+    "program-many-admitted": ("program", 10**7, 500, 64, 2000, 0.05),
+    "fifo-kv-pressure": ("fifo", 4096, 96, 16, None, 0.012),
+    "fifo-no-pressure": ("fifo", 10**7, 96, 16, None, 0.012),
+    "lockstep-kv-pressure": ("lockstep", 4096, 96, 16, None, 0.012),
+    "lockstep-no-pressure": ("lockstep", 10**7, 96, 16, None, 0.012),
+}
+
+
+@pytest.mark.parametrize("case", list(SIMULATED))
+def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monkeypatch):
+    """The simulator (``simulate``) runs a trace workload with the scheduler and with
+    :class:`SortedReference` in its place: every decision, in order, and the figures agree."""
+    from agentenv import simulator
+    from agentenv.workload import WorkloadSpec, workload
+
+    policy, kv_capacity, tasks, slots, max_programs, env_start_s = SIMULATED[case]
+    traces = [p for g in workload(WorkloadSpec(mean_turns=4, tool_median=0.2), tasks, 4, seed=5) for p in g]
+    engine = simulator.EngineModel(kv_capacity=kv_capacity, block_size=32)
+    runs = {}
+    for cls in (Recorded, SortedReference):
+        made: list[Recorded] = []
+        monkeypatch.setattr(simulator, "Scheduler", lambda config, cls=cls: made.append(cls(config)) or made[-1])
+        result = simulator.simulate(traces, engine, policy, concurrency=slots, max_programs=max_programs,
+                                    group_size=4, env_lookahead=8, env_start_s=env_start_s)
+        runs[cls] = (dataclasses.asdict(result), made[0])
+    (mine, sched), (theirs, reference) = runs[Recorded], runs[SortedReference]
+    assert len(sched.decisions) == len(reference.decisions) and sched.decisions == reference.decisions
+    assert mine == theirs and mine["tokens"] == sum(sum(t.turn_tokens) for t in traces)
+    # Decisions with a choice in them: several turns for the slots, several environments to start.
+    assert max(len(d[2]) for d in sched.decisions) > 1 and max(len(d[1]) for d in sched.decisions) > 1
+    if case == "program-kv-pressure":
+        assert mine["pauses"] > 0 and mine["restores"] > 0
+    if case == "program-many-admitted":
+        assert sched.rebuilds > 0
