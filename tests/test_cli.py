@@ -416,6 +416,24 @@ def test_plot_of_a_file_that_is_not_a_runs_metrics_is_one_line(name, text, messa
     assert [p.name for p in tmp_path.iterdir()] == [name]  # no curves.png
 
 
+@pytest.mark.parametrize("files, path, message", [
+    ({"a.jsonl": '{"a": 1}\n'}, "a.jsonl", "a.jsonl is not a rollout file, an eval report or a training run (line 1 "
+                                           "is not a trajectory: no id and task_id)"),
+    ({"junk.txt": "hello\n"}, "junk.txt", "junk.txt is not a rollout file, an eval report or a training run (line 1 "
+                                          "is not JSON)"),
+    ({"e.jsonl": ""}, "e.jsonl", "e.jsonl is not a rollout file, an eval report or a training run (it is empty, "
+                                 "with no event log beside it)"),
+    ({"r.jsonl": "", "r.jsonl.log": "{}\n"}, "r.jsonl.log", "r.jsonl.log is a rollout's event log: view its "
+                                                            "output, r.jsonl"),
+])
+def test_view_of_a_file_that_is_no_run_is_one_line(files, path, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        Path(name).write_text(text)
+    rc, out, err = cli(capsys, "view", "--no-browser", "--port", "0", path)
+    assert (rc, out) == (2, "") and err.startswith(f"agentenv: error: {message}") and err.count("\n") == 1, err
+
+
 class BrokenReward(RetoolMathEnv):
     async def reward(self, task, trajectory):
         raise RuntimeError("grader is down")

@@ -500,7 +500,29 @@ def open_run(path: str | Path) -> Run:
         return EvalRun(path)
     if not path.is_file() and not path.with_name(path.name + ".log").is_file():
         raise ConfigError(f"{path}: no such rollout file (nor its event log {path.name}.log)")
+    _check_rollout(path)
     return RolloutRun(path)
+
+
+def _check_rollout(path: Path) -> None:
+    """ConfigError unless ``path`` is a rollout file: its first line a trajectory (a JSON
+    object with an ``id`` and a ``task_id``). A file with no complete line yet is one when its
+    event log is beside it (a run that is writing it, followed live)."""
+    if path.name.endswith(".jsonl.log"):
+        raise ConfigError(f"{path} is a rollout's event log: view its output, {path.name[:-4]} (the log beside it "
+                          "is read with it)")
+    if not path.is_file():
+        return  # its log is there: a run that has only started
+    with open(path, "rb") as f:
+        first = f.readline()
+    if not first.endswith(b"\n") and path.with_name(path.name + ".log").is_file():
+        return  # empty, or its first line still being written
+    row = _json_line(first.strip())
+    if not (isinstance(row, dict) and "id" in row and "task_id" in row):
+        why = "it is empty, with no event log beside it" if not first.strip() else ("line 1 is not JSON" if row is None else
+                                                        "line 1 is not a trajectory: no id and task_id")
+        raise ConfigError(f"{path} is not a rollout file, an eval report or a training run ({why}); agentenv "
+                          "view takes a rollout JSONL, an eval report (.json) or a run directory")
 
 
 __all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "derived", "open_run", "summary_of"]

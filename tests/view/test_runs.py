@@ -28,6 +28,19 @@ def test_open_run_tells_the_kinds_apart(rollout, eval_report, train_run, tmp_pat
         open_run(tmp_path / "bad.json")
 
 
+def test_an_empty_rollout_file_is_accepted_while_its_run_writes_it(tmp_path):
+    """A run that has started but written no line yet: its output is empty (or holds the
+    start of a first line) and its event log is beside it; the viewer follows it."""
+    out = tmp_path / "live.jsonl"
+    out.write_bytes(b"")
+    with pytest.raises(ConfigError, match="it is empty, with no event log beside it"):
+        open_run(out)
+    out.with_name("live.jsonl.log").write_text('{"e": "header"}\n')
+    assert type(open_run(out)) is RolloutRun
+    out.write_bytes(b'{"id": "t0-0", "task')  # the first line, half written
+    assert type(open_run(out)) is RolloutRun
+
+
 def test_tail_reads_complete_lines_once_and_starts_over_on_a_rewritten_file(tmp_path):
     path = tmp_path / "f.jsonl"
     tail = Tail(path, lambda line, at: (json.loads(line), at))
