@@ -22,6 +22,7 @@ CROSS_CUTTING = {
     "tests/test_docs.py": "the documentation site against the package",
     "tests/test_sizes.py": "every function and class of the package fits the size limits",
     "tests/test_tiers.py": "this file",
+    "tests/test_bench_client.py": "bench/client.py's figures (the benchmark lives outside the package)",
     "tests/test_packaging.py": "how the package installs: no shadowing by a clone's folder, what a wheel holds, what git ignores",
     "tests/engines/test_interface.py": "what the reactor reads from any engine (engines/base.py's interface)",
     "tests/sandboxes/test_hostile.py": "hostile code against the local sandbox",
