@@ -361,6 +361,7 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
     check_choices(engine=opts.engine.engine, sandbox=opts.sandbox.sandbox, cluster=opts.cluster.cluster)
     _check_e2b(opts.sandbox.sandbox)
     _check_local_workers(opts)
+    _check_judge_model(opts.judge.judge)
     out = opts.output.out
     check_out(out)
     if out.exists() and out.stat().st_size > 0 and not (opts.output.resume or opts.output.overwrite):
@@ -371,6 +372,21 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
     env = make(opts.env.env, **opts.env.env_kwargs)
     job = RolloutJob.open(opts, env, command=command, t_start=t_start)
     return run(job)
+
+
+def _check_judge_model(spec: str | None) -> None:
+    """``--judge embedded:MODEL`` or ``vllm:MODEL``: MODEL is a model directory (or a bundled
+    model's name), checked before anything loads, as ``--model`` is."""
+    kind, _, name = (spec or "").partition(":")
+    if kind not in ("embedded", "vllm") or not name:
+        return
+    from .engines.embedded import check_model_dir
+    from .models import model_dir
+
+    try:
+        check_model_dir(model_dir(name))
+    except AgentEnvError as exc:
+        raise ConfigError(f"--judge {spec}: {exc}") from None
 
 
 def _check_local_workers(opts: RolloutRunConfig) -> None:

@@ -132,11 +132,27 @@ class EngineOptions:
     model: str | None = option(None, "local Hugging Face model directory (default: bundled tiny model)", resume=True)
     engine_kwargs: dict[str, Any] = option(factory=dict, flag="--engine-arg", metavar="KEY=VALUE",
                                            convert=engine_args, help=ENGINE_ARG_HELP)
-    base_urls: list[str] | None = option(None, "server URL for --engine openai (repeat for several replicas)",
-                                         flag="--base-url", metavar="URL")
+    base_urls: list[str] | None = option(None, "server URL for --engine openai, http(s)://HOST[:PORT][/PATH] "
+                                               "(repeat for several replicas)", flag="--base-url", metavar="URL")
 
     def __post_init__(self) -> None:
         validate(self)
+        for url in self.base_urls or []:
+            _check_url(url)
+
+
+def _check_url(url: str) -> None:
+    """``url`` is http(s)://HOST[:PORT][/PATH]; else ConfigError naming it."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port, True)[1]
+    except ValueError:  # a port that is not a number, or out of range
+        ok = False
+    if not ok:
+        raise ConfigError(f"--base-url {url!r} is not a server URL: give http(s)://HOST[:PORT][/PATH], "
+                          "e.g. http://127.0.0.1:8000")
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,11 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
         (["rollout", "--env-module", "no_such_module_xyz"], "cannot import 'no_such_module_xyz'"),
         (["rollout", "--engines", "1"], "--engines and --engine-gpus need --cluster ray"),
         (["rollout", "--workers", "3"], "--workers 3 needs --cluster ray"),
+        (["rollout", "--engine", "openai", "--base-url", "notaurl"],
+         "--base-url 'notaurl' is not a server URL: give http(s)://HOST[:PORT][/PATH]"),
+        (["rollout", "--engine", "openai", "--base-url", "http://h:99999"], "--base-url 'http://h:99999' is not"),
+        (["eval", "--judge", "embedded:/nonexistent"], "--judge embedded:/nonexistent: model directory not found"),
+        (["rollout", "--judge", "vllm:/tmp"], "--judge vllm:/tmp: /tmp is not a Hugging Face model directory"),
         (["rollout", "--cluster", "ray", "--engine-gpus", "4"], "--engine-gpus 4 needs --engines N"),
         (["rollout", "--judge-weight", "2"], "--judge-weight 2 needs --judge"),
         (["rollout", "--judge-group"], "--judge-group needs --judge"),
@@ -548,6 +553,8 @@ def test_a_failed_engine_start_leaves_no_output_or_log(tmp_path, model_dir):
     out = tmp_path / "r.jsonl"
     r = agentenv("rollout", *RUN, *BAD_ENGINE, "--model", model_dir, "--out", str(out))
     assert r.returncode == 2 and "bad --engine-arg for the embedded engine" in r.stderr, r.stderr[-2000:]
+    assert ("unexpected keyword argument 'bogus'; the embedded engine takes max_model_len, page_size, "
+            "kv_cache_tokens, max_batch_tokens" in r.stderr), r.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 
 

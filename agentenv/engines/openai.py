@@ -132,7 +132,9 @@ class OpenAIEngine(Engine):
         try:
             models = await eng._retry(eng.clients[0].models.list, reconnect=False)  # down at start: say so
         except Exception as exc:  # noqa: BLE001
-            raise EngineError(f"cannot reach {eng.urls[0]}: {type(exc).__name__}: {exc}") from exc
+            hint = (" (is a server running there? start one with `vllm serve MODEL --port PORT`, or give the "
+                    "--base-url of one that runs)") if _unreachable(exc) else ""
+            raise EngineError(f"cannot reach {eng.urls[0]}: {type(exc).__name__}: {exc}{hint}") from exc
         first = models.data[0]
         eng.model = eng.model or first.id
         eng.max_model_len = int((first.model_extra or {}).get("max_model_len") or eng.max_model_len)

@@ -63,7 +63,26 @@ class EngineSpec:
             sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
             return await anyio.to_thread.run_sync(lambda: EmbeddedEngine(self.model, **{**sampling, **self.kwargs}))
         except TypeError as exc:  # a keyword the engine does not take
-            raise ConfigError(f"bad --engine-arg for the {self.kind} engine: {exc}") from exc
+            takes = f"; {engine_keys(self.kind)}" if "unexpected keyword" in str(exc) else ""
+            raise ConfigError(f"bad --engine-arg for the {self.kind} engine: {exc}{takes}") from exc
+
+
+def engine_keys(kind: str) -> str:
+    """What ``--engine-arg`` takes for the engine ``kind``, in words: its constructor's
+    keywords (those the run's own flags do not set), or where vLLM's are listed."""
+    import inspect
+
+    if kind == "vllm":
+        return ("the vllm engine takes max_restarts, sessions, nice and any field of vLLM's AsyncEngineArgs "
+                "(`vllm serve --help` lists them as flags: --max-num-seqs is max_num_seqs)")
+    if kind == "openai":
+        from .openai import OpenAIEngine as cls
+    else:
+        from .embedded import EmbeddedEngine as cls  # type: ignore[assignment]
+    own = {"self", "model", "base_urls", "tokenizer", "temperature", "top_p", "top_k", "seed"}  # set by flags
+    keys = [n for n, p in inspect.signature(cls.__init__).parameters.items()
+            if n not in own and p.kind is p.KEYWORD_ONLY]
+    return f"the {kind} engine takes {', '.join(keys)}"
 
 
 __all__ = ["EngineSpec", "KINDS"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -171,8 +172,10 @@ async def test_dead_server_is_a_clear_engine_error(model_dir):
     from agentenv.engines.openai import OpenAIEngine
     from agentenv.errors import EngineError
 
-    with pytest.raises(EngineError, match="cannot reach"):
-        await OpenAIEngine.create(f"http://127.0.0.1:{_free_port()}", model_dir, retries=2)
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(EngineError, match=re.escape(f"cannot reach {url}: APIConnectionError: Connection error. (is a "
+                                                    "server running there? start one with `vllm serve MODEL")):
+        await OpenAIEngine.create(url, model_dir, retries=2)
 
 
 @pytest.mark.slow
