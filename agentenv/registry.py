@@ -369,6 +369,24 @@ def _check_entry(spec: str, entry: Any) -> None:
                                 "agentenv.Environment")
     elif not callable(entry):
         raise EnvCheckError(f"{spec} is {type(entry).__name__} {entry!r:.40}, not an Environment subclass")
+    elif inspect.isfunction(entry) and _in_class(entry.__qualname__) and _first_parameter(entry) == "self":
+        raise EnvCheckError(f"{spec} is a method ({entry.__qualname__}), not an Environment class or factory: name "
+                            f"the class ({spec.rsplit('.', 1)[0]}) or a function that returns an Environment")
+
+
+def _in_class(qualname: str) -> bool:
+    """A function's qualified name is a class's method's (``C.f``; ``f.<locals>.g`` is not)."""
+    owner, dot, _ = qualname.rpartition(".")
+    return bool(dot) and not owner.endswith("<locals>")
+
+
+def _first_parameter(fn: Any) -> str | None:
+    """The name of ``fn``'s first parameter (``self``: an instance method named through its
+    class; a static or class method may be a factory)."""
+    try:
+        return next(iter(inspect.signature(fn).parameters), None)
+    except (TypeError, ValueError):
+        return None
 
 
 def make(spec: str, **kwargs: Any) -> Environment:

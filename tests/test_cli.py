@@ -503,6 +503,9 @@ ENV_FILES = {
     ("./two.py", "./two.py defines 2 Environment subclasses (EnvA, EnvB): add :ClassName, e.g. ./two.py:EnvA"),
     ("./none.py", "./none.py defines no Environment subclass"),
     ("./plain.py:Plain", "./plain.py:Plain is the class Plain, which does not subclass agentenv.Environment"),
+    ("./one.py:OnlyEnv.tasks", "./one.py:OnlyEnv.tasks is a method (RetoolMathEnv.tasks), not an Environment class "
+                               "or factory: name the class (./one.py:OnlyEnv) or a function that returns an "
+                               "Environment"),
     ("dataset", "environment 'dataset' needs --env-arg source=... (source: str)"),
 ])
 def test_env_messages_say_what_was_named_and_what_to_give(env, message, capsys, tmp_path, monkeypatch):
