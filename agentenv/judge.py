@@ -234,6 +234,14 @@ class JudgeStats:
             out["judge_share_pct"] = round(100 * self.busy_s / wall_s, 1)
         return out
 
+    def warning(self) -> str | None:
+        """A line for the end of a run when every judge call failed to parse: the judge model
+        does not answer in the form asked (a small base model cannot grade); else None."""
+        if not self.calls or self.failures["parse"] < self.calls:
+            return None
+        return (f"every judge call ({self.calls}) failed to parse, so every judge score is 0: the judge model does "
+                "not answer in the form asked; --judge needs a capable instruct model (docs/rewards.md)")
+
 
 class _Cache:
     """Replies by prompt text, the ``size`` most recently used kept."""

@@ -268,6 +268,8 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
         console.print(f"[bold yellow]warning:[/] the reward failed for {len(writer.reward_errors)} of "
                       f"{counted(writer.written, 'trajectory', 'trajectories')} (reward None, finish_reason "
                       f"error:reward); first error: {writer.reward_errors[0]}")
+    if job.judge is not None and (note := job.judge.stats.warning()):
+        console.print(f"[bold yellow]warning:[/] {note}")
     if writer.held_back:
         waiting = writer.waiting
         console.print(f"[bold red]{counted(len(writer.held_back), 'program', 'programs')} stopped because the "
