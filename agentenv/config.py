@@ -227,7 +227,8 @@ class EvalOptions:
 
     pass_threshold: float = option(1.0, "a sample passes when its reward is at least this")
     report: Path | None = option(None, "JSON report: overall and per-task pass@k and components "
-                                       "(default: OUT.report.json)")
+                                       "(default: beside --out, its .jsonl replaced by .report.json: "
+                                       "eval.jsonl -> eval.report.json)")
 
 
 

@@ -179,8 +179,9 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
 
     console = cli_console()  # rich on a terminal, plain unfolded lines anywhere else
     source = source or source_of(job)
+    group = "k" if job.command == "eval" else "group"  # eval's group size is its --k
     console.print(f"[bold]agentenv[/] {job.command}: env={job.env.id} model={job.model} engine={job.engine_spec.kind} "
-                  f"tasks={len(job.tasks)} x group {job.group_size}{source.where}")
+                  f"tasks={len(job.tasks)} x {group} {job.group_size}{source.where}")
     try:
         async with source:
             if job.judge is not None:

@@ -383,6 +383,9 @@ async def test_a_server_answering_garbage_gives_parse_failures():
     assert [v.failure for v in verdicts] == ["parse"] * 6 and all("Purple" in v.reply for v in verdicts)
     assert judge.stats.failures == {"parse": 6} and judge.stats.calls == 6
     assert server.paths.count("/v1/chat/completions") == 6 and server.paths[0] == "/v1/models"
+    assert judge.stats.warning() == ("every judge call (6) failed to parse, so every judge score is 0: the judge "
+                                     "model does not answer in the form asked; --judge needs a capable instruct "
+                                     "model (docs/rewards.md)")
 
 
 async def test_a_server_that_never_answers_costs_each_call_its_deadline():
@@ -402,6 +405,7 @@ async def test_a_server_that_never_answers_costs_each_call_its_deadline():
         tg.cancel_scope.cancel()
     assert [v.failure for v in results] == ["deadline"] * 4 and {v.score for v in results} == {0.1}
     assert judge.stats.failures == {"deadline": 4} and server.requests >= 1
+    assert judge.stats.warning() is None  # the warning is for a judge that cannot grade, not a slow one
 
 
 @pytest.mark.parametrize("answer, tries", [({"status": 400}, 1), ({"status": 404}, 1), ({"raw": b"<html>oops"}, 1),
