@@ -371,7 +371,27 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
 
     env = make(opts.env.env, **opts.env.env_kwargs)
     job = RolloutJob.open(opts, env, command=command, t_start=t_start)
+    done = _complete(job)
+    if done is not None:  # nothing left: the engine is not opened
+        import anyio
+
+        from .console import console
+
+        job.log.close()
+        anyio.run(job.env.aclose)
+        console().print(f"{out} is complete: {done} trajectories; nothing to resume")
+        return 0
     return run(job)
+
+
+def _complete(job: Any) -> int | None:
+    """For ``--resume``: the trajectories in the output when every sample of every task is
+    there and nothing is in flight or held back with its group; else None (a run to go on)."""
+    state = job.resume
+    if state is None or state.partial or state.held:
+        return None
+    wanted = {(task.id, i) for task in job.tasks for i in range(job.group_size)}
+    return len(state.done) if wanted <= state.done else None
 
 
 def _check_judge_model(spec: str | None) -> None:

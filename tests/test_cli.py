@@ -350,6 +350,18 @@ def test_sigterm_before_the_first_record_leaves_no_files(tmp_path, model_dir):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_resuming_a_complete_run_says_so_without_opening_the_engine(capsys, tmp_path, model_dir):
+    out = tmp_path / "r.jsonl"
+    args = ["--tasks", "2", "--group-size", "2", "--max-new-tokens", "8", "--no-progress", "--model", model_dir,
+            "--out", str(out)]
+    rc, _, err = cli(capsys, "rollout", *args)
+    assert rc == 0 and len(out.read_text().splitlines()) == 4, err
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    rc, _, err = cli(capsys, "rollout", *args, "--resume")
+    assert (rc, err) == (0, f"{out} is complete: 4 trajectories; nothing to resume\n")  # no header: no engine
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 @pytest.mark.slow
 def test_train_then_resume_then_plot(tmp_path, model_dir):
     run = tmp_path / "run"
