@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -360,6 +361,35 @@ def test_resuming_a_complete_run_says_so_without_opening_the_engine(capsys, tmp_
     rc, _, err = cli(capsys, "rollout", *args, "--resume")
     assert (rc, err) == (0, f"{out} is complete: 4 trajectories; nothing to resume\n")  # no header: no engine
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_resumed_run_prepares_sessions_for_the_programs_left_only(capsys, tmp_path, model_dir):
+    """After a run stopped with one of its two groups written (its log: the header only), a
+    --resume has 2 programs left: the sessions worth preparing ahead are those 2, not the run's 4."""
+    from agentenv import journal
+    from agentenv.config import OutputOptions, RolloutRunConfig, RunOptions
+    from agentenv.registry import make
+    from agentenv.rollout_run import RolloutJob, source_of
+
+    out = tmp_path / "r.jsonl"
+    args = ["--tasks", "2", "--group-size", "2", "--max-new-tokens", "8", "--no-progress", "--model", model_dir,
+            "--out", str(out)]
+    assert cli(capsys, "rollout", *args)[0] == 0
+    lines = out.read_text().splitlines(keepends=True)
+    first = json.loads(lines[0])["task_id"]
+    out.write_text("".join(ln for ln in lines if json.loads(ln)["task_id"] == first))
+    log = Path(f"{out}.log")
+    settings = journal.load_state(journal.read(log)[0]).settings
+    journal.Journal.create(log, settings).close()  # a log whose run logged nothing after its header
+
+    opts = RolloutRunConfig(run=RunOptions(tasks=2, group_size=2), output=OutputOptions(out=out, resume=True))
+    opts = replace(opts, engine=replace(opts.engine, model=model_dir),
+                   rollout=replace(opts.rollout, max_new_tokens=8))
+    job = RolloutJob.open(opts, make("retool-math"))
+    try:
+        assert len(job.resume.done) == 2 and source_of(job).programs == 2
+    finally:
+        job.log.close()
 
 
 @pytest.mark.slow
