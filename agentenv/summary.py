@@ -38,6 +38,14 @@ def over_file(s: dict[str, Any], out: Path, *, block_size: int = 1) -> dict[str,
     return {**s, **{k: figures[k] for k in OUTCOMES if k in s}, "this_run": {k: s[k] for k in OUTCOMES if k in s}}
 
 
+def _duration(*ms: float | None) -> str:
+    """Durations given in milliseconds, joined by `` / ``: in µs when all are under 1 ms (a
+    session prepared ahead is handed over in microseconds), else in ms."""
+    if all(m is not None and m < 1 for m in ms):
+        return " / ".join(f"{1000 * m:.0f}" for m in ms) + " µs"  # type: ignore[operator]
+    return " / ".join(f"{m:.1f}" if m is not None else "-" for m in ms) + " ms"
+
+
 def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, startup: str,
                  extra: Iterable[tuple[str, Any]] = ()) -> list[tuple[str, Any]]:
     """The table's rows: ``s`` is a stats summary, ``prepared`` the sandbox sessions started
@@ -76,7 +84,7 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
         rows.append((f"sandbox sessions prepared ahead (model loading){now}", prepared))
     if s.get("env_starts"):
         rows.append((f"sandbox sessions (started, p50 / p90 start){now}",
-                     f"{s['env_starts']}, {s['env_start_p50_ms']} / {s['env_start_p90_ms']} ms"))
+                     f"{s['env_starts']}, {_duration(s['env_start_p50_ms'], s['env_start_p90_ms'])}"))
     if s.get("env_waits"):
         rows.append((f"programs that waited for their session{now}", f"{s['env_waits']} ({s['env_wait_s']}s in all)"))
     if has("judge_calls"):

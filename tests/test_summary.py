@@ -65,3 +65,17 @@ def test_a_run_without_resume_reports_as_it_counted():
     assert summary_table(list(rows.items()), 0, "r.jsonl").title == "0 trajectories -> r.jsonl"
     assert summary_table(list(rows.items()), 0, "r.jsonl", total=1).title == \
         "1 trajectory (0 this run, 1 from before the resume) -> r.jsonl"
+
+
+def test_session_starts_are_shown_in_microseconds_when_under_a_millisecond():
+    """A session prepared ahead is handed over in microseconds: measured to the microsecond and
+    shown in µs, not rounded to 0.0 ms; slower starts stay in ms."""
+    label = "sandbox sessions (started, p50 / p90 start)"
+    for starts, shown in (([12e-6, 15e-6, 40e-6], "3, 15 / 40 µs"), ([0.002, 0.0025, 0.0041], "3, 2.5 / 4.1 ms")):
+        stats = RunStats()
+        stats.start(1)
+        for seconds in starts:
+            stats.sessions.env_started(seconds)
+        stats.stop()
+        rows = dict(summary_rows(stats.summary(), startup_s=1.0, startup="model"))
+        assert rows[label] == shown
