@@ -108,8 +108,8 @@ class Command:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one clear line, exit 2
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+    def error(self, message: str) -> None:  # one clear line, exit 2, as every other error of the CLI says it
+        sys.stderr.write(f"agentenv: error: {message}\n")
         raise SystemExit(2)
 
 

@@ -107,7 +107,7 @@ def test_bad_input_is_one_clear_line(args, message, capsys, tmp_path, monkeypatc
 def test_the_console_script_reports_a_bad_argument_in_one_line_and_exit_2():
     script = Path(sys.executable).with_name("agentenv")
     r = subprocess.run([str(script), "rollout", "--tasks", "0"], capture_output=True, text=True, timeout=120)
-    assert (r.returncode, r.stdout, r.stderr) == (2, "", "agentenv rollout: error: argument --tasks: must be > 0, "
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "agentenv: error: argument --tasks: must be > 0, "
                                                            "got 0\n")
 
 

@@ -39,12 +39,12 @@ def imported(importtime_stderr: str) -> set[str]:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["rollout", "--tasks", "0"], "agentenv rollout: error: argument --tasks: must be > 0, got 0"),
-    (["eval", "--tasks", "0"], "agentenv eval: error: argument --tasks: must be > 0, got 0"),
-    (["train", "--lr", "-1"], "agentenv train: error: argument --lr: must be > 0, got -1"),
+    (["rollout", "--tasks", "0"], "agentenv: error: argument --tasks: must be > 0, got 0"),
+    (["eval", "--tasks", "0"], "agentenv: error: argument --tasks: must be > 0, got 0"),
+    (["train", "--lr", "-1"], "agentenv: error: argument --lr: must be > 0, got -1"),
     (["envs", "--bogus"], "agentenv: error: unrecognized arguments: --bogus"),
-    (["plot"], "agentenv plot: error: the following arguments are required: run"),
-    (["check-tokenizer", "--format", "x"], "agentenv check-tokenizer: error: argument --format: invalid choice: "
+    (["plot"], "agentenv: error: the following arguments are required: run"),
+    (["check-tokenizer", "--format", "x"], "agentenv: error: argument --format: invalid choice: "
                                             "'x' (choose from 'retool', 'hermes', 'llama3-json')"),
 ])
 def test_an_argument_error_imports_no_torch_transformers_or_trainer(args, message):

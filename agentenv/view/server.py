@@ -22,6 +22,7 @@ given on the command line):
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import re
@@ -213,9 +214,10 @@ class ViewServer:
             else ThreadingHTTPServer
         try:
             self.httpd = server((host.strip("[]"), port), handler)
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
-                              "(--port 0 takes any free port)") from None
+        except OSError as exc:  # a busy port has a fix (another port); a bad --host another
+            hint = (" (--port 0 takes any free port)" if exc.errno == errno.EADDRINUSE else
+                    " (--host must be an address of this machine, e.g. 127.0.0.1 or 0.0.0.0)")
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
         self.httpd.daemon_threads = True
         self.viewer = viewer
         self._thread: threading.Thread | None = None

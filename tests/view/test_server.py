@@ -101,6 +101,10 @@ def test_a_busy_port_is_a_config_error(served):
     port = int(served.url.rsplit(":", 1)[1].strip("/"))
     with pytest.raises(ConfigError, match="--port 0 takes any free port"):
         ViewServer(served.viewer, port=port)
+    for host in ("999.1.1.1", "10.255.255.1"):  # no such address; not this machine's: no word of the port
+        with pytest.raises(ConfigError, match=r"\(--host must be an address of this machine, e\.g\. 127\.0\.0\.1 "
+                                              r"or 0\.0\.0\.0\)$"):
+            ViewServer(served.viewer, host=host, port=0)
     with pytest.raises(ConfigError, match="nothing to view"):
         Viewer([])
 
