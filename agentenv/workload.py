@@ -169,7 +169,8 @@ class TraceEnv(Environment):
 
     id = "trace"
     tool_format = TraceFormat()
-    max_turns = 64
+    #: A program takes its trace's turns, at most the spec's ``max_turns``: the cap is that one.
+    max_turns: int = WorkloadSpec.__dataclass_fields__["max_turns"].default
     tool_timeout = 30.0
     #: One token per repetition in the bundled tokenizer (byte-level BPE without merges for it).
     filler = " x"
@@ -177,6 +178,7 @@ class TraceEnv(Environment):
     def __init__(self, sandbox: bool = True, **spec: Any) -> None:
         super().__init__(sandbox=sandbox, **spec)
         self.spec = WorkloadSpec(**spec)  # an unknown field is a TypeError: make() reports it
+        self.max_turns = self.spec.max_turns
         self.use_sandbox = sandbox
         self._tasks: dict[str, tuple[int, int]] = {}
         # Traces of the programs under way: a trace is asked for at every turn and tool call.

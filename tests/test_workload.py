@@ -90,3 +90,12 @@ async def test_a_trace_program_samples_and_receives_exactly_its_trace(engine, sa
         spliced = [engine.tokenizer.decode(s.token_ids) for s in t.segments if s.kind == "env"]
         assert spliced == [env.filler * n for n in trace.tool_tokens]
         assert t.finish_reason == "stop" and [c.status for c in t.tool_calls] == ["ok"] * (trace.turns - 1)
+
+
+def test_the_trace_envs_turn_cap_is_its_specs_max_turns():
+    """``agentenv envs`` shows one max_turns for trace: the spec's, which caps a trace's turns
+    and is the cap the run uses; --env-arg max_turns=N moves both."""
+    from agentenv.registry import describe, make
+
+    assert describe("trace")["max_turns"] == WorkloadSpec().max_turns == 30
+    assert make("trace", sandbox=False, max_turns=12).max_turns == 12
