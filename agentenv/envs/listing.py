@@ -45,6 +45,21 @@ def plain_text(text: str) -> str:
     return " ".join(text.split())
 
 
+_PY_ARG = re.compile(r"\b([A-Za-z_]\w*)=(?:\"([^\"]*)\"|'([^']*)'|(True|False|None)\b)")
+
+
+def cli_spelling(text: str) -> str:
+    """Arguments written as Python writes them (``format="hermes"``, ``calls_in_think=True``)
+    as ``--env-arg`` takes them (``format=hermes``, ``calls_in_think=true``)."""
+    def arg(m: re.Match[str]) -> str:
+        name, double, single, word = m.groups()
+        if word:
+            return f"{name}={json.dumps({'True': True, 'False': False, 'None': None}[word])}"
+        return f"{name}={double if double is not None else single}"
+
+    return _PY_ARG.sub(arg, text)
+
+
 def format_text(tool_format: str | None) -> str:
     """A tool format's id, marked when it is the environment's own rather than one of
     :data:`agentenv.formats.FORMATS` (the ids ``--format`` and ``tool_format = "..."`` accept)."""
@@ -98,7 +113,7 @@ def describe_lines(name: str, where: str, info: dict[str, Any]) -> list[str]:
     :func:`agentenv.registry.describe`'s answer)."""
     lines = [f"{name}  ({where})"]
     if info["description"]:
-        lines.append(plain_text(info["description"]))
+        lines.append(cli_spelling(plain_text(info["description"])))
     lines.append(f"tool format: {format_text(info['tool_format'])}; max_turns {info['max_turns']}; "
                  f"tool_timeout {info['tool_timeout']} s")
     lines.append("--env-arg: " + ", ".join(_whole(a) for a in info["args"].split(", ")))

@@ -9,7 +9,7 @@ import pytest
 
 from agentenv import Environment, Task, registry
 from agentenv.cli import build_parser, main
-from agentenv.envs.listing import BUNDLED_MODEL_NOTE, format_text, listing, plain_text, train_flags
+from agentenv.envs.listing import BUNDLED_MODEL_NOTE, cli_spelling, format_text, listing, plain_text, train_flags
 from agentenv.formats import FORMATS, HermesFormat
 from agentenv.registry import describe, env_kwargs
 
@@ -29,6 +29,21 @@ from agentenv.registry import describe, env_kwargs
 ])
 def test_plain_text_drops_rest_markup_and_keeps_the_words(text, plain):
     assert plain_text(text) == plain
+
+
+@pytest.mark.parametrize("text, cli", [
+    ('format="hermes" asks for Hermes calls', "format=hermes asks for Hermes calls"),
+    ("calls_in_think=True runs them; strict=False; limit=None",
+     "calls_in_think=true runs them; strict=false; limit=null"),
+    ("name='' and n=3 stay", "name= and n=3 stay"),
+])
+def test_a_description_spells_arguments_as_env_arg_takes_them(text, cli):
+    assert cli_spelling(text) == cli
+
+
+def test_the_retool_math_entry_spells_its_arguments_for_the_command_line():
+    entry = " ".join(listing(None).split("retool-math  (", 1)[1].split("\n")[:2])
+    assert 'format=hermes asks' in entry and "calls_in_think=true runs" in entry and '"' not in entry
 
 
 def test_format_ids_are_the_ones_the_cli_accepts():
