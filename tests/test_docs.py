@@ -124,3 +124,13 @@ def test_files_the_docs_name_exist():
     assert len(named) > 50
     missing = sorted(p for p in named if not (ROOT / p).exists() and not p.startswith("bench/results/"))
     assert missing == [], f"the docs name paths that do not exist: {missing}"
+
+
+def test_the_readme_example_environment_passes_check_env_without_a_docstring_warning():
+    from agentenv import check_env
+
+    block = README.read_text().split("## Defining an environment", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(block.split("\nregister(", 1)[0], scope)  # the class, not registered (another test may have)
+    report = check_env(scope["Multiply"]())
+    assert [w for w in report.warnings if "docstring" in w] == []
