@@ -110,17 +110,23 @@ def build_model(vocab_size: int, eos_id: int, pad_id: int):
     return Qwen2ForCausalLM(cfg)
 
 
-def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int, drills: int = 0) -> dict:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    t0 = time.perf_counter()
-    trs = anyio.run(_transcripts, n_tasks, seed) + _copy_drills(drills, seed)
+def tokenizer_for(trs: list[dict], **kwargs):
+    """A tokenizer trained on the transcripts' messages and rendered pieces (plus the chat
+    roles' names); ``kwargs`` go to :func:`build_tokenizer` (e.g. its ``chat_template``)."""
     corpus = []
     for tr in trs:
         corpus.append("".join(m["content"] + "\n" for m in tr["messages"]))
         corpus.append("".join(p for _, p in tr["pieces"]))
     corpus += ["system\nuser\nassistant\n"] * 20
-    tok = build_tokenizer(corpus)
+    return build_tokenizer(corpus, **kwargs)
+
+
+def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int, drills: int = 0) -> dict:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    t0 = time.perf_counter()
+    trs = anyio.run(_transcripts, n_tasks, seed) + _copy_drills(drills, seed)
+    tok = tokenizer_for(trs)
     data = [_render(tok, tr) for tr in trs]
     print(f"{len(data)} transcripts, vocab {len(tok)}, mean length "
           f"{sum(len(d[0]) for d in data) / len(data):.0f} tokens ({time.perf_counter() - t0:.1f}s)")

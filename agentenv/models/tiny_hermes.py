@@ -32,8 +32,8 @@ from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.formats import HermesFormat
 
 from . import model_dir
-from .tiny import _copy_drills, _render, arguments, build_model, fit, save
-from .tokenizer import HERMES_CHAT_TEMPLATE, build_tokenizer
+from .tiny import _copy_drills, _render, arguments, build_model, fit, save, tokenizer_for
+from .tokenizer import HERMES_CHAT_TEMPLATE
 
 DEFAULT_DIR = Path(__file__).with_name("tiny-hermes")
 #: What the model thinks before each call, by problem kind (and before a second call).
@@ -118,12 +118,7 @@ def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int,
     random.seed(seed)
     t0 = time.perf_counter()
     trs = anyio.run(_transcripts, n_tasks, seed) + _copy_drills(drills, seed)
-    corpus = []
-    for tr in trs:
-        corpus.append("".join(m["content"] + "\n" for m in tr["messages"]))
-        corpus.append("".join(p for _, p in tr["pieces"]))
-    corpus += ["system\nuser\nassistant\n"] * 20
-    tok = build_tokenizer(corpus, chat_template=HERMES_CHAT_TEMPLATE)
+    tok = tokenizer_for(trs, chat_template=HERMES_CHAT_TEMPLATE)
     data = [lay_out(tok, tr) for tr in trs]
     print(f"{len(data)} transcripts, vocab {len(tok)}, mean length "
           f"{sum(len(d[0]) for d in data) / len(data):.0f} tokens ({time.perf_counter() - t0:.1f}s)", flush=True)
