@@ -25,7 +25,10 @@ def free_port() -> int:
 
 def start_view(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "agentenv.cli", "view", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
+                            # as from a terminal: a test run started in the background (``cmd &``)
+                            # ignores SIGINT, and the child would inherit that and never see the Ctrl-C
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = proc.stdout.readline()  # the server listens before it says where
     assert "agentenv view:" in line, proc.stderr.read() if proc.poll() is not None else line
     return proc, line.split(" at ", 1)[1].split()[0]
