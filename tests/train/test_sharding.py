@@ -73,6 +73,7 @@ def _rank(rank: int, init: str, out: str) -> None:
         res["set_whole"] = torch.equal(full(model.head.weight), value)
         res["local_part"] = local(model.head.weight).tolist()
         Path(out, f"{rank}.json").write_text(json.dumps(res))
+        dist.barrier()  # neither rank tears its gloo pairs down while the other's last collective is in flight
     finally:
         dist.destroy_process_group()
 
