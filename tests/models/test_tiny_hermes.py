@@ -220,7 +220,8 @@ def test_agentenv_rollout_and_eval_run_the_hermes_path(tmp_path, capsys):
 def test_agentenv_train_runs_the_hermes_path(tmp_path, capsys):
     """``agentenv train`` on tiny-hermes: its rollouts and its held-out evaluations parse with
     the environment's Hermes format (the evaluations' calls run), every step trains on scored
-    groups. (Whether the reward rises in a short run: docs/models.md, measured; it did not.)"""
+    groups. (Held-out pass@1 rises at ``extra_digits=2``, temperature 1.0, lr 1e-4 in 60 steps,
+    about 8 minutes on the shared machine: docs/models.md has every run; too long to assert here.)"""
     run = tmp_path / "run"
     args = ["train", "--model", "tiny-hermes", "--env-arg", "format=hermes", "--temperature", "1.3", "--steps", "4",
             "--eval-every", "4", "--eval-tasks", "16", "--eval-k", "2", "--out-dir", str(run), "--no-progress",
