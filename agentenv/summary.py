@@ -38,6 +38,28 @@ def over_file(s: dict[str, Any], out: Path, *, block_size: int = 1) -> dict[str,
     return {**s, **{k: figures[k] for k in OUTCOMES if k in s}, "this_run": {k: s[k] for k in OUTCOMES if k in s}}
 
 
+def file_rows(out: Path) -> list[tuple[str, Any]]:
+    """The outcome rows (programs, turns, tool calls, tokens, rewards, finish reasons) counted
+    over every line of ``out``: what a complete run's file holds, with nothing measured now."""
+    from .stats import RunStats
+    from .trajectory import Trajectory
+
+    whole = RunStats()
+    with open(out, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                whole.add(Trajectory.from_dict(json.loads(line)))
+    s = whole.summary()
+    rows: list[tuple[str, Any]] = [(label, s[key]) for label, key in (
+        ("programs", "programs"), ("turns", "turns"), ("tool calls", "tool_calls"), ("tool errors", "tool_errors"),
+        ("programs with a tool call that ran", "programs_with_ok_tool_call"),
+        ("tokens generated", "tokens_generated")) if key in s]
+    rows.append(("mean reward", s["mean_reward"]))
+    rows += [(f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())]
+    rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
+    return rows
+
+
 def _duration(*ms: float | None) -> str:
     """Durations given in milliseconds, joined by `` / ``: in µs when all are under 1 ms (a
     session prepared ahead is handed over in microseconds), else in ms."""

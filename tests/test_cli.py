@@ -359,7 +359,13 @@ def test_resuming_a_complete_run_says_so_without_opening_the_engine(capsys, tmp_
     assert rc == 0 and len(out.read_text().splitlines()) == 4, err
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     rc, _, err = cli(capsys, "rollout", *args, "--resume")
-    assert (rc, err) == (0, f"{out} is complete: 4 trajectories; nothing to resume\n")  # no header: no engine
+    lines = err.splitlines()  # no run header (no engine opened): the line, then the file's figures
+    assert (rc, lines[0]) == (0, f"{out} is complete: 4 trajectories; nothing to resume"), err
+    assert lines[1] == f"4 trajectories (0 this run, 4 from before the resume) -> {out}", err
+    rows = {c[0]: c[1] for c in ([x.strip() for x in ln.split("│")[1:-1]] for ln in lines if ln.startswith("│"))}
+    scored = [json.loads(ln)["reward"] for ln in out.read_text().splitlines()]
+    assert rows["programs"] == "4" and rows["mean reward"] == str(round(sum(scored) / 4, 4)), err
+    assert not any("this run" in k or "wall time" in k for k in rows), err  # nothing is measured now
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
