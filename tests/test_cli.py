@@ -614,8 +614,13 @@ def test_a_resumed_run_whose_engine_fails_to_start_keeps_its_files(tmp_path, mod
     out = tmp_path / "r.jsonl"
     r = agentenv("rollout", *RUN, "--model", model_dir, "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
+    # As if it had been killed before its program finished: the log's header alone, no line
+    # (a complete run's --resume has nothing to do and opens no engine).
+    log = Path(f"{out}.log")
+    log.write_bytes(log.read_bytes().split(b"\n", 1)[0] + b"\n")
+    out.write_bytes(b"")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    assert sorted(before) == ["r.jsonl", "r.jsonl.log"] and before["r.jsonl"]
+    assert sorted(before) == ["r.jsonl", "r.jsonl.log"] and before["r.jsonl.log"]
     r = agentenv("rollout", *RUN, *BAD_ENGINE, "--model", model_dir, "--out", str(out), "--resume")
     assert r.returncode == 2 and "bad --engine-arg" in r.stderr, r.stderr[-2000:]
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
