@@ -9,6 +9,8 @@ import sys
 import psutil
 import pytest
 
+import agentenv
+
 from .hostile import MARK, SECRET, hostile, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -126,9 +128,12 @@ async def test_reading_private_host_files(sandbox):
 
 
 async def test_reading_the_repository(sandbox):
-    here = os.path.abspath(__file__)
-    r = await hostile(sandbox, f"open({here!r}).read()")
-    assert r.status == "error" and "No such file" in r.error
+    # This file, and the checkout's root files beside the package (an editable install puts
+    # that root on sys.path; the sandbox must not keep it visible for that).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(agentenv.__file__)))
+    for path in (os.path.abspath(__file__), os.path.join(root, "pyproject.toml")):
+        r = await hostile(sandbox, f"open({path!r}).read()")
+        assert r.status == "error" and "No such file" in r.error, path
 
 
 async def test_remount_is_refused(sandbox):
@@ -257,10 +262,13 @@ async def test_seccomp_denies_kernel_surface(sandbox):
 
 async def test_only_system_dirs_and_the_python_installation_are_visible(sandbox):
     # An allowlist: whatever the host's root holds (a checkout under /check, /data, ...), every
-    # top-level entry outside the system dirs is empty, apart from the paths leading to Python.
+    # top-level entry outside the system dirs is empty, apart from the Python installation and
+    # agentenv's own package (not every sys.path entry: an editable install puts the checkout's
+    # root there).
+    package = os.path.dirname(os.path.abspath(agentenv.__file__))
     code = ("import os, sys\n"
             "system = {'/bin','/sbin','/lib','/lib32','/lib64','/libx32','/usr','/etc','/dev','/proc','/sys','/tmp'}\n"
-            "keep = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if p}\n"
+            f"keep = {{os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, {package!r})}}\n"
             "leaks = []\n"
             "for name in os.listdir('/'):\n"
             "    top = '/' + name\n"

@@ -134,10 +134,14 @@ def _hidden_entries() -> tuple[list[str], list[str]]:
 
 
 def _keep_paths() -> list[str]:
-    """The Python installation: visible (read-only) even where it lives under a hidden dir."""
-    paths = {sys.base_prefix, sys.prefix, sys.exec_prefix}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    real = sorted({os.path.realpath(p) for p in paths})
+    """What stays visible (read-only) even where it lives under a hidden dir: the Python
+    installation (its prefixes, which hold the stdlib and site-packages) and agentenv's own
+    package directory. Not every ``sys.path`` entry: an editable install, pytest or the
+    current directory put a checkout's root there, and the whole checkout (its tests, its
+    data, a ``.env``) must not become readable to the code a session runs."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, package}
+    real = sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
     # Drop paths inside another kept path.
     return [p for p in real if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in real)]
 
