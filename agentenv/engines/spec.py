@@ -24,7 +24,8 @@ class EngineSpec:
     ``embedded``: this process, CPU (sampling settings are its defaults); ``vllm``: in-process
     AsyncLLM (``seed``; requests carry their sampling settings); ``openai``: a client of the
     servers at ``base_urls`` (``model`` is then the local directory holding the matching
-    tokenizer). ``kwargs`` go to the engine's constructor (the CLI's ``--engine-arg``)."""
+    tokenizer). ``model`` may name a bundled model (``tiny-retool``, ``tiny-hermes``), as
+    ``--model`` does. ``kwargs`` go to the engine's constructor (the CLI's ``--engine-arg``)."""
 
     kind: str
     model: str
@@ -44,24 +45,26 @@ class EngineSpec:
         import anyio
 
         from ..errors import ConfigError
+        from ..models import model_dir
 
+        model = str(model_dir(self.model))
         try:
             if self.kind == "vllm":
                 from .vllm import VLLMEngine
 
-                return await VLLMEngine.create(self.model, seed=self.seed, **self.kwargs)
+                return await VLLMEngine.create(model, seed=self.seed, **self.kwargs)
             if self.kind == "openai":
                 from .openai import OpenAIEngine
 
                 if not self.base_urls:
                     raise ConfigError("--engine openai needs --base-url http://HOST:PORT")
-                return await OpenAIEngine.create(list(self.base_urls), self.model, **self.kwargs)
+                return await OpenAIEngine.create(list(self.base_urls), model, **self.kwargs)
             if self.kind != "embedded":
                 raise ConfigError(f"unknown engine {self.kind!r}: {', '.join(KINDS[:-1])} or {KINDS[-1]}")
             from .embedded import EmbeddedEngine
 
             sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
-            return await anyio.to_thread.run_sync(lambda: EmbeddedEngine(self.model, **{**sampling, **self.kwargs}))
+            return await anyio.to_thread.run_sync(lambda: EmbeddedEngine(model, **{**sampling, **self.kwargs}))
         except TypeError as exc:  # a keyword the engine does not take
             takes = f"; {engine_keys(self.kind)}" if "unexpected keyword" in str(exc) else ""
             raise ConfigError(f"bad --engine-arg for the {self.kind} engine: {exc}{takes}") from exc
