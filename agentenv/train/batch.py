@@ -53,6 +53,15 @@ class Batch:
         return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.mask), cut(self.behaviour_logprobs),
                      cut(self.versions), self.advantages[idx], rewards)
 
+    def to(self, device: torch.device | str) -> "Batch":
+        """The same rows with every tensor on ``device`` (this batch itself when they are there)."""
+        device = torch.device(device)
+        if self.input_ids.device == device:
+            return self
+        move = lambda t: t.to(device)  # noqa: E731
+        return Batch(move(self.input_ids), move(self.attention_mask), move(self.mask), move(self.behaviour_logprobs),
+                     move(self.versions), move(self.advantages), self.rewards)
+
 
 def micro_batches(lengths: Sequence[int], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
     """Which rows go into each forward/backward pass: longest first, at most ``max_rows`` rows

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..models import quiet_loading
 from ..models.lora import LoraSpec, inject_lora
 from .batch import Batch, micro_batches
+from .device import autocast, device_mesh, resolve_device, resolve_precision
 from .loss import LossConfig, grpo_loss
 from .sharding import full
 
@@ -34,13 +35,14 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float]) -> dict[str, float]:
-    """Sum every rank's gradients and statistics, in one flat all-reduce (a rank whose rows
-    trained no token contributes zeros)."""
+def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Sum every rank's gradients and statistics, in one flat all-reduce on ``device`` (a rank
+    whose rows trained no token contributes zeros)."""
     import torch.distributed as dist
 
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor(list(sums.values()), dtype=torch.float32)])
+    stats = torch.tensor(list(sums.values()), dtype=torch.float32, device=device)
+    flat = torch.cat([g.reshape(-1) for g in grads] + [stats])
     dist.all_reduce(flat)
     offset = 0
     for p, g in zip(params, grads):
@@ -50,18 +52,31 @@ def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float]) -> dict[
 
 
 class Policy:
+    """The model being trained, its optimiser and (with ``kl_coef``) its reference, all on
+    ``device`` (``"auto"``: a CUDA GPU where there is one, else the CPU; ``"cpu"``, ``"cuda"``,
+    ``"cuda:N"``). The weights and the optimiser state are float32; ``precision="bf16"``
+    (``"auto"``: on a CUDA device that supports it) runs the forward under bf16 autocast.
+    ``activation_checkpointing`` recomputes each decoder layer's activations in the backward
+    pass instead of keeping them."""
+
     def __init__(self, model_dir: str | Path, *, lr: float = 1e-4, weight_decay: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
                  micro_batch: int = 16, micro_batch_tokens: int | None = None, loss: LossConfig = LossConfig(),
-                 shard: bool = False) -> None:
+                 shard: bool = False, device: str = "auto", precision: str = "auto",
+                 activation_checkpointing: bool = False) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
+        self.device = resolve_device(device)
+        self.precision = resolve_precision(precision, self.device)
         with quiet_loading():
             self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.lora = lora
         if lora is not None:
             inject_lora(self.model, lora)
+        self.model.to(self.device)
+        if activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The KL penalty's reference is the starting model: with LoRA the base (adapter off),
         # else a frozen copy made before any step (a resumed run loads the checkpoint after).
         self.ref_model = None
@@ -82,7 +97,7 @@ class Policy:
         if self.sharded:
             from .sharding import shard_model
 
-            shard_model(self.model)
+            shard_model(self.model, device_mesh(self.device))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
         self.max_grad_norm = max_grad_norm
@@ -95,7 +110,8 @@ class Policy:
     def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """[B, T]: position t holds log p(input_ids[t] | input_ids[:t]) at the sampling
         temperature (the distribution the engine sampled from); position 0 holds 0."""
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        with autocast(self.device, self.precision):
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
         logp = torch.log_softmax(logits / self.temperature, dim=-1)
         picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
@@ -157,11 +173,11 @@ class Policy:
         if self.sharded:
             steps = max(steps, micro_steps or 0)
         for i in range(steps):
-            mb = batch.rows(plan[i]) if i < len(plan) else None
+            mb = batch.rows(plan[i]).to(self.device) if i < len(plan) else None
             n = float(mb.mask.sum()) if mb is not None else 0.0
             if mb is None or n == 0:
                 if self.sharded:  # take part in the shards' gathers and reductions, adding nothing
-                    one = batch.rows(slice(0, 1))
+                    one = batch.rows(slice(0, 1)).to(self.device)
                     (self.token_logprobs(one.input_ids, one.attention_mask).sum() * 0.0).backward()
                 continue
             ref = self.reference_logprobs(mb.input_ids, mb.attention_mask) if cfg.kl_coef > 0 else None
@@ -178,9 +194,9 @@ class Policy:
             for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_ref"):
                 sums[k] += st[k] * n
         if self.sharded:  # FSDP summed the gradients already (reduce-scatter): the statistics
-            sums = _sum_over_ranks([], sums)
+            sums = _sum_over_ranks([], sums, self.device)
         elif _world() > 1:
-            sums = _sum_over_ranks(self.params, sums)
+            sums = _sum_over_ranks(self.params, sums, self.device)
         grad_norm = full(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         self.optimizer.step()
         self.model.eval()
@@ -193,7 +209,8 @@ class Policy:
 
     # -- weight sync -------------------------------------------------------------------------
     def sync_tensors(self) -> dict[str, torch.Tensor]:
-        """What the engine needs after a step: every parameter, or only the adapter."""
+        """What the engine needs after a step: every parameter, or only the adapter, on the
+        policy's device (an engine that needs host copies makes them)."""
         if self.lora is not None:
             return {n: full(p).detach() for n, p in self.model.named_parameters() if "lora_" in n}
         return {n: full(p).detach() for n, p in self.model.named_parameters()}
@@ -251,7 +268,8 @@ class Policy:
         if bool(meta.get("sharded")) != self.sharded:
             raise ConfigError(f"checkpoint {path} was written by a {'sharded' if meta.get('sharded') else 'unsharded'} "
                               "policy and its optimiser state does not load into this one (same --fsdp setting)")
-        tensors = load_file(str(path / ("adapter.safetensors" if self.lora else "model.safetensors")))
+        tensors = load_file(str(path / ("adapter.safetensors" if self.lora else "model.safetensors")),
+                            device=str(self.device))
         params = dict(self.model.named_parameters())
         names = [n for n in params if (self.lora is None or "lora_" in n)]
         missing = {n for n in names if n not in tensors}
@@ -260,7 +278,7 @@ class Policy:
         with torch.no_grad():
             for name in names:
                 copy_full_(params[name], tensors[name])
-        state = torch.load(path / "optimizer.pt", weights_only=True)
+        state = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         if self.sharded:
             load_optimizer_state(self.model, self.optimizer, state)
         else:

@@ -3,8 +3,9 @@
 Each rank keeps a 1/N shard of every parameter, gradient and optimiser state; a forward
 all-gathers a decoder layer's parameters just before it runs, a backward reduce-scatters its
 gradients. :class:`~agentenv.train.policy.Policy` shards itself when built with ``shard=True``
-inside a process group (``agentenv.train.distributed`` builds it so on each Ray rank). The
-same code runs on gloo (CPU: what the tests here check) and NCCL (GPUs).
+inside a process group (``agentenv.train.distributed`` builds it so on each Ray rank), over a
+mesh on the ranks' device. The same code runs on gloo (CPU: what the tests here check) and
+NCCL (GPUs).
 
 Two rules every rank follows, since these are collective operations:
 * every rank runs the same number of forward/backward passes in a step (a rank with fewer
@@ -19,16 +20,18 @@ from typing import Any
 import torch
 
 
-def shard_model(model: torch.nn.Module) -> None:
+def shard_model(model: torch.nn.Module, mesh: Any = None) -> None:
     """Shard each decoder layer as its own unit, then the rest (embeddings, norm, head) at the
-    root. Gradients are *summed* over the ranks (the loss is already weighted by the whole
-    batch), not averaged."""
+    root, over ``mesh`` (a ``DeviceMesh`` on the ranks' device type, from
+    ``agentenv.train.device.device_mesh``; None: FSDP2's default, the machine's accelerator).
+    Gradients are *summed* over the ranks (the loss is already weighted by the whole batch),
+    not averaged."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     for layer in layers if layers is not None else ():
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for unit in model.modules():  # each unit reduces its own gradients: set every one
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)
