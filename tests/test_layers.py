@@ -11,7 +11,7 @@ import agentenv
 PACKAGE = Path(agentenv.__file__).parent
 # What the engine and sandbox packages may import from agentenv besides themselves.
 BELOW = {"agentenv.errors", "agentenv.extras", "agentenv.retry", "agentenv.models", "agentenv.models.lora",
-         "agentenv.raycluster"}
+         "agentenv.raycluster", "agentenv.devices"}
 
 
 def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:

@@ -1,4 +1,5 @@
-"""The embedded CPU engine: transformers' continuous batching behind the Engine interface.
+"""The embedded engine: transformers' continuous batching behind the Engine interface, on the
+CPU or a CUDA GPU (``device``, auto by default: a GPU where torch sees one).
 
 transformers (>= 5.16) ships a continuous-batching manager with a paged KV cache and
 block-level prefix sharing: a background thread runs the model over whatever requests are in
@@ -34,6 +35,7 @@ from typing import Any, Iterable
 import anyio
 import torch
 
+from ..devices import resolve_device
 from ..errors import ConfigError, EngineError, ModelNotFoundError
 from ..models import quiet_loading
 from .base import Engine, Generation, SamplingParams
@@ -71,6 +73,7 @@ class EmbeddedEngine(Engine):
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
         seed: int | None = None,
+        device: str = "auto",
     ) -> None:
         from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
@@ -82,7 +85,9 @@ class EmbeddedEngine(Engine):
         with quiet_loading():
             self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype,
                                                               attn_implementation=attn_implementation)
-        self.model.eval()
+        #: Where the model generates (``agentenv.devices``: auto is a CUDA GPU where torch sees one).
+        self.device = resolve_device(device)
+        self.model.to(self.device).eval()
         cfg = self.model.config
         self.max_model_len = int(max_model_len or getattr(cfg, "max_position_embeddings", 2048))
         self.sampling = (float(temperature), float(top_p), int(top_k))

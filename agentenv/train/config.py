@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from ..config import EngineOptions, EnvOptions, JudgeOptions, RolloutConfig, RunOptions, SandboxOptions
 from ..errors import ConfigError
+from ..devices import DEVICE
 from ..options import NON_NEGATIVE, POSITIVE, option, resume_keys, same_as, validate
 
 _RAY = "(RAY_ADDRESS, or a local cluster started for the run; pip install 'agentenv[ray]')"
@@ -43,6 +44,15 @@ class TrainConfig:
     micro_batch_tokens: int | None = option(
         8192, "at most this many padded tokens per forward/backward; rows are grouped by length, so a long sample "
               "does not widen a pass of short ones", check=POSITIVE)
+    device: str = option("auto", "where the policy trains: auto (a CUDA GPU where torch sees one, else the CPU), cpu, "
+                                 "cuda or cuda:N; with --cluster ray each rank takes one GPU (auto: when the cluster "
+                                 "has one for every rank)", check=DEVICE)
+    precision: Literal["auto", "fp32", "bf16"] = option(
+        "auto", "auto: bf16 on a CUDA GPU that supports it, else fp32; bf16: the forward under bf16 autocast, weights "
+                "and optimiser state kept in float32 (on the CPU too)")
+    activation_checkpointing: bool = option(
+        False, "recompute each decoder layer's activations in the backward pass instead of keeping them: less "
+               "memory for long rows, about one more forward of compute")
     lora_rank: int = option(0, "train a LoRA adapter of this rank and sync only it (default {default}; 0: full fine-tuning)",
                             check=NON_NEGATIVE, resume=True)
     lora_alpha: float = option(16.0, "LoRA scaling numerator: the update is scaled by alpha/rank", check=POSITIVE)

@@ -7,15 +7,18 @@ interface the trainer already uses:
     policy.close()
 
 Each rank is a Ray actor holding a whole copy of the policy and its optimiser; the ranks form
-one ``torch.distributed`` process group (gloo, on CPU). A step splits the batch's rows into
+one ``torch.distributed`` process group: NCCL when they train on CUDA (each rank asks Ray for
+one GPU and makes it its device), gloo on CPUs (``agentenv.train.device.rank_device`` decides,
+on the driver, from the ``device`` asked for and the cluster's GPUs). A step splits the batch's rows into
 contiguous shares. Each rank weighs its loss by the whole batch's trained tokens (or rows), the
 gradients and statistics are summed in one all-reduce, and every rank clips and steps the same
 gradient, so the ranks' weights stay identical and equal one process's step on the whole batch
 (:meth:`Policy.train_step`). Rank 0 broadcasts its starting weights, so the ranks start equal
 whatever their seeds.
 
-Weights reach the engine from rank 0 through the object store and the driver, which loads
-them into its engine (LoRA: the adapter only). Checkpoints are written by rank 0 into
+Weights reach the engine from rank 0 through the object store (host copies, from whichever
+device rank 0 trains on) and the driver, which loads them into its engine (LoRA: the adapter
+only). Checkpoints are written by rank 0 into
 ``out_dir``, so that must be storage rank 0's node can write (on a local cluster, the driver's
 own disk; across machines, a shared filesystem, as verl also requires).
 
@@ -25,9 +28,6 @@ memory per rank; weight sync and checkpoints gather the whole tensors on every r
 
 A rank that dies raises :class:`~agentenv.errors.RankDiedError`; the trainer then stops every
 rank and starts new ones from its last checkpoint (``TrainConfig.rank_restarts`` times).
-
-Not here yet: NCCL on GPUs (the process group is gloo; FSDP2's code is the same on both, but
-only CPU runs here).
 """
 
 from __future__ import annotations
@@ -65,10 +65,13 @@ class TrainerRank:
     def setup(self, address: str, timeout_s: float) -> int:
         import torch.distributed as dist
 
+        from .device import process_group_backend, resolve_device, use_device
         from .policy import Policy
 
-        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=self.rank, world_size=self.world,
-                                timeout=timedelta(seconds=timeout_s))
+        device = resolve_device(self.policy_kwargs.get("device", "cpu"))
+        use_device(device)  # before the group: NCCL binds each rank to its current device
+        dist.init_process_group(process_group_backend(device.type), init_method=f"tcp://{address}", rank=self.rank,
+                                world_size=self.world, timeout=timedelta(seconds=timeout_s))
         torch.manual_seed(self.seed)
         self.policy = Policy(**self.policy_kwargs)  # it takes rank 0's weights (a broadcast), then shards
         return os.getpid()
@@ -77,13 +80,14 @@ class TrainerRank:
         return self.policy.train_step(batch, totals, micro_steps)
 
     def sync_tensors(self) -> dict[str, torch.Tensor]:
-        """Rank 0's tensors (sharded: every rank takes part in gathering them; the others return none)."""
+        """Rank 0's tensors as host copies (sharded: every rank takes part in gathering them;
+        the others return none)."""
         tensors = self.policy.sync_tensors()
-        return {n: t.clone() for n, t in tensors.items()} if self.rank == 0 else {}
+        return {n: t.to("cpu", copy=True) for n, t in tensors.items()} if self.rank == 0 else {}
 
     def base_tensors(self) -> dict[str, torch.Tensor]:
         tensors = self.policy.base_tensors()
-        return {n: t.clone() for n, t in tensors.items()} if self.rank == 0 else {}
+        return {n: t.to("cpu", copy=True) for n, t in tensors.items()} if self.rank == 0 else {}
 
     def full_bytes(self) -> int:
         return self.policy.full_bytes
@@ -130,6 +134,7 @@ class RayPolicy:
                  rank_options: dict[str, Any] | None = None, setup_timeout_s: float = 300.0,
                  **policy_kwargs: Any) -> None:
         from ..raycluster import actor_options, connect
+        from .device import rank_device
 
         if ranks < 1:
             raise ConfigError(f"trainer ranks must be >= 1, got {ranks}")
@@ -140,8 +145,15 @@ class RayPolicy:
         self.micro_batch_tokens = policy_kwargs.get("micro_batch_tokens")
         self._ray, self._started_ray = connect(address)
         ray = self._ray
-        cls = ray.remote(TrainerRank).options(**actor_options(rank_options, num_cpus=1))
-        kwargs = {"model_dir": str(model_dir), **policy_kwargs}
+        self.actors: list[Any] = []
+        try:  # every rank on one GPU of its own, or all on CPUs
+            self.device = rank_device(policy_kwargs.get("device", "auto"), ray.cluster_resources().get("GPU", 0), ranks)
+        except BaseException:
+            self.close()
+            raise
+        gpus = {"num_gpus": 1} if self.device == "cuda" else {}
+        cls = ray.remote(TrainerRank).options(**actor_options(rank_options, num_cpus=1, **gpus))
+        kwargs = {"model_dir": str(model_dir), **policy_kwargs, "device": self.device}
         self.actors = [cls.remote(r, ranks, kwargs, seed) for r in range(ranks)]
         try:
             address = self._get(self.actors[0].address.remote())

@@ -128,7 +128,8 @@ class Trainer:
         loss = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, aggregation=cfg.aggregation,
                           kl_coef=cfg.kl_coef)
         kwargs = dict(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, lora=lora,
-                      micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens, loss=loss)
+                      micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens, loss=loss,
+                      device=cfg.device, precision=cfg.precision, activation_checkpointing=cfg.activation_checkpointing)
         if cfg.cluster == "ray":
             from .distributed import RayPolicy
 
