@@ -56,6 +56,7 @@ from .vllm_core import VLLMCore, start_llm
 from .vllm_lora import LoraAdapters
 from .vllm_outputs import Outputs, read_outputs, sampling_params, token_prompt
 from .vllm_sessions import InputStream, InputStreams, feed, session_limit
+from .weight_group import GroupLink
 
 if TYPE_CHECKING:
     import torch  # type hints only
@@ -112,7 +113,7 @@ class VLLMEngine(Engine):
 
     def __init__(self, llm: Any, tokenizer: Any, max_model_len: int, page_size: int, *,
                  args: dict[str, Any] | None = None, max_restarts: int = 3, nice: int = 0,
-                 adapters: LoraAdapters | None = None) -> None:
+                 adapters: LoraAdapters | None = None, weight_sync: str = "auto") -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.page_size = page_size
@@ -129,6 +130,8 @@ class VLLMEngine(Engine):
         self._labels = hasattr(llm, "update_weight_version")
         self._update_lock = anyio.Lock()
         self._served_weights: dict[str, torch.Tensor] = {}  # every update so far, for a restart
+        #: How weights reach the workers: the weight-update group or the host (``weight_group``).
+        self.weight_group = GroupLink(weight_sync, name="vllm")
         self._closed = False
 
     @classmethod
@@ -137,11 +140,11 @@ class VLLMEngine(Engine):
                      gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1,
                      enforce_eager: bool | None = None, enable_lora: bool = False, max_lora_rank: int = 16,
                      seed: int = 0, max_restarts: int = 3, sessions: bool = False, nice: int | None = None,
-                     **engine_args: Any) -> "VLLMEngine":
+                     weight_sync: str = "auto", **engine_args: Any) -> "VLLMEngine":
         """Start vLLM on the model directory ``model`` (the arguments :func:`vllm_args` takes,
         and any ``AsyncEngineArgs`` field). ``max_restarts``: engine-core restarts allowed;
         ``sessions``: streaming-input sessions on; ``nice``: the engine core's niceness (None:
-        10 on CPU, 0 on GPUs)."""
+        10 on CPU, 0 on GPUs); ``weight_sync``: auto, group or host (``weight_group``)."""
         import torch
 
         from ..extras import require
@@ -158,7 +161,7 @@ class VLLMEngine(Engine):
         cache = llm.vllm_config.cache_config
         engine = cls(llm, load_tokenizer(path), max_model_len, int(cache.block_size), args=args,
                      max_restarts=max_restarts, nice=(10 if on_cpu else 0) if nice is None else int(nice),
-                     adapters=LoraAdapters(enable_lora, path))
+                     adapters=LoraAdapters(enable_lora, path), weight_sync=weight_sync)
         engine.kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size) or None
         engine._streams.limit = session_limit(llm.vllm_config) if sessions else 0
         try:
@@ -318,29 +321,31 @@ class VLLMEngine(Engine):
 
     async def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                            version: int | None = None) -> int:
-        """Install new weights (see :meth:`Engine.load_weights`); under train-time LoRA
-        (``enable_lora``), adapter tensors alone are published as a new adapter version."""
-        from safetensors.torch import save
-
+        """Install new weights (see :meth:`Engine.load_weights`): over the weight-update group
+        where it is formed (``weight_group``), else serialised through the engine's RPC. Under
+        train-time LoRA (``enable_lora``), adapter tensors alone are published as a new adapter
+        version (files, as on the host path)."""
         items = list(weights.items() if isinstance(weights, dict) else weights)
         if self.adapters.is_adapter(items):
             return await self._publish_adapter(dict(items), version)
-        host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
-        blob = save(host)
         # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
-        self._served_weights.update(host)
+        self._served_weights.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in items})
         # A dead engine core is restarted (with every update so far, this one included) and
         # the update made again on the new one.
         return await self.core.restarting(self.core.call, "weight update",
-                                          lambda llm: self._install(llm, blob, version))
+                                          lambda llm: self._install(llm, dict(items), version))
 
-    async def _install(self, llm: Any, blob: bytes, version: int | None) -> int:
+    async def _install(self, llm: Any, tensors: dict[str, torch.Tensor], version: int | None) -> int:
+        group = await self.weight_group.ready("127.0.0.1", lambda: self._workers(llm), lambda *a: llm.collective_rpc(
+            "agentenv_join_weight_group", args=a))
         async with self._update_lock:
             # In-flight requests are frozen (not aborted), keep their KV, and go on with the
             # new weights after resume; their later tokens carry the new version.
             await llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                await llm.collective_rpc("agentenv_load_weights", args=(blob,))
+                if not group or await self.weight_group.update(tensors, lambda meta: llm.collective_rpc(
+                        "agentenv_receive_weights", args=(meta,))) is None:
+                    await llm.collective_rpc("agentenv_load_weights", args=(_blob(tensors),))
                 new = self._version + 1 if version is None else int(version)
                 if self._labels:
                     await llm.update_weight_version(str(new))  # tokens sampled from now on
@@ -349,13 +354,17 @@ class VLLMEngine(Engine):
                 await llm.resume_generation()
         return self._version
 
+    @staticmethod
+    async def _workers(llm: Any) -> int:
+        """How many workers (tensor-parallel ranks) the engine has: each answers once."""
+        return len(await llm.collective_rpc("agentenv_instance"))
+
     async def _prime(self, llm: Any) -> None:
         """Give a new engine core what the dead one served: every weight update so far, the
         current version's label, every adapter."""
+        self.weight_group.drop()  # its workers died with the old core: formed again at the next update
         if self._served_weights:
-            from safetensors.torch import save
-
-            await llm.collective_rpc("agentenv_load_weights", args=(save(self._served_weights),))
+            await llm.collective_rpc("agentenv_load_weights", args=(_blob(self._served_weights),))
         if self._labels:
             await llm.update_weight_version(str(self._version))
         for req in self.adapters.requests.values():
@@ -395,4 +404,12 @@ class VLLMEngine(Engine):
         with anyio.CancelScope(shield=True):
             self._streams.close_all()
             await self._streams.reap()
+            self.weight_group.close()
             await self.core.close()
+
+
+def _blob(tensors: dict[str, torch.Tensor]) -> bytes:
+    """The host path's message: the tensors as one safetensors blob (on the host)."""
+    from safetensors.torch import save
+
+    return save({n: t.detach().to("cpu").contiguous() for n, t in tensors.items()})

@@ -68,9 +68,14 @@ def _no_such_method(message: str) -> bool:
 
 
 class WeightSyncExtension:
-    """Mixed into vLLM's worker; ``collective_rpc("agentenv_load_weights", args=(blob,))``."""
+    """Mixed into vLLM's worker. Host path: ``collective_rpc("agentenv_load_weights",
+    args=(blob,))``. Weight-update group (``engines/weight_group.py``):
+    ``agentenv_join_weight_group`` once, then ``agentenv_receive_weights`` per update, while
+    the trainer broadcasts."""
 
     model_runner: Any
+    _agentenv_group: Any = None
+    _agentenv_backend = "gloo"
 
     def agentenv_instance(self) -> str:
         """This worker process's id: a restarted server's workers have new ones."""
@@ -85,13 +90,74 @@ class WeightSyncExtension:
         if isinstance(blob, str):  # over HTTP (/collective_rpc takes JSON): base64
             blob = base64.b64decode(blob)
         weights = load(blob)
-        # vLLM's in-place reload: checkpoint-format names (q_proj, k_proj, ... are packed into
-        # qkv_proj by the model's loader), re-runs the per-layer weight processing that
-        # loading did (the CPU backend repacks linear weights, so a plain load_weights into the
-        # processed parameters fails), and works under LoRA wrappers.
+        self._agentenv_install(weights)
+        return {"tensors": len(weights), "instance": _WORKER_ID}
+
+    def agentenv_join_weight_group(self, host: str, port: int, world: int, backend: str,
+                                   timeout_s: float = 120.0) -> dict[str, Any]:
+        """Join the trainer's weight-update group at ``host:port`` as rank 1 + this worker's
+        rank (blocks until the trainer and every worker have joined). A group joined before is
+        left first."""
+        from .weight_group import join, leave
+
+        if self._agentenv_group is not None:
+            leave(self._agentenv_group)
+            self._agentenv_group = None
+        rank = 1 + int(getattr(self, "rank", 0))
+        self._agentenv_group = join(host, int(port), rank, int(world), backend_name=backend, timeout_s=timeout_s)
+        self._agentenv_backend = backend
+        return {"rank": rank, "instance": _WORKER_ID}
+
+    def agentenv_receive_weights(self, meta: list[Any]) -> dict[str, Any]:
+        """Receive the tensors ``meta`` names (``weight_group.metadata``) from the trainer's
+        broadcast and load them as ``agentenv_load_weights`` does."""
+        from .weight_group import receive
+
+        if self._agentenv_group is None:
+            raise RuntimeError("agentenv: this worker is in no weight-update group (agentenv_join_weight_group)")
+        device = "cpu" if self._agentenv_backend == "gloo" else self.model_runner.device
+        weights = dict(receive(self._agentenv_group, [(n, d, list(s)) for n, d, s in meta], device))
+        self._agentenv_install(weights)
+        return {"tensors": len(weights), "instance": _WORKER_ID}
+
+    def agentenv_leave_weight_group(self) -> bool:
+        """Leave the weight-update group, if in one."""
+        from .weight_group import leave
+
+        group, self._agentenv_group = self._agentenv_group, None
+        if group is not None:
+            leave(group)
+        return group is not None
+
+    def agentenv_read_weights(self, names: list[str]) -> dict[str, list[Any]]:
+        """For checks: the served parameters ``names`` (vLLM's own names, e.g.
+        ``model.norm.weight``) as nested lists of float64 (exact for float32 and bfloat16)."""
+        import torch
+
+        params = dict(self.model_runner.get_model().named_parameters())
+        return {n: params[n].detach().to("cpu", dtype=torch.float64).tolist() for n in names}
+
+    def agentenv_weights_digest(self) -> dict[str, str]:
+        """For checks: a SHA-256 of every served parameter's bytes, by vLLM's name (two
+        engines serve the same weights exactly when their digests are equal)."""
+        import hashlib
+
+        import torch
+
+        out = {}
+        for name, p in self.model_runner.get_model().named_parameters():
+            raw = p.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+            out[name] = hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+        return out
+
+    def _agentenv_install(self, weights: dict[str, Any]) -> None:
+        """Load checkpoint-format tensors in place. vLLM's in-place reload: checkpoint-format
+        names (q_proj, k_proj, ... are packed into qkv_proj by the model's loader), re-runs the
+        per-layer weight processing that loading did (the CPU backend repacks linear weights,
+        so a plain load_weights into the processed parameters fails), and works under LoRA
+        wrappers."""
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         self._refresh_tied_heads()
-        return {"tensors": len(weights), "instance": _WORKER_ID}
 
     def _refresh_tied_heads(self) -> None:
         """A head tied to the embeddings shares their weight, but its kernel-side copy (the

@@ -1,0 +1,297 @@
+"""The weight-update group: weights sent from the trainer into vLLM's workers by a collective
+broadcast, not serialised and carried through the engine's RPC.
+
+The trainer's end (rank 0) and every worker of one engine (ranks 1..N, one per
+tensor-parallel rank) join a process group made for the purpose with vLLM's
+``stateless_init_torch_distributed_process_group`` (it leaves ``torch.distributed``'s global
+group alone, so a trainer rank that is also in its own data-parallel group can join): gloo on
+CPU, NCCL where CUDA is present (the same code; :func:`backend` picks). vLLM's native weight
+transfer (``WeightTransferConfig``) offers NCCL and CUDA IPC only, neither of which runs on a
+CPU machine, hence this group of our own, as prime-rl and SkyRL build theirs.
+
+One update is
+
+1. the engine pauses (``mode="keep"``), as on the host path;
+2. its workers are told the tensors' names, dtypes and shapes (:func:`metadata`, a small
+   message carried by ``collective_rpc``) and start receiving;
+3. the trainer broadcasts the tensors' bytes, packed into buckets of at most
+   :data:`BUCKET_BYTES` (few collectives for a model of many small tensors, and a bounded extra
+   copy on each side); both ends derive the same buckets from the metadata (:func:`buckets`);
+4. each worker loads them in place (``vllm_worker.WeightSyncExtension``) exactly as a host
+   update does, and the engine stamps the version and resumes.
+
+A group that cannot be formed (no route to the trainer's address, workers without the
+extension's methods, a timeout) leaves the engine on the host path, with one log line saying why (the engines decide; this
+module forms the group and moves the bytes: :class:`GroupSender` at the trainer's end,
+:func:`receive` in a worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+#: ``weight_sync`` settings: ``group`` (the group, or an error when it cannot be formed),
+#: ``host`` (the serialised round trip), ``auto`` (the group where it can be formed, else host).
+WeightSync = Literal["auto", "group", "host"]
+WEIGHT_SYNC_MODES = ("auto", "group", "host")
+#: The most bytes one broadcast carries (a larger tensor goes alone).
+BUCKET_BYTES = 64 * 1024**2
+#: How long forming the group, or one update's broadcast, may wait for its peers.
+TIMEOUT_S = 120.0
+
+Meta = list[tuple[str, str, list[int]]]  # (name, dtype without "torch.", shape) per tensor
+
+
+def backend() -> str:
+    """The group's backend: NCCL where CUDA is present, gloo otherwise."""
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def metadata(tensors: dict[str, torch.Tensor]) -> Meta:
+    """What the receiving end needs to allocate the tensors, in the order they are sent."""
+    return [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in tensors.items()]
+
+
+def _nbytes(dtype: str, shape: list[int]) -> int:
+    import torch
+
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * getattr(torch, dtype).itemsize
+
+
+def buckets(meta: Meta, limit: int = BUCKET_BYTES) -> list[list[int]]:
+    """The tensors' indices grouped, in order, into buckets of at most ``limit`` bytes."""
+    out: list[list[int]] = []
+    size = 0
+    for i, (_, dtype, shape) in enumerate(meta):
+        n = _nbytes(dtype, shape)
+        if not out or size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += n
+    return out
+
+
+def local_address(peer: str) -> str:
+    """This machine's address as ``peer`` reaches it (loopback for a local peer)."""
+    if peer in ("localhost", "127.0.0.1", "::1", ""):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))  # no packet is sent: this only picks the outgoing interface
+        return str(s.getsockname()[0])
+
+
+def listen(host: str) -> socket.socket:
+    """A socket bound on ``host`` for the group's rendezvous (raises ``OSError`` when ``host``
+    is not an address of this machine)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, 0))
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def join(host: str, port: int, rank: int, world: int, *, backend_name: str, listen_socket: socket.socket | None = None,
+         timeout_s: float = TIMEOUT_S) -> Any:
+    """Join the group at ``host:port`` as ``rank`` of ``world`` (blocks until all have
+    joined); rank 0 passes the socket :func:`listen` bound, on which the rendezvous runs."""
+    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+    return stateless_init_torch_distributed_process_group(
+        host, port, rank, world, backend_name, listen_socket=listen_socket, timeout=timedelta(seconds=timeout_s))
+
+
+def leave(group: Any) -> None:
+    """Tear the group down on this end (a peer that is gone makes no difference)."""
+    try:
+        group.shutdown()
+    except Exception:  # noqa: BLE001 - a group whose peers died has nothing left to shut
+        pass
+
+
+def _broadcast(group: Any, buf: torch.Tensor) -> None:
+    from torch.distributed import BroadcastOptions
+
+    opts = BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 0
+    group.broadcast([buf], opts).wait()
+
+
+def send(group: Any, tensors: dict[str, torch.Tensor], device: Any = "cpu") -> int:
+    """Broadcast ``tensors`` (in :func:`metadata`'s order) from rank 0; answers the bytes sent.
+    Blocks until every peer has received them."""
+    import torch
+
+    items = list(tensors.values())
+    sent = 0
+    for bucket in buckets(metadata(tensors)):
+        parts = [items[i].detach().to(device).contiguous().view(-1).view(torch.uint8) for i in bucket]
+        buf = parts[0] if len(parts) == 1 else torch.cat(parts)
+        _broadcast(group, buf)
+        sent += buf.numel()
+    return sent
+
+
+def receive(group: Any, meta: Meta, device: Any = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors rank 0 broadcasts, bucket by bucket, as ``(name, tensor)`` pairs viewing the
+    received bytes (a bucket's tensors are yielded once it has arrived)."""
+    import torch
+
+    for bucket in buckets(meta):
+        sizes = [_nbytes(meta[i][1], meta[i][2]) for i in bucket]
+        buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+        _broadcast(group, buf)
+        offset = 0
+        for i, n in zip(bucket, sizes):
+            name, dtype, shape = meta[i]
+            yield name, buf[offset:offset + n].view(getattr(torch, dtype)).view(shape)
+            offset += n
+
+
+class GroupSender:
+    """The trainer's end (rank 0) of one engine's weight-update group. ``form`` makes it;
+    ``update`` sends one set of tensors while the engine's workers receive them."""
+
+    def __init__(self, group: Any, world: int, backend_name: str) -> None:
+        self.group, self.world, self.backend = group, world, backend_name
+        #: Bytes sent over the group so far.
+        self.sent_bytes = 0
+
+    @classmethod
+    async def form(cls, host: str, workers: int, ask_join: Callable[[str, int, int, str], Awaitable[Any]], *,
+                   timeout_s: float = TIMEOUT_S) -> "GroupSender":
+        """Form the group at ``host`` (an address of this machine the workers can reach) with
+        ``workers`` peers: ``ask_join(host, port, world, backend)`` asks the engine's workers to
+        join (ranks 1..workers) while this end joins as rank 0. Raises when any of it fails or
+        ``timeout_s`` passes."""
+        import anyio
+
+        backend_name = backend()
+        sock = listen(host)
+        port, world = sock.getsockname()[1], workers + 1
+        joined: list[Any] = []
+
+        def join_here() -> None:
+            joined.append(join(host, port, 0, world, backend_name=backend_name, listen_socket=sock,
+                               timeout_s=timeout_s))
+
+        with anyio.fail_after(timeout_s + 5):
+            async with anyio.create_task_group() as tg:
+                # Abandoned (not waited for) if the workers' side fails: it gives up at its timeout.
+                tg.start_soon(lambda: anyio.to_thread.run_sync(join_here, abandon_on_cancel=True))
+                await ask_join(host, port, world, backend_name)
+        return cls(joined[0], world, backend_name)
+
+    async def update(self, tensors: dict[str, torch.Tensor], ask_receive: Callable[[Meta], Awaitable[Any]]) -> Any:
+        """Send ``tensors``; ``ask_receive(meta)`` makes the workers receive and load them and
+        returns their answer, which this returns. A failure on either side closes the group
+        (a later update cannot trust it) and raises."""
+        import anyio
+
+        device = "cuda" if self.backend == "nccl" else "cpu"
+        sent: list[int] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: anyio.to_thread.run_sync(lambda: sent.append(send(self.group, tensors, device)),
+                                                               abandon_on_cancel=True))
+                answer = await ask_receive(metadata(tensors))
+        except BaseException:
+            self.close()
+            raise
+        self.sent_bytes += sent[0] if sent else 0
+        return answer
+
+    def close(self) -> None:
+        """Leave the group (idempotent)."""
+        group, self.group = self.group, None
+        if group is not None:
+            leave(group)
+
+
+class GroupLink:
+    """An engine client's choice between the group and the host path (``mode``, a
+    :data:`WeightSync`), and its group once formed. ``auto``: a group that cannot be formed,
+    or an update over it that fails, puts the engine on the host path for good, with one log
+    line saying why; ``group``: either raises :class:`~agentenv.errors.EngineError`."""
+
+    def __init__(self, mode: str = "auto", *, name: str = "vllm") -> None:
+        if mode not in WEIGHT_SYNC_MODES:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"weight_sync must be one of {', '.join(WEIGHT_SYNC_MODES)}, got {mode!r}")
+        self.mode, self.name = mode, name
+        self.sender: GroupSender | None = None
+        #: Why the host path is used (None while the group is, or may yet be, formed).
+        self.host_reason: str | None = "weight_sync=host" if mode == "host" else None
+
+    @property
+    def on(self) -> bool:
+        """Whether updates go over a formed group."""
+        return self.sender is not None
+
+    async def ready(self, host: str, workers: Callable[[], Awaitable[int]],
+                    ask_join: Callable[[str, int, int, str], Awaitable[Any]]) -> bool:
+        """Whether this update goes over the group: formed now if it is not yet (``workers()``
+        counts the engine's workers; ``ask_join`` as :meth:`GroupSender.form` takes it)."""
+        if self.sender is not None:
+            return True
+        if self.host_reason is not None:
+            return False
+        try:
+            self.sender = await GroupSender.form(host, await workers(), ask_join)
+        except Exception as exc:  # noqa: BLE001 - reported, and the host path taken (auto)
+            self._failed(f"the weight-update group could not be formed at {host}: {type(exc).__name__}: {exc}", exc)
+            return False
+        log.info("%s: weights go over a weight-update group (%s, %d ranks)", self.name, self.sender.backend,
+                 self.sender.world)
+        return True
+
+    async def update(self, tensors: dict[str, torch.Tensor], ask_receive: Callable[[Meta], Awaitable[Any]]) -> Any:
+        """Send ``tensors`` over the formed group; the workers' answer, or None when the update
+        failed (auto: the caller takes the host path for it)."""
+        assert self.sender is not None
+        try:
+            return await self.sender.update(tensors, ask_receive)
+        except Exception as exc:  # noqa: BLE001 - reported, and the host path taken (auto)
+            self.sender = None
+            self._failed(f"an update over the weight-update group failed: {type(exc).__name__}: {exc}", exc)
+            return None
+
+    def _failed(self, reason: str, exc: BaseException) -> None:
+        if self.mode == "group":
+            from ..errors import EngineError
+
+            raise EngineError(f"{self.name}: {reason} (weight_sync=group)") from exc
+        self.host_reason = reason
+        log.warning("%s: weights go through the host (serialised): %s", self.name, reason)
+
+    def drop(self) -> None:
+        """The engine's workers were replaced (a restart): the group is left, and formed again
+        with the new ones at the next update."""
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+
+    def close(self) -> None:
+        self.drop()
+
+
+__all__ = ["BUCKET_BYTES", "GroupLink", "GroupSender", "WEIGHT_SYNC_MODES", "WeightSync", "backend", "buckets", "join", "leave", "listen",
+           "local_address", "metadata", "receive", "send"]
