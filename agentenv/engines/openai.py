@@ -44,6 +44,7 @@ from ..retry import retry_async
 from .base import Engine, Generation, SamplingParams
 from .routing import Router
 from .vllm_worker import INSTANCE_HEADER, instance_id
+from .weight_group import GroupLink, local_address
 
 if TYPE_CHECKING:
     import torch  # type hints only
@@ -93,6 +94,7 @@ class OpenAIEngine(Engine):
         sticky_programs: int = 100_000,
         block_size: int = 16,
         priority: bool = False,
+        weight_sync: str = "auto",
     ) -> None:
         from ..extras import require
 
@@ -117,6 +119,9 @@ class OpenAIEngine(Engine):
         self._instance: list[str | None] = [None] * len(self.urls)  # the engine each push reached
         self._unidentified_warned = False
         self._resync = [anyio.Lock() for _ in self.urls]
+        #: Per server: weights over a weight-update group with its workers, or through the host
+        #: (``weight_group``; ``weight_sync``: auto, group or host).
+        self.weight_groups = [GroupLink(weight_sync, name=u) for u in self.urls]
         #: Send each request's priority (the server must run ``--scheduling-policy priority``;
         #: vLLM rejects a non-zero priority otherwise).
         self.priority = priority
@@ -279,28 +284,51 @@ class OpenAIEngine(Engine):
         engine changed since its last push (restarted: it has only its checkpoint) gets
         everything pushed so far with it."""
         before = self._instance[idx]
+        if delta is None:  # the server was lost: its workers (and their group) may be new ones
+            self.weight_groups[idx].drop()
         now = await self._post_weights(idx, self._pushed if delta is None else delta)
         if delta is not None and self._pushed and now != before:
             now = await self._post_weights(idx, {**self._pushed, **delta})
         self._instance[idx] = now
 
     async def _post_weights(self, idx: int, tensors: dict[str, torch.Tensor]) -> str:
-        """One ``agentenv_load_weights`` call; returns the id of the engine that loaded them."""
-        import httpx
+        """One update of server ``idx``: over its weight-update group where that is formed
+        (``weight_group``), else ``agentenv_load_weights`` with the tensors serialised; returns
+        the id of the engine that loaded them."""
+        from urllib.parse import urlparse
+
+        link = self.weight_groups[idx]
+        host = local_address(urlparse(self.urls[idx]).hostname or "")
+        if await link.ready(host, lambda: self._workers(idx), lambda *a: self._rpc(idx, "agentenv_join_weight_group", *a)):
+            results = await link.update(tensors, lambda meta: self._rpc(idx, "agentenv_receive_weights", meta))
+            if results is not None:
+                return instance_id(results)
         from safetensors.torch import save
 
+        return instance_id(await self._rpc(idx, "agentenv_load_weights", base64.b64encode(save(tensors)).decode()))
+
+    async def _workers(self, idx: int) -> int:
+        """How many workers (tensor-parallel ranks) server ``idx``'s engine has."""
+        return len(await self._rpc(idx, "agentenv_instance"))
+
+    async def _rpc(self, idx: int, method: str, *args: Any) -> list[Any]:
+        """``method`` of agentenv's worker extension on every worker of server ``idx`` (vLLM's
+        dev endpoint ``/collective_rpc``); the workers' answers."""
+        import httpx
+
         url = self.urls[idx]
-        blob = base64.b64encode(save(tensors)).decode()
         async with httpx.AsyncClient(timeout=600) as http:
-            r = await http.post(f"{url}/collective_rpc", json={"method": "agentenv_load_weights", "args": [blob]})
+            r = await http.post(f"{url}/collective_rpc", json={"method": method, "args": list(args)})
         if r.status_code != 200:
-            raise EngineError(f"{url}/collective_rpc failed ({r.status_code}): {r.text[:300]} "
+            raise EngineError(f"{url}/collective_rpc ({method}) failed ({r.status_code}): {r.text[:300]} "
                               "(start the server with VLLM_SERVER_DEV_MODE=1 and the agentenv worker extension)")
-        return instance_id(r.json()["results"])
+        return list(r.json()["results"])
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        for link in self.weight_groups:
+            link.close()
         for c in self.clients:
             await c.close()

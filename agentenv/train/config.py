@@ -104,6 +104,10 @@ class TrainConfig:
                                "state (FSDP2) instead of each holding a whole copy")
     rank_restarts: int = option(2, "with --cluster ray: when a trainer rank dies, start the ranks again from the "
                                    "last checkpoint, at most this often", check=NON_NEGATIVE)
+    weight_sync: Literal["auto", "group", "host"] = option(
+        "auto", "how weights reach a vllm or openai engine's workers: group (broadcast over a weight-update group, "
+                "gloo on CPU, NCCL with CUDA, loaded in place), host (serialised through the engine's RPC) or auto "
+                "(the group where it can be formed, else the host, with a log line saying why)")
 
     #: Settings a resumed run must share with the checkpoint (the rest may change): the
     #: fields declared with ``resume``.
@@ -118,6 +122,9 @@ class TrainConfig:
                               f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
         if self.fsdp and self.cluster != "ray":
             raise ConfigError("fsdp (sharding over trainer ranks) needs cluster='ray'")
+        if self.weight_sync == "group" and self.engine == "embedded":
+            raise ConfigError("weight_sync='group' needs a vllm or openai engine (the embedded engine shares the "
+                              "trainer's process: its weights are not sent)")
         if self.engines and self.cluster != "ray":
             raise ConfigError(f"engines (engine actors) need cluster='ray', got engines={self.engines}")
 
@@ -129,6 +136,12 @@ class TrainConfig:
         merged = {**defaults, **settings, "env": env}
         merged["env_kwargs"] = {**defaults.get("env_kwargs", {}), **settings.get("env_kwargs", {})}
         return cls(**merged)
+
+    def engine_args(self) -> dict[str, Any]:
+        """The engine's constructor arguments: ``--engine-arg``'s, over ``weight_sync`` for the
+        engines that load weights into vLLM's workers (vllm, openai)."""
+        sync = {"weight_sync": self.weight_sync} if self.engine in ("vllm", "openai") else {}
+        return {**sync, **self.engine_kwargs}
 
     @property
     def staleness(self) -> int:

@@ -105,7 +105,7 @@ class Trainer:
                                cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1))
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
-            spec = EngineSpec(cfg.engine, str(model), dict(cfg.engine_kwargs), cfg.base_urls,
+            spec = EngineSpec(cfg.engine, str(model), cfg.engine_args(), cfg.base_urls,
                               temperature=cfg.temperature, seed=sampling_seed)
             if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
                 from ..engines.actors import RayEngine
