@@ -1,0 +1,303 @@
+"""The bundled trainer on a CUDA GPU: throughput, peak memory and weight-sync time.
+
+    python bench/gpu.py                       # on a machine with a CUDA GPU (about a minute on an H100)
+    python bench/gpu.py --device cpu --quick  # the same code on the CPU, small shapes (a smoke test)
+
+Two parts, each printing one line of figures as soon as it has them:
+
+* ``qwen2-0.5b-shaped``: a randomly initialised Qwen2-family model shaped like Qwen2-0.5B
+  (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151,936, tied
+  embeddings; no weights can be downloaded) trained by :class:`agentenv.train.policy.Policy`
+  on synthetic rows (8 rows x 2,048 tokens, bf16 autocast, float32 master weights): tokens
+  per second of the optimiser steps after a warm-up step, the peak memory of the steps, and
+  the weight sync: ``sync_tensors`` plus a copy into a second model on the device
+  (``sync_s``) and into host memory (``host_copy_s``);
+* ``bundled``: a short training of the bundled tiny model by agentenv's ``Trainer`` (the
+  retool-math environment, the local sandbox, the embedded engine on the same device; the
+  vLLM engine too where it is installed): trained tokens per second of the optimiser steps,
+  generation tok/s, peak memory, and the sync (``sync_tensors`` plus the engine's
+  ``load_weights``) as the trainer measured it. If the trainer cannot run here (a sandbox
+  that cannot start, a missing dependency), the same policy and engine train on rows the
+  engine generates for fixed prompts, with the error printed.
+
+Peak memory is ``torch.cuda.max_memory_allocated`` on a GPU (reset before each part), the
+process's peak resident set so far on the CPU. A GPU machine without internet gets pure-Python dependencies from ``<repo>/.gpu-deps``
+(put first on ``sys.path`` when it exists). The last line is ``gpu_results: {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if (ROOT / ".gpu-deps").is_dir():
+    sys.path.insert(0, str(ROOT / ".gpu-deps"))
+sys.path.insert(0, str(ROOT))
+
+QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
+                 rope_theta=1e6, rms_norm_eps=1e-6)
+#: --quick: the same family, small enough for a CPU smoke test.
+QUICK = dict(QWEN2_05B, num_hidden_layers=1, vocab_size=16000, intermediate_size=1024)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def peak_gib(device) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def reset_peak(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def synced(device) -> float:
+    """``time.perf_counter()`` once the device has finished its queued work."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def synthetic_batch(rows: int, tokens: int, vocab: int, seed: int):
+    """``rows`` rows of ``tokens`` random ids; the second half of each is trained on, with
+    advantages of either sign and behaviour logprobs near a uniform policy's."""
+    import math
+
+    import torch
+
+    from agentenv.train.batch import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, tokens), generator=g)
+    mask = torch.zeros(rows, tokens)
+    mask[:, tokens // 2:] = 1
+    blp = torch.full((rows, tokens), -math.log(vocab)) * mask
+    adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(rows)])
+    return Batch(ids, torch.ones(rows, tokens, dtype=torch.long), mask, blp, torch.zeros(rows, tokens, dtype=torch.long),
+                 adv, [float(i % 2 == 0) for i in range(rows)])
+
+
+def qwen_shaped(args, device) -> dict:
+    """Part (b): train steps of the 0.5B-shaped model on synthetic rows."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agentenv.train.policy import Policy
+
+    shape = QUICK if args.quick else QWEN2_05B
+    rows, tokens, steps = (2, 64, 1) if args.quick else (args.rows, args.tokens, args.steps)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        with torch.device(device):  # initialised where it trains: no host-side init of 0.5B weights
+            model = Qwen2ForCausalLM(Qwen2Config(**shape))
+        n_params = sum(p.numel() for p in model.parameters())
+        model.to(torch.bfloat16).save_pretrained(tmp)  # the Policy loads a model directory (float32 again)
+        del model
+        policy = Policy(tmp, lr=1e-5, device=str(device), precision=args.precision, micro_batch=args.micro_rows,
+                        micro_batch_tokens=args.micro_rows * tokens,
+                        activation_checkpointing=args.activation_checkpointing)
+    say(f"qwen2-0.5b-shaped: {n_params / 1e6:.0f}M parameters on {policy.device}, precision {policy.precision}, "
+        f"{rows} rows x {tokens} tokens, {args.micro_rows} rows per pass; ready in {time.perf_counter() - t0:.1f} s")
+    batch = synthetic_batch(rows, tokens, shape["vocab_size"], seed=1)
+    reset_peak(device)
+    times = []
+    for step in range(steps + 1):  # the first is a warm-up (kernels, allocator)
+        start = synced(device)
+        stats = policy.train_step(batch)
+        times.append(synced(device) - start)
+        say(f"  step {step}{' (warm-up)' if step == 0 else ''}: {times[-1]:.3f} s, loss {stats['loss']:+.4f}, "
+            f"grad_norm {stats['grad_norm']:.3f}")
+    peak = peak_gib(device)
+    timed = times[1:] or times
+    tok_s = rows * tokens * len(timed) / sum(timed)
+    # The sync: the policy's tensors into a second copy of the model on the device, then to the host.
+    with torch.device(device):
+        engine_side = Qwen2ForCausalLM(Qwen2Config(**shape))
+    params = dict(engine_side.named_parameters())
+    start = synced(device)
+    with torch.no_grad():
+        for name, tensor in policy.sync_tensors().items():
+            params[name].copy_(tensor)
+    sync_s = synced(device) - start
+    start = synced(device)
+    host = {n: t.to("cpu") for n, t in policy.sync_tensors().items()}
+    host_s = synced(device) - start
+    equal = all(torch.equal(params[n].cpu(), t) for n, t in host.items())
+    out = {"params_m": round(n_params / 1e6, 1), "rows": rows, "tokens_per_row": tokens, "precision": policy.precision,
+           "activation_checkpointing": args.activation_checkpointing, "step_s": [round(t, 4) for t in times],
+           "train_tok_per_s": round(tok_s, 1), "peak_mem_gib": round(peak, 2), "sync_s": round(sync_s, 4),
+           "host_copy_s": round(host_s, 4), "sync_gib": round(sum(t.numel() * t.element_size() for t in host.values())
+                                                              / 2**30, 3), "synced_equal": equal}
+    say(f"qwen2-0.5b-shaped: train_tok_per_s={tok_s:.0f} peak_mem_gib={peak:.2f} sync_s={sync_s:.3f} "
+        f"host_copy_s={host_s:.3f} ({out['sync_gib']} GiB, copies equal: {equal})")
+    return out
+
+
+def bundled(args, device, engine: str) -> dict:
+    """Part (a): the Trainer on the bundled model, its engine on ``device``."""
+    import anyio
+
+    from agentenv.train.config import TrainConfig
+    from agentenv.train.trainer import Trainer
+
+    reset_peak(device)
+    steps = 2 if args.quick else args.bundled_steps
+    engine_kwargs = {"device": str(device)} if engine == "embedded" else {}
+    with tempfile.TemporaryDirectory() as out_dir:
+        cfg = TrainConfig.for_env("retool-math", steps=steps, groups_per_step=2, group_size=4, max_new_tokens=64,
+                                  engine=engine, engine_kwargs=engine_kwargs, device=str(device),
+                                  precision=args.precision, eval_every=0, report_to=["none"],
+                                  checkpoint_every=1000, out_dir=out_dir, seed=0)
+        trainer = Trainer(cfg, print_steps=False)
+
+        async def run() -> None:
+            with anyio.fail_after(args.bundled_deadline):
+                await trainer.run()
+
+        start = time.perf_counter()
+        anyio.run(run)
+        wall = time.perf_counter() - start
+    rows = trainer.rows
+    train_s = sum(r["train_s"] for r in rows)
+    out = {"engine": engine, "steps": len(rows), "wall_s": round(wall, 2),
+           "train_tok_per_s": round(sum(r["trained_tokens"] for r in rows) / max(train_s, 1e-9), 1),
+           "gen_tok_per_s": round(sum(r["gen_tokens_per_s"] for r in rows) / max(len(rows), 1), 1),
+           "peak_mem_gib": round(peak_gib(device), 3), "sync_s": round(sum(r["sync_s"] for r in rows) / max(len(rows), 1), 4),
+           "rewards": [round(r["reward_mean"], 3) for r in rows]}
+    say(f"bundled: engine={engine} train_tok_per_s={out['train_tok_per_s']:.0f} "
+        f"gen_tok_per_s={out['gen_tok_per_s']:.0f} peak_mem_gib={out['peak_mem_gib']:.3f} "
+        f"sync_s={out['sync_s']:.4f} ({out['steps']} steps, {wall:.1f} s)")
+    return out
+
+
+def bundled_direct(args, device) -> dict:
+    """Part (a) without the trainer: the embedded engine generates rows for fixed prompts, the
+    policy trains on them and the weights go back into the engine, each on ``device``."""
+    import anyio
+    import torch
+
+    from agentenv.engines.base import SamplingParams
+    from agentenv.engines.embedded import EmbeddedEngine
+    from agentenv.models import default_model
+    from agentenv.train.batch import Batch
+    from agentenv.train.policy import Policy
+
+    reset_peak(device)
+    model = default_model()
+    steps = 2 if args.quick else args.bundled_steps
+    policy = Policy(model, lr=1e-4, device=str(device), precision=args.precision)
+
+    async def run() -> dict:
+        engine = EmbeddedEngine(model, seed=0, device=str(device))
+        prompts = [engine.tokenizer.encode(f"<|im_start|>user\n{a} + {a + 3}?<|im_end|>\n<|im_start|>assistant\n")
+                   for a in range(8)]
+        tokens = train_s = sync_s = gen_s = gen_tokens = 0.0
+        try:
+            for step in range(1, steps + 1):
+                start = time.perf_counter()
+                outs = [await engine.generate(p, SamplingParams(max_tokens=64), f"{step}-{i}")
+                        for i, p in enumerate(prompts)]
+                gen_s += time.perf_counter() - start
+                gen_tokens += sum(len(o.token_ids) for o in outs)
+                seqs = [p + o.token_ids for p, o in zip(prompts, outs)]
+                width = max(map(len, seqs))
+                ids, attn = torch.zeros(len(seqs), width, dtype=torch.long), torch.zeros(len(seqs), width, dtype=torch.long)
+                mask, blp = torch.zeros(len(seqs), width), torch.zeros(len(seqs), width)
+                for i, (p, o) in enumerate(zip(prompts, outs)):
+                    n = len(p) + len(o.token_ids)
+                    ids[i, :n], attn[i, :n], mask[i, len(p):n] = torch.tensor(seqs[i]), 1, 1
+                    blp[i, len(p):n] = torch.tensor(o.logprobs)
+                adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(seqs))])
+                batch = Batch(ids, attn, mask, blp, torch.zeros_like(ids), adv, [0.0] * len(seqs))
+                start = synced(device)
+                policy.train_step(batch)
+                train_s += synced(device) - start
+                tokens += float(mask.sum())
+                start = synced(device)
+                await engine.load_weights(policy.sync_tensors(), version=step)
+                sync_s += synced(device) - start
+        finally:
+            await engine.aclose()
+        return {"engine": "embedded (direct)", "steps": steps, "train_tok_per_s": round(tokens / train_s, 1),
+                "gen_tok_per_s": round(gen_tokens / gen_s, 1), "peak_mem_gib": round(peak_gib(device), 3),
+                "sync_s": round(sync_s / steps, 4)}
+
+    out = anyio.run(run)
+    say(f"bundled: engine={out['engine']} train_tok_per_s={out['train_tok_per_s']:.0f} "
+        f"gen_tok_per_s={out['gen_tok_per_s']:.0f} peak_mem_gib={out['peak_mem_gib']:.3f} sync_s={out['sync_s']:.4f}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N, cpu or auto (default cuda)")
+    ap.add_argument("--quick", action="store_true", help="small shapes, few steps, no vLLM (a smoke test)")
+    ap.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
+    ap.add_argument("--rows", type=int, default=8, help="0.5B-shaped part: rows per step")
+    ap.add_argument("--tokens", type=int, default=2048, help="0.5B-shaped part: tokens per row")
+    ap.add_argument("--micro-rows", type=int, default=4, help="0.5B-shaped part: rows per forward/backward")
+    ap.add_argument("--steps", type=int, default=3, help="0.5B-shaped part: timed steps after a warm-up")
+    ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--bundled-steps", type=int, default=3)
+    ap.add_argument("--bundled-deadline", type=float, default=60.0, help="seconds the bundled trainer may take")
+    ap.add_argument("--skip", choices=("qwen", "bundled"), action="append", default=[])
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = ap.parse_args()
+
+    import torch
+
+    from agentenv.devices import resolve_device
+
+    device = resolve_device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    say(f"device {device} ({name}), torch {torch.__version__}")
+    results: dict = {"device": name}
+    if "qwen" not in args.skip:
+        results["qwen2-0.5b-shaped"] = qwen_shaped(args, device)
+    if "bundled" not in args.skip:
+        results["bundled"] = []
+        engines = ["embedded"]
+        try:
+            import vllm  # noqa: F401
+
+            if args.quick:
+                say("bundled: --quick runs the embedded engine only (vLLM is installed)")
+            else:
+                engines.append("vllm")
+        except ImportError:
+            say("bundled: vLLM is not installed here; the embedded engine only")
+        for engine in engines:
+            try:
+                results["bundled"].append(bundled(args, device, engine))
+            except Exception as exc:  # noqa: BLE001 - a part that cannot run here is reported, the rest goes on
+                say(f"bundled: the trainer with the {engine} engine failed: {type(exc).__name__}: {exc}")
+                if engine == "embedded":
+                    results["bundled"].append(bundled_direct(args, device))
+    line = json.dumps(results)
+    if args.json:
+        args.json.write_text(line + "\n")
+    say(f"gpu_results: {line}")
+
+
+if __name__ == "__main__":
+    main()
