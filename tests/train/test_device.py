@@ -5,6 +5,7 @@ backend, a Ray rank's device) are checked as plain functions for both inputs."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -138,12 +139,17 @@ def test_a_ray_rank_takes_a_gpu_only_when_every_rank_gets_one():
 
 @pytest.mark.slow
 def test_the_gpu_benchmark_runs_its_quick_form_on_the_cpu():
-    """``bench/gpu.py --device cpu --quick``: the same script a GPU machine runs, both parts,
-    each printing its throughput, peak memory and sync time."""
+    """``bench/gpu.py --device cpu --quick``: the same script a GPU machine runs, both parts
+    (the bundled model through agentenv's trainer), each with its throughput, peak memory and
+    sync time."""
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--device", "cpu", "--quick"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "COLUMNS": "120"})
     assert r.returncode == 0, r.stderr[-4000:]
-    for part in ("bundled", "qwen2-0.5b-shaped"):
-        line = next(line for line in r.stdout.splitlines() if line.startswith(f"{part}:"))
-        for figure in ("train_tok_per_s=", "peak_mem_gib=", "sync_s="):
-            assert figure in line, line
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("gpu_results: "), last
+    results = json.loads(last.removeprefix("gpu_results: "))
+    qwen, (bundled,) = results["qwen2-0.5b-shaped"], results["bundled"]
+    assert qwen["synced_equal"] and len(qwen["step_s"]) == 2  # a warm-up and a timed step
+    assert bundled["engine"] == "embedded" and bundled["steps"] == 2  # the trainer ran (not the fallback)
+    for part in (qwen, bundled):
+        assert part["train_tok_per_s"] > 0 and part["peak_mem_gib"] > 0 and part["sync_s"] > 0, part
