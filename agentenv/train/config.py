@@ -44,6 +44,10 @@ class TrainConfig:
     micro_batch_tokens: int | None = option(
         8192, "at most this many padded tokens per forward/backward; rows are grouped by length, so a long sample "
               "does not widen a pass of short ones", check=POSITIVE)
+    logprob_chunk: int = option(
+        1024, "positions of the output head computed at a time for the per-token logprobs, each chunk recomputed in "
+              "the backward pass, so memory does not grow with row length x vocabulary (default {default}; 0: the "
+              "whole logits at once)", check=NON_NEGATIVE)
     device: str = option("auto", "where the policy trains: auto (a CUDA GPU where torch sees one, else the CPU), cpu, "
                                  "cuda or cuda:N; with --cluster ray each rank takes one GPU (auto: when the cluster "
                                  "has one for every rank)", check=DEVICE)

@@ -125,7 +125,8 @@ def _chunk(head: torch.nn.Module, h: torch.Tensor, t: torch.Tensor, temperature:
     z = _upcast(head(h))
     if softcap is not None:
         z = torch.tanh(z / softcap) * softcap
-    z = z / temperature
+    if temperature != 1.0:  # z / 1.0 == z: no second copy of the chunk's logits
+        z = z / temperature
     lse = torch.logsumexp(z, dim=-1)
     picked = z.gather(-1, t[:, None]).squeeze(-1) - lse
     entropy = None

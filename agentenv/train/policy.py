@@ -22,6 +22,8 @@ from ..models import quiet_loading
 from ..models.lora import LoraSpec, inject_lora
 from .batch import Batch, micro_batches
 from .device import autocast, device_mesh, resolve_device, resolve_precision
+from .logprobs import DEFAULT_CHUNK
+from .logprobs import token_logprobs as chunked_logprobs
 from .loss import LossConfig, grpo_loss
 from .sharding import full
 
@@ -63,7 +65,7 @@ class Policy:
                  max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
                  micro_batch: int = 16, micro_batch_tokens: int | None = None, loss: LossConfig = LossConfig(),
                  shard: bool = False, device: str = "auto", precision: str = "auto",
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, logprob_chunk: int = DEFAULT_CHUNK) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
@@ -105,16 +107,20 @@ class Policy:
         self.micro_batch = micro_batch
         self.micro_batch_tokens = micro_batch_tokens
         self.loss_cfg = loss
+        #: Positions per chunk of the output head (``agentenv.train.logprobs``); 0: whole logits.
+        self.logprob_chunk = logprob_chunk
 
     # -- logprobs ----------------------------------------------------------------------------
-    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                       position_ids: torch.Tensor | None = None,
+                       with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """[B, T]: position t holds log p(input_ids[t] | input_ids[:t]) at the sampling
-        temperature (the distribution the engine sampled from); position 0 holds 0."""
+        temperature (the distribution the engine sampled from); position 0 holds 0. With
+        ``with_entropy``, also the [B, T] entropies of those distributions. The head runs on
+        ``logprob_chunk`` positions at a time (:func:`agentenv.train.logprobs.token_logprobs`)."""
         with autocast(self.device, self.precision):
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-        logp = torch.log_softmax(logits / self.temperature, dim=-1)
-        picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+            return chunked_logprobs(self.model, input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    temperature=self.temperature, chunk=self.logprob_chunk, with_entropy=with_entropy)
 
     @contextlib.contextmanager
     def _adapter_off(self):
@@ -167,7 +173,7 @@ class Policy:
         total_tokens, total_rows = totals if totals is not None else (float(batch.mask.sum()), batch.size)
         total_tokens = max(float(total_tokens), 1.0)
         sums = {"loss": 0.0, "clip_frac": 0.0, "is_weight_mean": 0.0, "is_truncated_frac": 0.0,
-                "kl_behaviour": 0.0, "abs_logprob_diff": 0.0, "kl_ref": 0.0}
+                "kl_behaviour": 0.0, "abs_logprob_diff": 0.0, "kl_ref": 0.0, "entropy": 0.0}
         plan = self.micro_plan(batch)
         steps = len(plan)
         if self.sharded:
@@ -181,7 +187,7 @@ class Policy:
                     (self.token_logprobs(one.input_ids, one.attention_mask).sum() * 0.0).backward()
                 continue
             ref = self.reference_logprobs(mb.input_ids, mb.attention_mask) if cfg.kl_coef > 0 else None
-            logp = self.token_logprobs(mb.input_ids, mb.attention_mask)
+            logp, entropy = self.token_logprobs(mb.input_ids, mb.attention_mask, with_entropy=True)
             loss, st = grpo_loss(logp, logp.detach(), mb.behaviour_logprobs, mb.advantages, mb.mask, cfg, ref)
             share = n / total_tokens if cfg.aggregation == "token" else mb.size / total_rows
             (loss * share).backward()
@@ -190,6 +196,7 @@ class Policy:
                 k3 = (torch.exp(d) - 1 - d) * mb.mask  # KL(mu || pi_old), k3 estimator (tokens ~ mu)
                 sums["kl_behaviour"] += float(k3.sum())
                 sums["abs_logprob_diff"] += float(d.abs().sum())
+                sums["entropy"] += float((entropy * mb.mask).sum())
             sums["loss"] += st["loss"] * share
             for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_ref"):
                 sums[k] += st[k] * n
@@ -201,7 +208,7 @@ class Policy:
         self.optimizer.step()
         self.model.eval()
         out = {"loss": sums["loss"], "grad_norm": float(grad_norm)}
-        for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_behaviour", "abs_logprob_diff"):
+        for k in ("clip_frac", "is_weight_mean", "is_truncated_frac", "kl_behaviour", "abs_logprob_diff", "entropy"):
             out[k] = max(0.0, sums[k] / total_tokens)
         if cfg.kl_coef > 0:
             out["kl_ref"] = max(0.0, sums["kl_ref"] / total_tokens)  # all non-negative; no "-0.0" from rounding

@@ -129,7 +129,8 @@ class Trainer:
                           kl_coef=cfg.kl_coef)
         kwargs = dict(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, lora=lora,
                       micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens, loss=loss,
-                      device=cfg.device, precision=cfg.precision, activation_checkpointing=cfg.activation_checkpointing)
+                      device=cfg.device, precision=cfg.precision, activation_checkpointing=cfg.activation_checkpointing,
+                      logprob_chunk=cfg.logprob_chunk)
         if cfg.cluster == "ray":
             from .distributed import RayPolicy
 
