@@ -79,6 +79,18 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
 
+def _address_for(url: str) -> str:
+    """This machine's address as the server at ``url`` reaches it (where its workers find the
+    weight-update group); loopback when the server cannot be routed to (its group then fails
+    to form and the host path is taken)."""
+    from urllib.parse import urlparse
+
+    try:
+        return local_address(urlparse(url).hostname or "")
+    except OSError:
+        return "127.0.0.1"
+
+
 class OpenAIEngine(Engine):
     def __init__(
         self,
@@ -121,7 +133,7 @@ class OpenAIEngine(Engine):
         self._resync = [anyio.Lock() for _ in self.urls]
         #: Per server: weights over a weight-update group with its workers, or through the host
         #: (``weight_group``; ``weight_sync``: auto, group or host).
-        self.weight_groups = [GroupLink(weight_sync, name=u) for u in self.urls]
+        self.weight_groups = [GroupLink(weight_sync, name=u, host=_address_for(u)) for u in self.urls]
         #: Send each request's priority (the server must run ``--scheduling-policy priority``;
         #: vLLM rejects a non-zero priority otherwise).
         self.priority = priority
@@ -295,11 +307,8 @@ class OpenAIEngine(Engine):
         """One update of server ``idx``: over its weight-update group where that is formed
         (``weight_group``), else ``agentenv_load_weights`` with the tensors serialised; returns
         the id of the engine that loaded them."""
-        from urllib.parse import urlparse
-
         link = self.weight_groups[idx]
-        host = local_address(urlparse(self.urls[idx]).hostname or "")
-        if await link.ready(host, lambda: self._workers(idx), lambda *a: self._rpc(idx, "agentenv_join_weight_group", *a)):
+        if await link.ready(lambda: self._workers(idx), lambda *a: self._rpc(idx, "agentenv_join_weight_group", *a)):
             results = await link.update(tensors, lambda meta: self._rpc(idx, "agentenv_receive_weights", meta))
             if results is not None:
                 return instance_id(results)

@@ -131,7 +131,7 @@ class VLLMEngine(Engine):
         self._update_lock = anyio.Lock()
         self._served_weights: dict[str, torch.Tensor] = {}  # every update so far, for a restart
         #: How weights reach the workers: the weight-update group or the host (``weight_group``).
-        self.weight_group = GroupLink(weight_sync, name="vllm")
+        self.weight_group = GroupLink(weight_sync, name="vllm", host="127.0.0.1")  # its workers are local
         self._closed = False
 
     @classmethod
@@ -330,14 +330,16 @@ class VLLMEngine(Engine):
             return await self._publish_adapter(dict(items), version)
         # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
         self._served_weights.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in items})
+        llm = self.llm  # the group is formed (at the first update) with its workers
+        await self.weight_group.ready(lambda: self._workers(llm), lambda *a: llm.collective_rpc(
+            "agentenv_join_weight_group", args=a))
         # A dead engine core is restarted (with every update so far, this one included) and
-        # the update made again on the new one.
+        # the update made again on the new one (through the host: its workers are new).
         return await self.core.restarting(self.core.call, "weight update",
                                           lambda llm: self._install(llm, dict(items), version))
 
     async def _install(self, llm: Any, tensors: dict[str, torch.Tensor], version: int | None) -> int:
-        group = await self.weight_group.ready("127.0.0.1", lambda: self._workers(llm), lambda *a: llm.collective_rpc(
-            "agentenv_join_weight_group", args=a))
+        group = self.weight_group.on
         async with self._update_lock:
             # In-flight requests are frozen (not aborted), keep their KV, and go on with the
             # new weights after resume; their later tokens carry the new version.

@@ -134,18 +134,39 @@ def _broadcast(group: Any, buf: torch.Tensor) -> None:
     group.broadcast([buf], opts).wait()
 
 
+#: Each tensor starts at a multiple of this many bytes in its bucket (a view of the bytes as
+#: any dtype must be aligned to its element size).
+ALIGN = 16
+
+
+def _layout(meta: Meta, bucket: list[int]) -> tuple[list[int], list[int], int]:
+    """Where each tensor of ``bucket`` lies in its bytes: offsets, sizes, and the bucket's length."""
+    offsets, sizes, end = [], [], 0
+    for i in bucket:
+        n = _nbytes(meta[i][1], meta[i][2])
+        offsets.append(end)
+        sizes.append(n)
+        end += -(-n // ALIGN) * ALIGN
+    return offsets, sizes, end
+
+
 def send(group: Any, tensors: dict[str, torch.Tensor], device: Any = "cpu") -> int:
-    """Broadcast ``tensors`` (in :func:`metadata`'s order) from rank 0; answers the bytes sent.
-    Blocks until every peer has received them."""
+    """Broadcast ``tensors`` (in :func:`metadata`'s order) from rank 0; answers the tensors'
+    bytes sent. Blocks until every peer has received them."""
     import torch
 
-    items = list(tensors.values())
+    items, meta = list(tensors.values()), metadata(tensors)
     sent = 0
-    for bucket in buckets(metadata(tensors)):
-        parts = [items[i].detach().to(device).contiguous().view(-1).view(torch.uint8) for i in bucket]
-        buf = parts[0] if len(parts) == 1 else torch.cat(parts)
+    for bucket in buckets(meta):
+        offsets, sizes, total = _layout(meta, bucket)
+        if len(bucket) == 1 and sizes[0] == total:  # one tensor, already aligned: sent as it lies
+            buf = items[bucket[0]].detach().to(device).contiguous().view(-1).view(torch.uint8)
+        else:
+            buf = torch.zeros(total, dtype=torch.uint8, device=device)
+            for i, offset, n in zip(bucket, offsets, sizes):
+                buf[offset:offset + n] = items[i].detach().to(device).contiguous().view(-1).view(torch.uint8)
         _broadcast(group, buf)
-        sent += buf.numel()
+        sent += sum(sizes)
     return sent
 
 
@@ -155,14 +176,12 @@ def receive(group: Any, meta: Meta, device: Any = "cpu") -> Iterator[tuple[str, 
     import torch
 
     for bucket in buckets(meta):
-        sizes = [_nbytes(meta[i][1], meta[i][2]) for i in bucket]
-        buf = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+        offsets, sizes, total = _layout(meta, bucket)
+        buf = torch.empty(total, dtype=torch.uint8, device=device)
         _broadcast(group, buf)
-        offset = 0
-        for i, n in zip(bucket, sizes):
+        for i, offset, n in zip(bucket, offsets, sizes):
             name, dtype, shape = meta[i]
             yield name, buf[offset:offset + n].view(getattr(torch, dtype)).view(shape)
-            offset += n
 
 
 class GroupSender:
@@ -231,12 +250,14 @@ class GroupLink:
     or an update over it that fails, puts the engine on the host path for good, with one log
     line saying why; ``group``: either raises :class:`~agentenv.errors.EngineError`."""
 
-    def __init__(self, mode: str = "auto", *, name: str = "vllm") -> None:
+    def __init__(self, mode: str = "auto", *, name: str = "vllm", host: str = "127.0.0.1") -> None:
         if mode not in WEIGHT_SYNC_MODES:
             from ..errors import ConfigError
 
-            raise ConfigError(f"weight_sync must be one of {', '.join(WEIGHT_SYNC_MODES)}, got {mode!r}")
+            raise ConfigError(f"weight_sync must be auto, group or host, got {mode!r}")
         self.mode, self.name = mode, name
+        #: The address of this machine the engine's workers reach the group's rendezvous at.
+        self.host = host
         self.sender: GroupSender | None = None
         #: Why the host path is used (None while the group is, or may yet be, formed).
         self.host_reason: str | None = "weight_sync=host" if mode == "host" else None
@@ -246,7 +267,7 @@ class GroupLink:
         """Whether updates go over a formed group."""
         return self.sender is not None
 
-    async def ready(self, host: str, workers: Callable[[], Awaitable[int]],
+    async def ready(self, workers: Callable[[], Awaitable[int]],
                     ask_join: Callable[[str, int, int, str], Awaitable[Any]]) -> bool:
         """Whether this update goes over the group: formed now if it is not yet (``workers()``
         counts the engine's workers; ``ask_join`` as :meth:`GroupSender.form` takes it)."""
@@ -255,9 +276,10 @@ class GroupLink:
         if self.host_reason is not None:
             return False
         try:
-            self.sender = await GroupSender.form(host, await workers(), ask_join)
+            self.sender = await GroupSender.form(self.host, await workers(), ask_join)
         except Exception as exc:  # noqa: BLE001 - reported, and the host path taken (auto)
-            self._failed(f"the weight-update group could not be formed at {host}: {type(exc).__name__}: {exc}", exc)
+            self._failed(f"the weight-update group could not be formed at {self.host}: {type(exc).__name__}: {exc}",
+                         exc)
             return False
         log.info("%s: weights go over a weight-update group (%s, %d ranks)", self.name, self.sender.backend,
                  self.sender.world)
