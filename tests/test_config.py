@@ -58,6 +58,7 @@ def other_value(path: str, f, shape) -> tuple[list[str], object]:
         "base_urls": (["--base-url", "http://a:1", "--base-url", "http://b:2"], ["http://a:1", "http://b:2"]),
         "env": (["--env", "agentenv.envs.retool_math:RetoolMathEnv"], "agentenv.envs.retool_math:RetoolMathEnv"),
         "judge": (["--judge", "http://127.0.0.1:1/v1"], "http://127.0.0.1:1/v1"),
+        "device": (["--device", "cpu"], "cpu"),  # a device name is checked: auto, cpu, cuda or cuda:N
     }
     name = path.rsplit(".", 1)[-1]
     if name in special:
