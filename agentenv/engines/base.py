@@ -74,6 +74,9 @@ class Engine(abc.ABC):
     #: request's ``SamplingParams`` say (the embedded engine fixes them when it starts); None
     #: when each request is sampled with its own.
     sampling: tuple[float, float, int] | None = None
+    #: The ``sleep`` levels the engine implements (empty: it cannot sleep, and a colocated
+    #: trainer refuses it before the first step).
+    sleep_levels: tuple[int, ...] = ()
     _closed: bool = False
 
     @property
@@ -132,6 +135,32 @@ class Engine(abc.ABC):
         from ..errors import ConfigError
 
         raise ConfigError(f"{type(self).__name__} does not support LoRA weight sync; train without --lora-rank")
+
+    async def sleep(self, level: int = 1) -> None:
+        """Give the device memory the engine holds to someone else (a trainer on the same
+        devices), as vLLM's sleep mode does. The requests in flight finish first; a request
+        submitted while asleep waits until :meth:`wake_up`.
+
+        ``level=1``: free the KV cache (the prefix cache with it) and move the weights to host
+        memory; ``wake_up`` brings them back as they were. ``level=2``: free the KV cache and
+        discard the weights; after ``wake_up`` the engine serves nothing until ``load_weights``
+        has installed every parameter again. An engine that keeps its weights in host memory
+        (on CPU) frees what it can, which is its KV cache, and says so in its docstring.
+        Engines that cannot sleep raise ``ConfigError`` (:attr:`sleep_levels` is empty)."""
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{type(self).__name__} cannot sleep; train with --mode async or sync")
+
+    async def wake_up(self) -> None:
+        """Take back what :meth:`sleep` freed (the KV cache, empty, and at level 1 the weights)
+        and serve the requests that waited. Awake already: nothing happens."""
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{type(self).__name__} cannot sleep or wake up")
+
+    async def is_sleeping(self) -> bool:
+        """Whether the engine sleeps (between :meth:`sleep` and :meth:`wake_up`)."""
+        return False
 
     @abc.abstractmethod
     async def aclose(self) -> None: ...

@@ -13,7 +13,9 @@ What this wrapper adds:
 * sampled-token logprobs of the distribution actually sampled from (after temperature and
   top-p: the manager applies the warpers before its softmax), one per token;
 * finish reasons (a stop token vs. the token budget), cancellation -> ``cancel_request``;
-* weight versions and in-place weight updates that pause the loop without dropping requests.
+* weight versions and in-place weight updates that pause the loop without dropping requests;
+* a sleep mode (``sleep`` / ``wake_up``, :mod:`~agentenv.engines.embedded_sleep`): the KV cache
+  freed and the weights offloaded (level 1) or released (level 2) while a trainer uses the device.
 
 Sampling settings (temperature, top-p, top-k) are fixed per engine: the manager builds its
 logits warpers once from the generation config. A request asking for other values is a
@@ -25,6 +27,7 @@ This needs an asyncio event loop (results come back through ``call_soon_threadsa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -39,6 +42,7 @@ from ..devices import resolve_device
 from ..errors import ConfigError, EngineError, ModelNotFoundError
 from ..models import quiet_loading
 from .base import Engine, Generation, SamplingParams
+from .embedded_sleep import SLEEP_LEVELS, Slumber, fall_asleep, kv_cache_bytes, wake
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,8 @@ def check_model_dir(path: str | Path) -> Path:
 
 
 class EmbeddedEngine(Engine):
+    sleep_levels = SLEEP_LEVELS
+
     def __init__(
         self,
         model: str | Path,
@@ -127,6 +133,9 @@ class EmbeddedEngine(Engine):
         self._weights_lock = threading.Lock()
         self.page_size = page_size
         self.kv_capacity_tokens = cb_cfg.num_blocks * page_size
+        self._slumber: Slumber | None = None  # while asleep
+        self._woken: anyio.Event | None = None  # set by wake_up; requests submitted asleep wait on it
+        self._unloaded: set[int] = set()  # ids of parameters a level-2 sleep left without weights
 
     # -- prefix-cache accounting -------------------------------------------------------------
     def _hook_prefix_match(self, cache: Any) -> None:
@@ -155,7 +164,12 @@ class EmbeddedEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0) -> Generation:
+        if self._woken is not None:  # asleep: wait for wake_up (or aclose)
+            await self._woken.wait()
         room = self._room(prompt_ids)
+        if self._unloaded:
+            raise EngineError(f"{len(self._unloaded)} parameters hold no weights since a level-2 sleep; "
+                              "load_weights must install them before the engine generates")
         if not self._mgr.is_running():
             raise EngineError(f"the generation loop is not running: {self._mgr.background_thread_status.fatal_error}")
         self._check_params(params)
@@ -214,7 +228,11 @@ class EmbeddedEngine(Engine):
 
     def _load_weights_sync(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None) -> int:
         params = self.model.state_dict(keep_vars=True)  # includes tied names (lm_head.weight)
-        with self._weights_lock, self._mgr.pause(), torch.no_grad():
+        if self._slumber is not None and self._slumber.level == 2:
+            raise EngineError("the engine sleeps at level 2 (no weights to load into): wake_up first")
+        # Asleep, no generation thread runs: nothing to pause.
+        paused = self._mgr.pause() if self._slumber is None else contextlib.nullcontext()
+        with self._weights_lock, paused, torch.no_grad():
             for name, tensor in weights:
                 wrapped = name.removesuffix(".weight") + ".base_layer.weight"
                 if name not in params and wrapped in params:  # a base weight under a LoRA layer
@@ -222,6 +240,7 @@ class EmbeddedEngine(Engine):
                 if name not in params:
                     raise ConfigError(f"unknown parameter {name!r} in weight update")
                 params[name].copy_(tensor.to(params[name].dtype))
+                self._unloaded.discard(id(params[name]))
             # KV computed by the old weights must not serve new requests.
             bp = self._mgr.batch_processor
             if bp is not None:
@@ -246,13 +265,67 @@ class EmbeddedEngine(Engine):
         items = list(weights.items()) if isinstance(weights, dict) else list(weights)
         return await anyio.to_thread.run_sync(self._load_weights_sync, items, version)
 
+    # -- sleep mode --------------------------------------------------------------------------
+    async def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (the prefix cache's blocks with it) and, at ``level=1``, move the
+        weights to host memory, or at ``level=2`` release them (see :meth:`Engine.sleep`). On
+        CPU the weights are in host memory already: level 1 frees the KV cache only. Requests
+        in flight finish first; later ones wait for :meth:`wake_up`. Asleep already: nothing
+        happens."""
+        if level not in SLEEP_LEVELS:
+            raise ConfigError(f"sleep level must be one of {SLEEP_LEVELS}, got {level}")
+        if self._slumber is not None or self._closed:
+            return
+        self._woken = anyio.Event()
+        try:
+            self._slumber = await anyio.to_thread.run_sync(self._sleep_sync, level)
+        except BaseException:
+            self._woken.set()
+            self._woken = None
+            raise
+
+    def _sleep_sync(self, level: int) -> Slumber:
+        with self._weights_lock:
+            return fall_asleep(self._mgr, self.model, level)
+
+    async def wake_up(self) -> None:
+        """Allocate an empty KV cache, bring the level-1 weights back to their device (level 2:
+        allocate them, to be filled by ``load_weights``), start the generation thread and let
+        the waiting requests in."""
+        if self._slumber is None:
+            return
+        with anyio.CancelScope(shield=True):  # half awake is no state to leave the engine in
+            await anyio.to_thread.run_sync(self._wake_sync)
+        woken, self._woken = self._woken, None
+        if woken is not None:
+            woken.set()
+
+    def _wake_sync(self) -> None:
+        with self._weights_lock:
+            assert self._slumber is not None
+            self._unloaded = wake(self._mgr, self.model, self._slumber)
+            self._hook_prefix_match(self._mgr.batch_processor.cache)
+            self._mgr.start()
+            self._slumber = None
+
+    async def is_sleeping(self) -> bool:
+        return self._slumber is not None
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes the KV cache's tensors hold now (0 while asleep)."""
+        return kv_cache_bytes(self._mgr)
+
     def close(self) -> None:
         """Stop the generation thread (blocking). Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._mgr.stop(block=True, timeout=30)
+        if self._slumber is None:  # asleep, the thread is stopped already
+            self._mgr.stop(block=True, timeout=30)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self.close)
+        if self._woken is not None:
+            self._woken.set()  # requests waiting for a wake-up find the engine closed
