@@ -183,10 +183,32 @@ async def test_a_vllm_server_loads_over_the_group_what_the_in_process_engine_doe
         stop_server(srv.proc)
 
 
-async def _two_rank_run(model_dir: str, out, weight_sync: str) -> tuple[dict[str, str], bool]:
-    """Three steps of a two-rank (Ray, gloo) run whose vLLM engine gets its weights by
-    ``weight_sync``; the engine's served weights' digests, after checking that loading the
-    trainer's final checkpoint through the host changes none of them."""
+class Both:
+    """The engine a run trains with: generation on ``group`` (weights over the weight-update
+    group); every weight update also sent to ``host`` (the serialised path), in the same order
+    and with the same versions."""
+
+    def __init__(self, group, host) -> None:
+        self.group, self.host = group, host
+
+    def __getattr__(self, name: str):
+        return getattr(self.group, name)
+
+    async def load_weights(self, weights, version=None):
+        tensors = dict(weights.items() if isinstance(weights, dict) else weights)
+        await self.host.load_weights(tensors, version=version)
+        return await self.group.load_weights(tensors, version=version)
+
+
+@pytest.mark.slow
+async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_cluster, model_dir, tmp_path):
+    """The issue's done-means: three steps of a two-rank (Ray, gloo) run, each step's weights
+    sent to one vLLM engine over the weight-update group and to another through the host;
+    after the run both serve the same weights bit for bit, and those are the trainer's (its
+    final checkpoint, loaded again through the host, changes none of them).
+
+    The two paths are fed by one run: two runs of the same seed do not sample the same tokens
+    (vLLM's requests carry no seed of their own here), so their weights differ before any sync."""
     from safetensors.torch import load_file
 
     from agentenv.engines.vllm import VLLMEngine
@@ -194,30 +216,22 @@ async def _two_rank_run(model_dir: str, out, weight_sync: str) -> tuple[dict[str
 
     from ..train.conftest import AlternatingReward
 
-    eng = await VLLMEngine.create(model_dir, max_model_len=1024, seed=0, weight_sync=weight_sync)
+    group = await VLLMEngine.create(model_dir, max_model_len=1024, seed=0, weight_sync="group")
+    host = await VLLMEngine.create(model_dir, max_model_len=1024, seed=0, weight_sync="host")
     try:
-        # One program at a time and sync mode: both runs sample the same tokens.
-        cfg = TrainConfig(steps=3, groups_per_step=2, group_size=2, max_new_tokens=48, concurrency=1, lr=1e-3,
-                          mode="sync", seed=0, out_dir=str(out), checkpoint_every=3, cluster="ray", trainer_ranks=2,
-                          engine="vllm", weight_sync=weight_sync)
-        await Trainer(cfg, engine=eng, env=AlternatingReward(), print_steps=False).run()
-        assert eng.weight_version == 3
-        digest = (await _rpc(eng)("agentenv_weights_digest"))[0]
-        used_group = eng.weight_group.on
-        eng.weight_group = GroupLink("host")
-        await eng.load_weights(load_file(str(out / "checkpoints" / "step-000003" / "model.safetensors")))
-        assert (await _rpc(eng)("agentenv_weights_digest"))[0] == digest  # it served the trainer's weights
-        return digest, used_group
+        cfg = TrainConfig(steps=3, groups_per_step=2, group_size=2, max_new_tokens=48, concurrency=4, lr=1e-3,
+                          mode="sync", seed=0, out_dir=str(tmp_path), checkpoint_every=3, cluster="ray",
+                          trainer_ranks=2, engine="vllm", weight_sync="group")
+        await Trainer(cfg, engine=Both(group, host), env=AlternatingReward(), print_steps=False).run()
+        assert group.weight_version == host.weight_version == 3
+        assert group.weight_group.on and group.weight_group.sender.sent_bytes > 0 and not host.weight_group.on
+        over_group = (await _rpc(group)("agentenv_weights_digest"))[0]
+        assert over_group == (await _rpc(host)("agentenv_weights_digest"))[0]
+        start = load_file(f"{model_dir}/model.safetensors")
+        trained = load_file(str(tmp_path / "checkpoints" / "step-000003" / "model.safetensors"))
+        assert any(not torch.equal(trained[n], start[n]) for n in start)  # the steps moved the weights
+        await host.load_weights(trained)
+        assert (await _rpc(host)("agentenv_weights_digest"))[0] == over_group
     finally:
-        await eng.aclose()
-
-
-@pytest.mark.slow
-async def test_a_two_rank_run_over_the_group_serves_the_host_path_runs_weights(ray_cluster, model_dir, tmp_path):
-    """The issue's done-means: same seed and settings, one run's weights sent over the group,
-    the other's through the host; after 3 steps both engines serve the same weights bit for
-    bit, and each serves its trainer's."""
-    group, used = await _two_rank_run(model_dir, tmp_path / "group", "group")
-    host, host_used = await _two_rank_run(model_dir, tmp_path / "host", "host")
-    assert used and not host_used
-    assert group == host
+        await group.aclose()
+        await host.aclose()
