@@ -42,8 +42,12 @@ class TrainConfig:
     max_grad_norm: float = option(1.0, "gradients are clipped to this global norm", check=POSITIVE)
     micro_batch: int = option(16, "sequences per forward/backward, gradients accumulated", check=POSITIVE)
     micro_batch_tokens: int | None = option(
-        8192, "at most this many padded tokens per forward/backward; rows are grouped by length, so a long sample "
-              "does not widen a pass of short ones", check=POSITIVE)
+        8192, "at most this many tokens per forward/backward: the rows' own tokens when packed; with --no-pack, rows "
+              "x the longest (rows are grouped by length, so a long sample does not widen a pass of short ones)",
+        check=POSITIVE)
+    pack: bool = option(True, "pad each forward/backward's rows to the longest instead of packing them into one "
+                              "sequence (packed: no padding, attention kept within each row, the same loss and "
+                              "gradients)", flag="--no-pack")
     logprob_chunk: int = option(
         1024, "positions of the output head computed at a time for the per-token logprobs, each chunk recomputed in "
               "the backward pass, so memory does not grow with row length x vocabulary (default {default}; 0: the "

@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, RankDiedError
-from .batch import Batch, micro_batches
+from .batch import Batch
+from .packing import micro_plan
 
 
 class TrainerRank:
@@ -143,6 +144,7 @@ class RayPolicy:
         self.sharded = bool(policy_kwargs.get("shard")) and ranks > 1
         self.micro_batch = int(policy_kwargs.get("micro_batch", 16))
         self.micro_batch_tokens = policy_kwargs.get("micro_batch_tokens")
+        self.pack = bool(policy_kwargs.get("pack", True))  # Policy's default
         self._ray, self._started_ray = connect(address)
         ray = self._ray
         self.actors: list[Any] = []
@@ -190,7 +192,7 @@ class RayPolicy:
         totals = (float(batch.mask.sum()), batch.size)
         parts = shares(batch.size, self.ranks)
         lengths = batch.lengths
-        micro_steps = max(len(micro_batches(lengths[s], self.micro_batch, self.micro_batch_tokens))
+        micro_steps = max(len(micro_plan(lengths[s], self.micro_batch, self.micro_batch_tokens, self.pack))
                           for s in parts)  # the same on every rank
         stats = self._get([a.train_step.remote(batch.rows(s), totals, micro_steps)
                            for a, s in zip(self.actors, parts)])

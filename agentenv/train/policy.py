@@ -20,11 +20,12 @@ import torch
 from ..errors import ConfigError
 from ..models import quiet_loading
 from ..models.lora import LoraSpec, inject_lora
-from .batch import Batch, micro_batches
+from .batch import Batch
 from .device import autocast, device_mesh, resolve_device, resolve_precision
 from .logprobs import DEFAULT_CHUNK
 from .logprobs import token_logprobs as chunked_logprobs
 from .loss import LossConfig, grpo_loss
+from .packing import Packed, micro_plan, use_varlen_attention
 from .sharding import full
 
 def nbytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -65,7 +66,7 @@ class Policy:
                  max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
                  micro_batch: int = 16, micro_batch_tokens: int | None = None, loss: LossConfig = LossConfig(),
                  shard: bool = False, device: str = "auto", precision: str = "auto",
-                 activation_checkpointing: bool = False, logprob_chunk: int = DEFAULT_CHUNK) -> None:
+                 activation_checkpointing: bool = False, logprob_chunk: int = DEFAULT_CHUNK, pack: bool = True) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
@@ -109,6 +110,12 @@ class Policy:
         self.loss_cfg = loss
         #: Positions per chunk of the output head (``agentenv.train.logprobs``); 0: whole logits.
         self.logprob_chunk = logprob_chunk
+        #: Each pass's rows packed into one sequence (``agentenv.train.packing``), else padded.
+        self.pack = pack
+        if pack:
+            for m in (self.model, self.ref_model):
+                if m is not None:
+                    use_varlen_attention(m)
 
     # -- logprobs ----------------------------------------------------------------------------
     def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
@@ -138,22 +145,38 @@ class Policy:
                 p.requires_grad_(True)
 
     @torch.no_grad()
-    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                           position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, T] like :meth:`token_logprobs`, under the reference (starting) model."""
         if self.lora is not None:
             with self._adapter_off():
-                return self.token_logprobs(input_ids, attention_mask)
+                return self.token_logprobs(input_ids, attention_mask, position_ids=position_ids)
         assert self.ref_model is not None, "no reference model (kl_coef is 0)"
         live, self.model = self.model, self.ref_model
         try:
-            return self.token_logprobs(input_ids, attention_mask)
+            return self.token_logprobs(input_ids, attention_mask, position_ids=position_ids)
         finally:
             self.model = live
 
+    def pass_logprobs(self, mb: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One forward pass over a micro-batch: its [B, T] logprobs (with gradient), entropies
+        and, with ``kl_coef``, reference logprobs, in the padded layout the loss reads. Packed
+        (``pack``), the rows run as one sequence (:class:`~agentenv.train.packing.Packed`) and
+        come back to that layout, so the loss and its gradient are the padded pass's."""
+        kl = self.loss_cfg.kl_coef > 0
+        if not self.pack:
+            ref = self.reference_logprobs(mb.input_ids, mb.attention_mask) if kl else None
+            logp, entropy = self.token_logprobs(mb.input_ids, mb.attention_mask, with_entropy=True)
+            return logp, entropy, ref
+        p = Packed.of(mb)
+        ref = p.unpack(self.reference_logprobs(p.input_ids, None, position_ids=p.position_ids)) if kl else None
+        logp, entropy = self.token_logprobs(p.input_ids, None, position_ids=p.position_ids, with_entropy=True)
+        return p.unpack(logp), p.unpack(entropy), ref
+
     # -- one optimiser step ------------------------------------------------------------------
     def micro_plan(self, batch: Batch) -> list[list[int]]:
-        """The rows of each forward/backward pass (:func:`~agentenv.train.batch.micro_batches`)."""
-        return micro_batches(batch.lengths, self.micro_batch, self.micro_batch_tokens)
+        """The rows of each forward/backward pass (:func:`~agentenv.train.packing.micro_plan`)."""
+        return micro_plan(batch.lengths, self.micro_batch, self.micro_batch_tokens, self.pack)
 
     def train_step(self, batch: Batch, totals: tuple[float, int] | None = None,
                    micro_steps: int | None = None) -> dict[str, float]:
@@ -186,8 +209,7 @@ class Policy:
                     one = batch.rows(slice(0, 1)).to(self.device)
                     (self.token_logprobs(one.input_ids, one.attention_mask).sum() * 0.0).backward()
                 continue
-            ref = self.reference_logprobs(mb.input_ids, mb.attention_mask) if cfg.kl_coef > 0 else None
-            logp, entropy = self.token_logprobs(mb.input_ids, mb.attention_mask, with_entropy=True)
+            logp, entropy, ref = self.pass_logprobs(mb)
             loss, st = grpo_loss(logp, logp.detach(), mb.behaviour_logprobs, mb.advantages, mb.mask, cfg, ref)
             share = n / total_tokens if cfg.aggregation == "token" else mb.size / total_rows
             (loss * share).backward()

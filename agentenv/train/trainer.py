@@ -130,7 +130,7 @@ class Trainer:
         kwargs = dict(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, lora=lora,
                       micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens, loss=loss,
                       device=cfg.device, precision=cfg.precision, activation_checkpointing=cfg.activation_checkpointing,
-                      logprob_chunk=cfg.logprob_chunk)
+                      logprob_chunk=cfg.logprob_chunk, pack=cfg.pack)
         if cfg.cluster == "ray":
             from .distributed import RayPolicy
 
