@@ -167,9 +167,6 @@ class EmbeddedEngine(Engine):
         if self._woken is not None:  # asleep: wait for wake_up (or aclose)
             await self._woken.wait()
         room = self._room(prompt_ids)
-        if self._unloaded:
-            raise EngineError(f"{len(self._unloaded)} parameters hold no weights since a level-2 sleep; "
-                              "load_weights must install them before the engine generates")
         if not self._mgr.is_running():
             raise EngineError(f"the generation loop is not running: {self._mgr.background_thread_status.fatal_error}")
         self._check_params(params)
@@ -263,7 +260,10 @@ class EmbeddedEngine(Engine):
 
     async def load_weights(self, weights, version: int | None = None) -> int:
         items = list(weights.items()) if isinstance(weights, dict) else list(weights)
-        return await anyio.to_thread.run_sync(self._load_weights_sync, items, version)
+        version = await anyio.to_thread.run_sync(self._load_weights_sync, items, version)
+        if self._slumber is None and not self._unloaded:
+            self._let_in()  # awake from a level-2 sleep, and every parameter has weights again
+        return version
 
     # -- sleep mode --------------------------------------------------------------------------
     async def sleep(self, level: int = 1) -> None:
@@ -276,12 +276,14 @@ class EmbeddedEngine(Engine):
             raise ConfigError(f"sleep level must be one of {SLEEP_LEVELS}, got {level}")
         if self._slumber is not None or self._closed:
             return
-        self._woken = anyio.Event()
+        waiting = self._woken is not None  # requests wait already (for a level-2 sleep's weights)
+        if not waiting:
+            self._woken = anyio.Event()
         try:
             self._slumber = await anyio.to_thread.run_sync(self._sleep_sync, level)
         except BaseException:
-            self._woken.set()
-            self._woken = None
+            if not waiting:
+                self._let_in()
             raise
 
     def _sleep_sync(self, level: int) -> Slumber:
@@ -289,13 +291,20 @@ class EmbeddedEngine(Engine):
             return fall_asleep(self._mgr, self.model, level)
 
     async def wake_up(self) -> None:
-        """Allocate an empty KV cache, bring the level-1 weights back to their device (level 2:
-        allocate them, to be filled by ``load_weights``), start the generation thread and let
-        the waiting requests in."""
+        """Allocate an empty KV cache, bring the level-1 weights back to their device, start the
+        generation thread and let the waiting requests in. After a level-2 sleep the weights
+        are allocated, uninitialised, and requests keep waiting until ``load_weights`` has
+        installed every parameter."""
         if self._slumber is None:
             return
         with anyio.CancelScope(shield=True):  # half awake is no state to leave the engine in
             await anyio.to_thread.run_sync(self._wake_sync)
+        if not self._unloaded:
+            self._let_in()
+
+    def _let_in(self) -> None:
+        """Serve the requests that waited for the engine to wake (and, after a level-2 sleep,
+        for its weights)."""
         woken, self._woken = self._woken, None
         if woken is not None:
             woken.set()

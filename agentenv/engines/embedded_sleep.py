@@ -8,8 +8,8 @@ cache's blocks, is dropped, so the cache's tensors are freed. Then, by level:
 * level 1: the weights move to host memory, and back to their device on waking. On CPU they
   are in host memory already, so only the KV cache is freed;
 * level 2: every parameter's storage is released (its shape and dtype kept). Waking allocates
-  them again, uninitialised, and the engine refuses to generate until ``load_weights`` has
-  filled every one of them.
+  them again, uninitialised, and requests wait until ``load_weights`` has filled every one of
+  them.
 
 Waking creates a new batch processor (an empty KV cache, every block free) and starts the
 generation thread again. Pure torch and transformers calls, run in a worker thread by the

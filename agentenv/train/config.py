@@ -29,8 +29,14 @@ class TrainConfig:
     engine_kwargs: dict[str, Any] = same_as(EngineOptions, "engine_kwargs")
     base_urls: list[str] | None = same_as(EngineOptions, "base_urls")
     sandbox: Literal["local", "e2b"] = same_as(SandboxOptions, "sandbox")
-    mode: Literal["async", "sync"] = option(
-        "async", "async: generation and training overlap; sync: generate, train, sync in turn")
+    mode: Literal["async", "sync", "colocated"] = option(
+        "async", "async: generation and training overlap; sync: generate, train, sync in turn; colocated: as sync, "
+                 "and the engine sleeps (frees its KV cache, offloads or drops its weights: --sleep-level) while the "
+                 "optimiser step runs on the same device, then wakes with the new weights")
+    sleep_level: Literal[1, 2] = option(
+        1, "colocated: 1 frees the engine's KV cache and moves its weights to host memory; 2 frees the KV cache "
+           "and drops the weights, which the sync after the step installs again (on CPU the weights are in host "
+           "memory already: level 1 frees the KV cache only)")
     steps: int = option(40, "optimiser steps", check=POSITIVE)
     groups_per_step: int = option(8, "GRPO groups (tasks) per step", check=POSITIVE, resume=True)
     group_size: int = same_as(RunOptions, "group_size", help="samples per task, a GRPO group (at least 2)")
@@ -153,7 +159,7 @@ class TrainConfig:
 
     @property
     def staleness(self) -> int:
-        return 0 if self.mode == "sync" else self.max_staleness
+        return 0 if self.mode in ("sync", "colocated") else self.max_staleness
 
 
 TrainConfig.RESUME_KEYS = resume_keys(TrainConfig)

@@ -24,6 +24,7 @@ from ..errors import EngineError, SandboxError
 from ..reactor import Group
 from .batch import collate
 from .checkpoints import Checkpoints, latest_checkpoint
+from .colocate import Colocation
 from .config import TrainConfig
 from .evaluator import Evaluator
 from .generation import Generation
@@ -62,6 +63,7 @@ class StepLoop:
         self.evaluator, self.log, self.checkpoints, self.bar = evaluator, log, checkpoints, bar
         pad = engine.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
+        self.colocation = Colocation.for_config(cfg, engine, policy)  # mode="colocated": the engine sleeps in steps
 
     async def run(self, start_step: int) -> dict[str, Any]:
         cfg, evaluator = self.cfg, self.evaluator
@@ -91,9 +93,12 @@ class StepLoop:
         groups = await gen.next_batch()
         check_batch(groups, step)
         batch = collate(groups, pad_id=self.pad_id)
-        t_train = time.perf_counter()
-        stats = await anyio.to_thread.run_sync(self.policy.train_step, batch)
-        sync = await self._sync(step, train_s=time.perf_counter() - t_train)
+        async with self.colocation.asleep():
+            t_train = time.perf_counter()
+            stats = await anyio.to_thread.run_sync(self.policy.train_step, batch)
+            train_s = time.perf_counter() - t_train
+        stats.update(self.colocation.last)  # colocated: the engine's sleep, wake and asleep seconds
+        sync = await self._sync(step, train_s=train_s)
         interval = meter.tick(tokens=gen.reactor.stats.outcomes.sampled_tokens, gen_busy=gen.clock.busy_s,
                                     wait=gen.wait_s)
         self.log.step(StepRow.of(step, groups, batch, stats, staleness=gen.buffer.staleness - stale_before,

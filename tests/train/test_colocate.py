@@ -1,0 +1,157 @@
+"""The colocated mode on real parts: the embedded engine's sleep and wake-up (what is freed,
+what comes back), the in-process vLLM engine's, and colocated runs of the bundled model."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import anyio
+import pytest
+import torch
+
+from agentenv import testing
+from agentenv.engines.base import SamplingParams
+from agentenv.engines.embedded import EmbeddedEngine
+from agentenv.engines.instant import InstantEngine
+from agentenv.errors import ConfigError, EngineError
+from agentenv.train import TrainConfig, Trainer
+from agentenv.train.colocate import Colocation
+
+pytestmark = pytest.mark.anyio
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
+
+
+def rss() -> int:
+    """This process's resident memory in bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture
+async def greedy(model_dir):
+    eng = EmbeddedEngine(model_dir, temperature=0.0, seed=0)
+    try:
+        yield eng
+    finally:
+        await eng.aclose()
+
+
+def weights(engine) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone() for n, t in engine.model.state_dict().items()}
+
+
+async def test_sleep_frees_the_kv_cache_and_wake_up_restores_it(greedy):
+    prompt = testing.chat_prompt(greedy, "Compute 12 * 34.")
+    before = await greedy.generate(prompt, GREEDY, "before")
+    kv_bytes, held = greedy.kv_cache_bytes, weakref.ref(greedy._mgr.batch_processor.cache.cache_tensor)
+    saved = weights(greedy)
+    assert kv_bytes >= 100 * 2**20 and not await greedy.is_sleeping()
+    gc.collect()
+    awake_rss = rss()
+
+    await greedy.sleep(1)
+    gc.collect()
+    assert await greedy.is_sleeping()
+    assert held() is None and greedy.kv_cache_bytes == 0  # the KV cache's tensor is gone
+    assert awake_rss - rss() >= 0.8 * kv_bytes  # and its memory went back to the system
+    await greedy.wake_up()
+
+    assert not await greedy.is_sleeping() and greedy.kv_cache_bytes == kv_bytes
+    assert all(torch.equal(t, saved[n]) for n, t in weights(greedy).items())  # level 1 keeps the weights
+    after = await greedy.generate(prompt, GREEDY, "after")
+    assert after.token_ids == before.token_ids and after.logprobs == pytest.approx(before.logprobs, abs=1e-5)
+    assert after.cached_tokens == 0  # the prefix cache went with the KV cache
+
+
+async def test_level_2_drops_the_weights_until_load_weights(greedy):
+    prompt = testing.chat_prompt(greedy, "Compute 7 * 89.")
+    before = await greedy.generate(prompt, GREEDY, "before")
+    saved = weights(greedy)
+    await greedy.sleep(2)
+    assert sum(p.numel() for p in greedy.model.parameters()) == 0
+    await greedy.wake_up()
+    assert not await greedy.is_sleeping()
+    got: list = []
+    async with anyio.create_task_group() as tg:
+        async def ask() -> None:
+            got.append(await greedy.generate(prompt, GREEDY, "after"))
+
+        tg.start_soon(ask)
+        await anyio.wait_all_tasks_blocked()
+        assert got == []  # awake, but no weights to serve with: the request waits for them
+        with pytest.raises(EngineError, match="level 2"):  # nothing to load into while asleep
+            await greedy.sleep(2)
+            await greedy.load_weights(saved)
+        await greedy.wake_up()
+        await greedy.load_weights(saved, version=3)
+    assert got[0].token_ids == before.token_ids and got[0].weight_version == 3
+
+
+async def test_a_request_submitted_asleep_waits_for_wake_up(greedy):
+    prompt = testing.chat_prompt(greedy, "Compute 5 * 6.")
+    before = await greedy.generate(prompt, GREEDY, "before")
+    await greedy.sleep(1)
+    got: list = []
+    async with anyio.create_task_group() as tg:
+        async def ask() -> None:
+            got.append(await greedy.generate(prompt, GREEDY, "asleep"))
+
+        tg.start_soon(ask)
+        await anyio.wait_all_tasks_blocked()
+        assert got == []  # it waits, neither served nor refused
+        await greedy.wake_up()
+    assert got[0].token_ids == before.token_ids
+
+
+async def test_weights_loaded_asleep_at_level_1_are_served_after_wake_up(greedy):
+    prompt = testing.chat_prompt(greedy, "Compute 3 * 41.")
+    lm_head = greedy.model.lm_head.weight.detach().clone()
+    await greedy.sleep(1)
+    await greedy.load_weights({"lm_head.weight": torch.zeros_like(lm_head)}, version=1)
+    await greedy.wake_up()
+    g = await greedy.generate(prompt, GREEDY, "zeroed")
+    vocab = lm_head.shape[0]
+    assert g.weight_version == 1 and all(abs(lp + float(torch.log(torch.tensor(float(vocab))))) < 1e-3
+                                         for lp in g.logprobs)
+
+
+async def test_colocation_refuses_an_engine_that_cannot_sleep():
+    eng = InstantEngine()
+    with pytest.raises(ConfigError, match="cannot sleep"):
+        Colocation(eng, policy=None, level=1)
+    with pytest.raises(ConfigError, match="cannot sleep"):
+        await eng.sleep(1)
+    async with Colocation(eng, policy=None, enabled=False).asleep():  # async and sync: nothing happens
+        pass
+
+
+def test_colocated_mode_trains_on_policy():
+    cfg = TrainConfig(mode="colocated", max_staleness=3, sleep_level=2)
+    assert cfg.staleness == 0 and cfg.sleep_level == 2
+    with pytest.raises(ConfigError):
+        TrainConfig(mode="colocated", sleep_level=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", [1, 2])
+async def test_a_colocated_run_sleeps_through_each_step(model_dir, tmp_path, level):
+    """Every step's optimiser step runs with the engine asleep; generation goes on after."""
+    cfg = TrainConfig(mode="colocated", sleep_level=level, steps=3, groups_per_step=2, group_size=2,
+                      max_new_tokens=64, concurrency=8, lr=1e-3, out_dir=str(tmp_path), report_to=["none"])
+    engine = EmbeddedEngine(model_dir, seed=0)
+    try:
+        trainer = Trainer(cfg, engine=engine, print_steps=False)
+        summary = await trainer.run()
+        assert not await engine.is_sleeping() and engine.weight_version == 3
+        prompt = testing.chat_prompt(engine, "Compute 2 * 21.")
+        assert (await engine.generate(prompt, SamplingParams(max_tokens=8), "after-run")).weight_version == 3
+    finally:
+        await engine.aclose()
+    assert summary["steps"] == 3 and summary["mode"] == "colocated"
+    assert set(summary["staleness"]) == {"0"}  # on-policy: every token trained on by the weights that sampled it
+    for row in trainer.rows:
+        assert row["engine_sleep_s"] > 0 and row["engine_wake_s"] > 0
+        assert row["engine_asleep_s"] >= row["train_s"]  # the step ran inside the sleep
