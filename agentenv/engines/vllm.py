@@ -331,7 +331,7 @@ class VLLMEngine(Engine):
         # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
         self._served_weights.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in items})
         llm = self.llm  # the group is formed (at the first update) with its workers
-        await self.weight_group.ready(lambda: self._workers(llm), lambda *a: llm.collective_rpc(
+        await self.weight_group.ready(lambda: _workers(llm), lambda *a: llm.collective_rpc(
             "agentenv_join_weight_group", args=a))
         # A dead engine core is restarted (with every update so far, this one included) and
         # the update made again on the new one (through the host: its workers are new).
@@ -355,11 +355,6 @@ class VLLMEngine(Engine):
             finally:
                 await llm.resume_generation()
         return self._version
-
-    @staticmethod
-    async def _workers(llm: Any) -> int:
-        """How many workers (tensor-parallel ranks) the engine has: each answers once."""
-        return len(await llm.collective_rpc("agentenv_instance"))
 
     async def _prime(self, llm: Any) -> None:
         """Give a new engine core what the dead one served: every weight update so far, the
@@ -408,6 +403,11 @@ class VLLMEngine(Engine):
             await self._streams.reap()
             self.weight_group.close()
             await self.core.close()
+
+
+async def _workers(llm: Any) -> int:
+    """How many workers (tensor-parallel ranks) the engine has: each answers once."""
+    return len(await llm.collective_rpc("agentenv_instance"))
 
 
 def _blob(tensors: dict[str, torch.Tensor]) -> bytes:
