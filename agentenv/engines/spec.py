@@ -76,8 +76,8 @@ def engine_keys(kind: str) -> str:
     import inspect
 
     if kind == "vllm":
-        return ("the vllm engine takes max_restarts, sessions, nice and any field of vLLM's AsyncEngineArgs "
-                "(`vllm serve --help` lists them as flags: --max-num-seqs is max_num_seqs)")
+        return ("the vllm engine takes max_restarts, sessions, nice, weight_sync and any field of vLLM's "
+                "AsyncEngineArgs (`vllm serve --help` lists them as flags: --max-num-seqs is max_num_seqs)")
     if kind == "openai":
         from .openai import OpenAIEngine as cls
     else:
