@@ -33,6 +33,7 @@ import resource
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,7 +260,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="0.5B-shaped part: timed steps after a warm-up")
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--bundled-steps", type=int, default=3)
-    ap.add_argument("--bundled-deadline", type=float, default=60.0, help="seconds the bundled trainer may take")
+    ap.add_argument("--bundled-deadline", type=float, default=45.0, help="seconds the bundled trainer may take")
     ap.add_argument("--skip", choices=("qwen", "bundled"), action="append", default=[])
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
@@ -273,7 +274,11 @@ def main() -> None:
     say(f"device {device} ({name}), torch {torch.__version__}")
     results: dict = {"device": name}
     if "qwen" not in args.skip:
-        results["qwen2-0.5b-shaped"] = qwen_shaped(args, device)
+        try:
+            results["qwen2-0.5b-shaped"] = qwen_shaped(args, device)
+        except Exception as exc:  # noqa: BLE001 - reported; the bundled part still runs
+            say(f"qwen2-0.5b-shaped: failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
+            results["qwen2-0.5b-shaped"] = {"error": f"{type(exc).__name__}: {exc}"}
     if "bundled" not in args.skip:
         results["bundled"] = []
         engines = ["embedded"]
@@ -290,7 +295,9 @@ def main() -> None:
             try:
                 results["bundled"].append(bundled(args, device, engine))
             except Exception as exc:  # noqa: BLE001 - a part that cannot run here is reported, the rest goes on
-                say(f"bundled: the trainer with the {engine} engine failed: {type(exc).__name__}: {exc}")
+                say(f"bundled: the trainer with the {engine} engine failed: {type(exc).__name__}: {exc}\n"
+                    f"{traceback.format_exc(limit=-6)}")
+                results["bundled"].append({"engine": engine, "error": f"{type(exc).__name__}: {exc}"})
                 if engine == "embedded":
                     results["bundled"].append(bundled_direct(args, device))
     line = json.dumps(results)
