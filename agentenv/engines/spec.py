@@ -21,7 +21,7 @@ KINDS = ("embedded", "vllm", "openai")
 class EngineSpec:
     """An engine by name, the model it serves and how it samples.
 
-    ``embedded``: this process, CPU (sampling settings are its defaults); ``vllm``: in-process
+    ``embedded``: this process, CPU or a GPU (``device``; sampling settings are its defaults); ``vllm``: in-process
     AsyncLLM (``seed``; requests carry their sampling settings); ``openai``: a client of the
     servers at ``base_urls`` (``model`` is then the local directory holding the matching
     tokenizer). ``model`` may name a bundled model (``tiny-retool``, ``tiny-hermes``), as
