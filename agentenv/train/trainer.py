@@ -38,6 +38,7 @@ from ..config import RolloutConfig
 from ..errors import ConfigError, RankDiedError
 from ..reactor import Reactor, prepare_sessions
 from .checkpoints import Checkpoints, latest_checkpoint
+from .colocate import engine_kwargs
 from .config import TrainConfig
 from .evaluator import Evaluator
 from .generation import Generation, TaskStream
@@ -105,7 +106,7 @@ class Trainer:
                                cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1))
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
-            spec = EngineSpec(cfg.engine, str(model), cfg.engine_args(), cfg.base_urls,
+            spec = EngineSpec(cfg.engine, str(model), engine_kwargs(cfg, cfg.engine_args()), cfg.base_urls,
                               temperature=cfg.temperature, seed=sampling_seed)
             if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
                 from ..engines.actors import RayEngine

