@@ -43,6 +43,7 @@ from ..errors import ConfigError, EngineError, PromptTooLongError
 from ..retry import retry_async
 from .base import Engine, Generation, SamplingParams
 from .routing import Router
+from .vllm_sleep import Sleeper
 from .vllm_worker import INSTANCE_HEADER, instance_id
 from .weight_group import GroupLink, local_address
 
@@ -91,7 +92,7 @@ def _address_for(url: str) -> str:
         return "127.0.0.1"
 
 
-class OpenAIEngine(Engine):
+class OpenAIEngine(Sleeper, Engine):
     def __init__(
         self,
         base_urls: str | list[str],
@@ -208,6 +209,7 @@ class OpenAIEngine(Engine):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0) -> Generation:
+        await self._until_awake()  # the servers sleep, or lack weights after a level-2 sleep
         room = self._room(prompt_ids)
         async with self._update_lock:
             version = self._version
@@ -282,6 +284,7 @@ class OpenAIEngine(Engine):
 
     async def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                            version: int | None = None) -> int:
+        self._check_awake()
         items = weights.items() if isinstance(weights, dict) else weights
         host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
         async with self._update_lock:
@@ -289,7 +292,33 @@ class OpenAIEngine(Engine):
                 await self._retry(self._push, i, host, server=i)
             self._pushed.update(host)  # kept for a server that restarts (it reloads its checkpoint)
             self._version = self._version + 1 if version is None else int(version)
+        self._weights_installed()
         return self._version
+
+    async def _dev_call(self, method: str, path: str) -> list[Any]:
+        """``path`` on every server (vLLM's development endpoints: ``VLLM_SERVER_DEV_MODE=1``);
+        their JSON answers."""
+        import httpx
+
+        out = []
+        async with httpx.AsyncClient(timeout=600) as http:
+            for url in self.urls:
+                r = await http.request(method, f"{url.removesuffix('/v1')}{path}")
+                if r.status_code != 200:
+                    raise EngineError(f"{url}{path} failed ({r.status_code}): {r.text[:300]} (start the server "
+                                      "with VLLM_SERVER_DEV_MODE=1; on GPUs with --enable-sleep-mode)")
+                out.append(r.json())
+        return out
+
+    async def _fall_asleep(self, level: int) -> None:
+        await self._dev_call("POST", f"/sleep?level={level}&mode=wait")
+
+    async def _awaken(self) -> None:
+        await self._dev_call("POST", "/wake_up")
+
+    async def is_sleeping(self) -> bool:
+        """Whether the servers sleep, as their ``/is_sleeping`` says (any of them)."""
+        return any(a.get("is_sleeping") for a in await self._dev_call("GET", "/is_sleeping"))
 
     async def _push(self, idx: int, delta: dict[str, torch.Tensor] | None = None) -> None:
         """Push ``delta`` (None: every tensor pushed so far) to server ``idx``. A server whose

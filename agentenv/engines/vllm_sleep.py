@@ -1,5 +1,7 @@
-"""The vLLM engine's sleep mode (``sleep`` / ``wake_up`` of :class:`~agentenv.engines.vllm.VLLMEngine`),
-over ``AsyncLLM.sleep``, ``wake_up`` and ``is_sleeping``.
+"""vLLM's sleep mode behind the engines that drive vLLM: ``sleep`` / ``wake_up`` of
+:class:`~agentenv.engines.vllm.VLLMEngine` (over ``AsyncLLM.sleep``, ``wake_up`` and
+``is_sleeping``) and of :class:`~agentenv.engines.openai.OpenAIEngine` (over a vLLM server's
+``/sleep``, ``/wake_up`` and ``/is_sleeping``, which it serves with ``VLLM_SERVER_DEV_MODE=1``).
 
 vLLM's levels: 1 discards the KV cache and offloads the weights to host memory; 2 discards
 both, and the weights are undefined until the next weight update. The engine core pauses
@@ -28,9 +30,10 @@ SLEEP_LEVELS = (1, 2)
 
 
 class Sleeper:
-    """The sleep mode, mixed into :class:`~agentenv.engines.vllm.VLLMEngine` (which has
-    ``llm`` and ``_update_lock``): requests call :meth:`_until_awake` before admission, and
-    weight updates :meth:`_check_awake` before and :meth:`_weights_installed` after."""
+    """The sleep mode, mixed into an engine that has ``_update_lock``: requests call
+    :meth:`_until_awake` before admission, and weight updates :meth:`_check_awake` before and
+    :meth:`_weights_installed` after. :meth:`_fall_asleep` and :meth:`_awaken` put vLLM to
+    sleep and wake it (``AsyncLLM``'s, as ``llm``, unless overridden)."""
 
     sleep_levels = SLEEP_LEVELS
     _sleep_level: int | None = None  # while asleep
@@ -50,7 +53,7 @@ class Sleeper:
         if self._woken is None:
             self._woken = anyio.Event()
         async with self._update_lock:  # never in the middle of a weight update
-            await self.llm.sleep(level, mode="wait")
+            await self._fall_asleep(level)
         self._sleep_level = level
 
     async def wake_up(self) -> None:
@@ -58,7 +61,7 @@ class Sleeper:
         on until ``load_weights``."""
         if self._sleep_level is None:
             return
-        await self.llm.wake_up()
+        await self._awaken()
         level, self._sleep_level = self._sleep_level, None
         if level == 2:
             self._weights_due = True
@@ -67,6 +70,12 @@ class Sleeper:
 
     async def is_sleeping(self) -> bool:
         return self._sleep_level is not None
+
+    async def _fall_asleep(self, level: int) -> None:
+        await self.llm.sleep(level, mode="wait")
+
+    async def _awaken(self) -> None:
+        await self.llm.wake_up()
 
     async def _until_awake(self) -> None:
         while self._woken is not None:

@@ -201,3 +201,36 @@ async def test_the_vllm_engine_sleeps_and_wakes_up(model_dir):
         assert got[0].token_ids == before.token_ids and got[0].weight_version == 1
     finally:
         await eng.aclose()
+
+
+@pytest.mark.slow
+async def test_the_openai_engine_sleeps_and_wakes_the_server(model_dir, tmp_path):
+    """A real ``vllm serve`` (development endpoints on): the client's sleep reaches the
+    server's ``/sleep`` (its ``/is_sleeping`` says so), a request waits, and after
+    ``wake_up`` it is served with the tokens from before."""
+    pytest.importorskip("vllm")
+    from agentenv.engines.openai import OpenAIEngine
+
+    from ..engines.test_openai import _free_port, start_server, stop_server
+
+    proc = start_server(model_dir, port := _free_port(), tmp_path / "server.log")
+    try:
+        eng = await OpenAIEngine.create(f"http://127.0.0.1:{port}", model_dir, block_size=32)
+        async with eng:
+            prompt = testing.chat_prompt(eng, "Compute 12 * 34.")
+            before = await eng.generate(prompt, GREEDY, "before")
+            await eng.sleep(1)
+            assert await eng.is_sleeping()
+            got: list = []
+            async with anyio.create_task_group() as tg:
+                async def ask() -> None:
+                    got.append(await eng.generate(prompt, GREEDY, "asleep"))
+
+                tg.start_soon(ask)
+                await anyio.wait_all_tasks_blocked()
+                assert got == []
+                await eng.wake_up()
+            assert not await eng.is_sleeping()
+            assert got[0].token_ids == before.token_ids
+    finally:
+        stop_server(proc)
