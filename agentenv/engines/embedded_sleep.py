@@ -39,9 +39,12 @@ class Slumber:
 
 
 def _empty_device_cache(device: torch.device) -> None:
-    gc.collect()
+    """Give a device's cached blocks back to the device (torch keeps freed CUDA memory in its
+    caching allocator). Freed host memory goes back to the system without this (the KV cache is
+    one large allocation, which the C allocator returns when freed)."""
     module = getattr(torch, device.type, None)
     if device.type != "cpu" and module is not None and hasattr(module, "empty_cache"):
+        gc.collect()
         module.empty_cache()
 
 
