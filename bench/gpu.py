@@ -48,6 +48,11 @@ QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, 
 QUICK = dict(QWEN2_05B, num_hidden_layers=1, vocab_size=16000, intermediate_size=1024)
 
 
+#: retool-math by its class path: the id is an entry point, which a tree that is not
+#: pip-installed (a GPU machine's copy of the checkout) does not publish.
+RETOOL = "agentenv.envs.retool_math:RetoolMathEnv"
+
+
 def say(text: str) -> None:
     print(text, flush=True)
 
@@ -165,7 +170,7 @@ def bundled(args, device, engine: str) -> dict:
     steps = 2 if args.quick else args.bundled_steps
     engine_kwargs = {"device": str(device)} if engine == "embedded" else {}
     with tempfile.TemporaryDirectory() as out_dir:
-        cfg = TrainConfig.for_env("retool-math", steps=steps, groups_per_step=2, group_size=4, max_new_tokens=64,
+        cfg = TrainConfig.for_env(RETOOL, steps=steps, groups_per_step=2, group_size=4, max_new_tokens=64,
                                   engine=engine, engine_kwargs=engine_kwargs, device=str(device),
                                   precision=args.precision, eval_every=0, report_to=["none"],
                                   checkpoint_every=1000, out_dir=out_dir, seed=0)
@@ -299,7 +304,11 @@ def main() -> None:
                     f"{traceback.format_exc(limit=-6)}")
                 results["bundled"].append({"engine": engine, "error": f"{type(exc).__name__}: {exc}"})
                 if engine == "embedded":
-                    results["bundled"].append(bundled_direct(args, device))
+                    try:
+                        results["bundled"].append(bundled_direct(args, device))
+                    except Exception as exc2:  # noqa: BLE001 - reported; the figures so far still print
+                        say(f"bundled: the direct loop failed too: {type(exc2).__name__}: {exc2}")
+                        results["bundled"].append({"engine": engine, "direct_error": f"{type(exc2).__name__}: {exc2}"})
     line = json.dumps(results)
     if args.json:
         args.json.write_text(line + "\n")

@@ -62,6 +62,26 @@ def check_model_dir(path: str | Path) -> Path:
     return p
 
 
+#: The transformers releases whose continuous batching (``page_size``, ``pause``, the output
+#: router, the prefix-match search) this engine drives; pyproject.toml pins the same range.
+TRANSFORMERS_RANGE = ((5, 19), (5, 20))
+
+
+def require_transformers(version: str | None = None) -> None:
+    """A clear error when the installed transformers is outside :data:`TRANSFORMERS_RANGE`
+    (its continuous-batching internals move between releases: an older one fails deep inside
+    with an unexpected keyword)."""
+    import transformers
+
+    found = version or transformers.__version__
+    major_minor = tuple(int(x) for x in found.split(".")[:2])
+    lo, hi = TRANSFORMERS_RANGE
+    if not lo <= major_minor < hi:
+        want = f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"
+        raise ConfigError(f"the embedded engine needs transformers{want}, found {found}: "
+                          f"pip install 'transformers{want}'")
+
+
 class EmbeddedEngine(Engine):
     sleep_levels = SLEEP_LEVELS
 
@@ -83,6 +103,7 @@ class EmbeddedEngine(Engine):
     ) -> None:
         from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
+        require_transformers()
         path = check_model_dir(model)
         if seed is not None:
             torch.manual_seed(seed)

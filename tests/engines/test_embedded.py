@@ -56,3 +56,14 @@ def test_missing_model_dir(tmp_path):
         EmbeddedEngine(tmp_path / "nope")
     with pytest.raises(ModelNotFoundError, match="config.json"):
         EmbeddedEngine(tmp_path)
+
+
+def test_a_transformers_release_outside_the_tested_range_is_a_one_line_error():
+    from agentenv.engines.embedded import TRANSFORMERS_RANGE, require_transformers
+    from agentenv.errors import ConfigError
+
+    require_transformers()  # the installed one is in range
+    lo, hi = TRANSFORMERS_RANGE
+    for found in (f"{lo[0]}.{lo[1] - 2}.0", f"{hi[0]}.{hi[1]}.1"):
+        with pytest.raises(ConfigError, match=rf"needs transformers>={lo[0]}\.{lo[1]},<{hi[0]}\.{hi[1]}, found {found}"):
+            require_transformers(found)
