@@ -55,7 +55,7 @@ class TrainConfig:
                               "sequence (packed: no padding, attention kept within each row, the same loss and "
                               "gradients)", flag="--no-pack")
     logprob_chunk: int = option(
-        1024, "positions of the output head computed at a time for the per-token logprobs, each chunk recomputed in "
+        512, "positions of the output head computed at a time for the per-token logprobs, each chunk recomputed in "
               "the backward pass, so memory does not grow with row length x vocabulary (default {default}; 0: the "
               "whole logits at once)", check=NON_NEGATIVE)
     device: str = option("auto", "where the policy trains: auto (a CUDA GPU where torch sees one, else the CPU), cpu, "

@@ -32,7 +32,7 @@ CHUNKABLE = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwe
                        "phi3", "olmo", "olmo2"})
 
 #: Positions per chunk by default (``TrainConfig.logprob_chunk``).
-DEFAULT_CHUNK = 1024
+DEFAULT_CHUNK = 512
 
 
 def unchunkable(model: Any) -> str | None:
