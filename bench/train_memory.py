@@ -97,7 +97,8 @@ def _logprob_case(path: str, tokens: int, chunk: int, device: str) -> dict:
     logp = run(hidden, ids)
     logp.sum().backward()
     peak, seconds = _peak_now(device) - start, time.perf_counter() - t0
-    return {"peak_bytes": peak, "seconds": seconds, "logp_sum": float(logp.detach().sum()), "logp": logp.detach().cpu().tolist()[0][:64],
+    return {"peak_bytes": peak, "seconds": seconds, "logp_sum": float(logp.detach().sum()),
+            "logp": logp.detach().cpu().tolist()[0][:64],
             "hidden_grad_sum": float(hidden.grad.double().abs().sum()),
             "head_grad_sum": float(head.weight.grad.double().abs().sum())}
 
@@ -123,7 +124,8 @@ def _step_case(path: str, tokens: int, chunk: int, device: str, model_dir: str) 
     start, t0 = _peak_now(device), time.perf_counter()
     stats = policy.train_step(batch)
     peak, seconds = _peak_now(device) - start, time.perf_counter() - t0
-    return {"peak_bytes": peak, "seconds": seconds, "loss": stats["loss"], "grad_norm": stats["grad_norm"], "entropy": stats["entropy"]}
+    return {"peak_bytes": peak, "seconds": seconds, "loss": stats["loss"], "grad_norm": stats["grad_norm"],
+            "entropy": stats["entropy"]}
 
 
 def _estimate_gib(part: str, path: str, tokens: int, chunk: int) -> float:
@@ -157,8 +159,8 @@ def _run_case(part: str, path: str, tokens: int, a: argparse.Namespace, model_di
         print(f"  {part:7s} {path:6s} {tokens:5d}: failed ({out.returncode}): {out.stderr[-600:]}", flush=True)
         return None
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"  {part:7s} {path:6s} {tokens:5d}: peak +{result['peak_bytes'] / GIB:6.2f} GiB in {result['seconds']:.1f} s",
-          flush=True)
+    print(f"  {part:7s} {path:6s} {tokens:5d}: peak +{result['peak_bytes'] / GIB:6.2f} GiB "
+          f"in {result['seconds']:.1f} s", flush=True)
     return result
 
 
