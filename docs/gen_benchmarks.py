@@ -73,6 +73,8 @@ HEADLINES = [
              lambda f: f"{f['rollout_limit_ratio']:.2f}", "0.52-0.58 (four runs)"),
     Headline("async vs sync GRPO training, wall time (slow tools and rewards)", "trainer",
              lambda f: f"{f['async_speedup']:.2f}x", "2.40x"),
+    Headline("the same async run's share of its ideal overlap (per step, the longer of generation and training "
+             "measured alone)", "trainer", lambda f: f"{f['ideal_overlap']:.2f}", "not measured"),
     Headline("vLLM vs the embedded engine, tok/s (32 requests, CPU)", "engines",
              lambda f: f"{f['vllm_vs_embedded_throughput']:.2f}x", "2.36x"),
     Headline("a sandbox call vs a fresh `python3` per call (concurrency 32)", "sandbox",
