@@ -341,6 +341,7 @@ class OpenAIEngine(Sleeper, Engine):
             results = await link.update(tensors, lambda meta: self._rpc(idx, "agentenv_receive_weights", meta))
             if results is not None:
                 return instance_id(results)
+        link.check()  # weight_sync=group: the group's failure is raised, not served around
         from safetensors.torch import save
 
         return instance_id(await self._rpc(idx, "agentenv_load_weights", base64.b64encode(save(tensors)).decode()))

@@ -333,24 +333,21 @@ class VLLMEngine(Sleeper, Engine):
             return await self._publish_adapter(dict(items), version)
         # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
         self._served_weights.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in items})
-        llm = self.llm  # the group is formed (at the first update) with its workers
-        await self.weight_group.ready(lambda: _workers(llm), lambda *a: llm.collective_rpc(
-            "agentenv_join_weight_group", args=a))
         # A dead engine core is restarted (with every update so far, this one included) and
-        # the update made again on the new one (through the host: its workers are new).
-        return await self.core.restarting(self.core.call, "weight update",
-                                          lambda llm: self._install(llm, dict(items), version))
+        # the update made again on the new one (the group formed again with its new workers).
+        new = await self.core.restarting(self.core.call, "weight update",
+                                         lambda llm: self._install(llm, dict(items), version))
+        self.weight_group.check()  # weight_sync=group: nothing was installed if the group failed
+        return new
 
     async def _install(self, llm: Any, tensors: dict[str, torch.Tensor], version: int | None) -> int:
-        group = self.weight_group.on
         async with self._update_lock:
             # In-flight requests are frozen (not aborted), keep their KV, and go on with the
             # new weights after resume; their later tokens carry the new version.
             await llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                if not group or await self.weight_group.update(tensors, lambda meta: llm.collective_rpc(
-                        "agentenv_receive_weights", args=(meta,))) is None:
-                    await llm.collective_rpc("agentenv_load_weights", args=(_blob(tensors),))
+                if not await _transfer(self.weight_group, llm, tensors):
+                    return self._version  # weight_sync=group failed: load_weights raises why
                 new = self._version + 1 if version is None else int(version)
                 if self._labels:
                     await llm.update_weight_version(str(new))  # tokens sampled from now on
@@ -408,6 +405,21 @@ class VLLMEngine(Sleeper, Engine):
             await self._streams.reap()
             self.weight_group.close()
             await self.core.close()
+
+
+async def _transfer(link: GroupLink, llm: Any, tensors: dict[str, torch.Tensor]) -> bool:
+    """Send ``tensors`` into ``llm``'s workers, to be loaded in place: over the weight-update
+    group (formed with them at the first update, and again after a restart), else serialised
+    through the host. False when ``weight_sync=group`` failed: nothing was loaded, and
+    ``link.check()`` raises why."""
+    if await link.ready(lambda: _workers(llm), lambda *a: llm.collective_rpc("agentenv_join_weight_group", args=a)):
+        if await link.update(tensors, lambda meta: llm.collective_rpc("agentenv_receive_weights",
+                                                                      args=(meta,))) is not None:
+            return True
+    if link.failure is not None:
+        return False
+    await llm.collective_rpc("agentenv_load_weights", args=(_blob(tensors),))
+    return True
 
 
 async def _workers(llm: Any) -> int:

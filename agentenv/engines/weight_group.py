@@ -248,7 +248,8 @@ class GroupLink:
     """An engine client's choice between the group and the host path (``mode``, a
     :data:`WeightSync`), and its group once formed. ``auto``: a group that cannot be formed,
     or an update over it that fails, puts the engine on the host path for good, with one log
-    line saying why; ``group``: either raises :class:`~agentenv.errors.EngineError`."""
+    line saying why; ``group``: either is kept as :attr:`failure`, which :meth:`check` raises
+    (outside whatever task group the engine made the call in)."""
 
     def __init__(self, mode: str = "auto", *, name: str = "vllm", host: str = "127.0.0.1") -> None:
         if mode not in WEIGHT_SYNC_MODES:
@@ -261,6 +262,8 @@ class GroupLink:
         self.sender: GroupSender | None = None
         #: Why the host path is used (None while the group is, or may yet be, formed).
         self.host_reason: str | None = "weight_sync=host" if mode == "host" else None
+        #: ``group``: why the group could not be formed or used (raised by :meth:`check`).
+        self.failure: Exception | None = None
 
     @property
     def on(self) -> bool:
@@ -273,7 +276,7 @@ class GroupLink:
         counts the engine's workers; ``ask_join`` as :meth:`GroupSender.form` takes it)."""
         if self.sender is not None:
             return True
-        if self.host_reason is not None:
+        if self.host_reason is not None or self.failure is not None:
             return False
         try:
             self.sender = await GroupSender.form(self.host, await workers(), ask_join)
@@ -300,9 +303,18 @@ class GroupLink:
         if self.mode == "group":
             from ..errors import EngineError
 
-            raise EngineError(f"{self.name}: {reason} (weight_sync=group)") from exc
+            self.failure = EngineError(f"{self.name}: {reason} (weight_sync=group)")
+            self.failure.__cause__ = exc
+            return
         self.host_reason = reason
         log.warning("%s: weights go through the host (serialised): %s", self.name, reason)
+
+    def check(self) -> None:
+        """``group``: raise the failure to form or use the group, if there was one (it is
+        cleared: the next update tries to form the group again)."""
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
 
     def drop(self) -> None:
         """The engine's workers were replaced (a restart): the group is left, and formed again
