@@ -22,6 +22,8 @@ from agentenv.train.colocate import Colocation
 pytestmark = pytest.mark.anyio
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
+#: The rising-reward run: its steps, and the steps averaged at each end.
+RISE_STEPS, RISE_WINDOW = 30, 10
 
 
 def rss() -> int:
@@ -234,3 +236,20 @@ async def test_the_openai_engine_sleeps_and_wakes_the_server(model_dir, tmp_path
             assert got[0].token_ids == before.token_ids
     finally:
         stop_server(proc)
+
+
+@pytest.mark.slow
+def test_a_colocated_run_trains_the_bundled_model_to_a_rising_reward(tmp_path):
+    """retool-math with its training defaults (the settings that make the bundled model learn),
+    colocated: the batch reward of the last steps is above that of the first."""
+    from agentenv.train import train
+
+    rows: list[dict] = []
+    cfg = TrainConfig.for_env("retool-math", mode="colocated", steps=RISE_STEPS, eval_every=0,
+                              out_dir=str(tmp_path), report_to=["none"], checkpoint_every=RISE_STEPS)
+    summary = train(cfg, print_steps=False, on_step=rows.append)
+    assert summary["steps"] == RISE_STEPS and set(summary["staleness"]) == {"0"}
+    first = sum(r["reward_mean"] for r in rows[:RISE_WINDOW]) / RISE_WINDOW
+    last = sum(r["reward_mean"] for r in rows[-RISE_WINDOW:]) / RISE_WINDOW
+    assert last > first, (first, last)
+    assert all(r["engine_asleep_s"] >= r["train_s"] for r in rows)
