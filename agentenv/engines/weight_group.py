@@ -71,8 +71,10 @@ def _nbytes(dtype: str, shape: list[int]) -> int:
     return n * getattr(torch, dtype).itemsize
 
 
-def buckets(meta: Meta, limit: int = BUCKET_BYTES) -> list[list[int]]:
-    """The tensors' indices grouped, in order, into buckets of at most ``limit`` bytes."""
+def buckets(meta: Meta, limit: int | None = None) -> list[list[int]]:
+    """The tensors' indices grouped, in order, into buckets of at most ``limit`` bytes
+    (None: :data:`BUCKET_BYTES`, read at the call, so both ends of a group agree on it)."""
+    limit = BUCKET_BYTES if limit is None else limit
     out: list[list[int]] = []
     size = 0
     for i, (_, dtype, shape) in enumerate(meta):
