@@ -50,10 +50,16 @@ class Sleeper:
             raise ConfigError(f"sleep level must be one of {SLEEP_LEVELS}, got {level}")
         if self._sleep_level is not None:
             return
-        if self._woken is None:
+        waiting = self._woken is not None  # requests wait already (for a level-2 sleep's weights)
+        if not waiting:
             self._woken = anyio.Event()
-        async with self._update_lock:  # never in the middle of a weight update
-            await self._fall_asleep(level)
+        try:
+            async with self._update_lock:  # never in the middle of a weight update
+                await self._fall_asleep(level)
+        except BaseException:  # still awake: the requests held for this sleep go in
+            if not waiting:
+                self._let_in()
+            raise
         self._sleep_level = level
 
     async def wake_up(self) -> None:
@@ -65,7 +71,7 @@ class Sleeper:
         level, self._sleep_level = self._sleep_level, None
         if level == 2:
             self._weights_due = True
-        else:
+        elif not self._weights_due:  # a level-2 sleep's weights still due: requests wait for them
             self._let_in()
 
     async def is_sleeping(self) -> bool:

@@ -130,6 +130,18 @@ async def test_colocation_refuses_an_engine_that_cannot_sleep():
         pass
 
 
+async def test_a_sleep_that_fails_leaves_the_engine_awake_and_serving(model_dir):
+    """The sleep request reaches no server (a closed port): the error is raised, and requests
+    are not held for a sleep that never happened."""
+    from agentenv.engines.openai import OpenAIEngine
+
+    eng = OpenAIEngine("http://127.0.0.1:9", model_dir, retries=0)
+    with pytest.raises(Exception, match="onnect"):
+        await eng.sleep(1)
+    with anyio.fail_after(5):  # a hang guard: admission returns at once when awake
+        await eng._until_awake()
+
+
 def test_colocated_mode_trains_on_policy():
     cfg = TrainConfig(mode="colocated", max_staleness=3, sleep_level=2)
     assert cfg.staleness == 0 and cfg.sleep_level == 2
