@@ -6,8 +6,8 @@ shaped like Qwen2-0.5B (randomly initialised: nothing is downloaded).
 The model: transformers' ``Qwen2Config`` with Qwen2-0.5B's shape (hidden 896, 24 layers, 14
 heads, 2 KV heads, intermediate 4864, vocabulary 151,936, tied embeddings; 494M parameters).
 Each case runs in a fresh process and reports the growth of its peak resident memory
-(``ru_maxrss``) over the measured part, against its value just before it (on CUDA,
-``torch.cuda.max_memory_allocated`` over the same part):
+(``ru_maxrss``, reset to the memory held just before the measured part: ``_reset_peak``) over
+that part (on CUDA, ``torch.cuda.max_memory_allocated`` over the same part):
 
 * ``logprob``: one row's last hidden states [1, T, 896] -> per-token logprobs -> backward,
   through the model's head (the 151,936 x 896 tied embedding). ``before`` is the whole-logits
@@ -50,6 +50,25 @@ QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, 
 GIB = 2**30
 
 
+def _reset_peak(device: str) -> int:
+    """Start a measured part: the peak is reset to what is held now, which this returns (bytes).
+
+    On the CPU, writing 5 to ``/proc/self/clear_refs`` resets the process's peak RSS (Linux):
+    what ran before (loading the weights, the behaviour logprobs) does not hide the part's own
+    peak under an earlier high-water mark. Where that is refused, the peak so far stands."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _peak_now(device)
+
+
 def _peak_now(device: str) -> int:
     """Bytes: the process's peak RSS, or the CUDA allocator's peak."""
     import torch
@@ -90,10 +109,7 @@ def _logprob_case(path: str, tokens: int, chunk: int, device: str) -> dict:
     warm = torch.randn(1, 8, QWEN2_05B["hidden_size"], device=device, requires_grad=True)
     run(warm, ids[:, :8]).sum().backward()  # kernels loaded, threads started
     head.weight.grad = None
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    start, t0 = _peak_now(device), time.perf_counter()
+    start, t0 = _reset_peak(device), time.perf_counter()
     logp = run(hidden, ids)
     logp.sum().backward()
     peak, seconds = _peak_now(device) - start, time.perf_counter() - t0
@@ -118,10 +134,7 @@ def _step_case(path: str, tokens: int, chunk: int, device: str, model_dir: str) 
     with torch.no_grad():
         mu = policy.token_logprobs(ids.to(policy.device), attn.to(policy.device)).cpu()
     batch = Batch(ids, attn, mask, mu, torch.zeros_like(ids), torch.tensor([1.0]), [1.0])
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    start, t0 = _peak_now(device), time.perf_counter()
+    start, t0 = _reset_peak(device), time.perf_counter()
     stats = policy.train_step(batch)
     peak, seconds = _peak_now(device) - start, time.perf_counter() - t0
     return {"peak_bytes": peak, "seconds": seconds, "loss": stats["loss"], "grad_norm": stats["grad_norm"],
