@@ -43,9 +43,10 @@ module puts them together behind the :class:`~agentenv.engines.base.Engine` inte
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator
 
 import anyio
 
@@ -106,6 +107,23 @@ def vllm_args(model: Path, *, on_cpu: bool, max_model_len: int = 2048, block_siz
         args["max_num_seqs"] = 1024
     args.update(engine_args)
     return args
+
+
+@contextlib.contextmanager
+def _kept(served: dict[str, "torch.Tensor"], items: list[tuple[str, "torch.Tensor"]]) -> Iterator[None]:
+    """Host copies of ``items`` in ``served`` for the body's length, and after it unless it
+    raised: then each name holds what it held before (or nothing)."""
+    replaced = {n: served.get(n) for n, _ in items}
+    served.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in items})
+    try:
+        yield
+    except BaseException:
+        for name, old in replaced.items():
+            if old is None:
+                served.pop(name, None)
+            else:
+                served[name] = old
+        raise
 
 
 class VLLMEngine(Sleeper, Engine):
@@ -331,13 +349,13 @@ class VLLMEngine(Sleeper, Engine):
         self._check_awake()
         if self.adapters.is_adapter(items):
             return await self._publish_adapter(dict(items), version)
-        # Kept (one host copy of what was updated) so that a restarted engine core serves it too.
-        self._served_weights.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in items})
-        # A dead engine core is restarted (with every update so far, this one included) and
-        # the update made again on the new one (the group formed again with its new workers).
-        new = await self.core.restarting(self.core.call, "weight update",
-                                         lambda llm: self._install(llm, dict(items), version))
-        self.weight_group.check()  # weight_sync=group: nothing was installed if the group failed
+        # Kept so that a restarted engine core serves it too (a failed update is taken back out).
+        # A dead engine core is restarted (with every update so far, this one included) and the
+        # update made again on the new one (the group formed again with its new workers).
+        with _kept(self._served_weights, items):
+            new = await self.core.restarting(self.core.call, "weight update",
+                                             lambda llm: self._install(llm, dict(items), version))
+            self.weight_group.check()  # weight_sync=group: nothing was installed if the group failed
         return new
 
     async def _install(self, llm: Any, tensors: dict[str, torch.Tensor], version: int | None) -> int:

@@ -136,9 +136,10 @@ class TrainConfig:
                               f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
         if self.fsdp and self.cluster != "ray":
             raise ConfigError("fsdp (sharding over trainer ranks) needs cluster='ray'")
-        if self.weight_sync == "group" and self.engine == "embedded":
-            raise ConfigError("weight_sync='group' needs a vllm or openai engine (the embedded engine shares the "
-                              "trainer's process: its weights are not sent)")
+        if self.weight_sync != "auto" and self.engine not in ("vllm", "openai"):
+            raise ConfigError(f"weight_sync={self.weight_sync!r} needs a vllm or openai engine, got engine="
+                              f"{self.engine!r} (the embedded engine shares the trainer's process: its weights are "
+                              "not sent); leave weight_sync at 'auto'")
         if self.engines and self.cluster != "ray":
             raise ConfigError(f"engines (engine actors) need cluster='ray', got engines={self.engines}")
 

@@ -235,3 +235,20 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
     finally:
         await group.aclose()
         await host.aclose()
+
+
+def test_an_update_that_fails_is_not_kept_for_a_restarted_core():
+    # The engine keeps a host copy of every update so that a restarted core serves it; an update
+    # that raised (a group that failed under weight_sync=group) must not be installed by a
+    # later restart, under the older version's label.
+    from agentenv.engines.vllm import _kept
+
+    served = {"a": torch.zeros(2)}
+    with pytest.raises(EngineError):
+        with _kept(served, [("a", torch.ones(2)), ("b", torch.ones(1))]):
+            assert served["a"].sum() == 2 and "b" in served  # kept while the install runs
+            raise EngineError("the group failed")
+    assert torch.equal(served["a"], torch.zeros(2)) and "b" not in served
+    with _kept(served, [("b", torch.ones(1))]):
+        pass
+    assert torch.equal(served["b"], torch.ones(1))

@@ -332,3 +332,11 @@ def test_an_environments_training_defaults_apply_where_no_value_is_given():
     register("bad-math", type("Bad", (RetoolMathEnv,), {"train_defaults": {"learning_rate": 1}}))
     with pytest.raises(ConfigError, match="unknown settings"):
         TrainConfig.for_env("bad-math")
+
+
+def test_a_weight_sync_setting_the_engine_cannot_use_is_refused():
+    for sync in ("group", "host"):
+        with pytest.raises(ConfigError, match=rf"weight_sync='{sync}' needs a vllm or openai engine, got engine='embedded'"):
+            TrainConfig(engine="embedded", weight_sync=sync)
+    assert TrainConfig(engine="embedded").engine_args() == {}
+    assert TrainConfig(engine="vllm", weight_sync="host").engine_args()["weight_sync"] == "host"
