@@ -49,8 +49,11 @@ def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir
     # under 1e-5, while the steps move weights by ~1e-4 each. The first step's statistics agree
     # to 1e-5; the second's start from weights that differ by that much (grad_norm was seen to
     # differ by 3.6e-5 relative on one batch), so they are held to 1e-4.
+    # Sharded ranks compute logprobs from whole logits (FSDP gathers the head only inside the
+    # model's forward: agentenv.train.logprobs.unchunkable), so the one process does too and
+    # both sides do the same arithmetic; chunked equals whole logits in test_logprobs.
     kw = dict(lr=1e-4, micro_batch=2, loss=LossConfig(aggregation=aggregation),
-              lora=LoraSpec(rank=4) if lora else None)
+              lora=LoraSpec(rank=4) if lora else None, logprob_chunk=0 if shard else 512)
     torch.manual_seed(0)
     local = Policy(model_dir, **kw)
     before = {n: t.clone() for n, t in local.sync_tensors().items()}
