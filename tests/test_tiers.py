@@ -23,6 +23,8 @@ CROSS_CUTTING = {
     "tests/test_sizes.py": "every function and class of the package fits the size limits",
     "tests/test_tiers.py": "this file",
     "tests/test_bench_client.py": "bench/client.py's figures (the benchmark lives outside the package)",
+    "tests/test_bench_overlap.py": "bench/_overlap.py's ideal-overlap arithmetic (the benchmark lives outside the package)",
+    "tests/engines/test_embedded_growth.py": "the embedded engine and transformers' continuous batching keep no state per request served",
     "tests/test_packaging.py": "how the package installs: no shadowing by a clone's folder, what a wheel holds, what git ignores",
     "tests/engines/test_interface.py": "what the reactor reads from any engine (engines/base.py's interface)",
     "tests/sandboxes/test_hostile.py": "hostile code against the local sandbox",
