@@ -75,7 +75,11 @@ def _peak_now(device: str) -> int:
 
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:  # the mm's high-water mark, which clear_refs resets (ru_maxrss also keeps exited threads' marks)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _before_logprobs(head, hidden, ids, temperature: float):

@@ -29,6 +29,7 @@ process rather than a request:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -240,9 +241,24 @@ def set_priority(llm: Any, nice: int, force: bool = False) -> list[int]:
     if not procs:
         log.debug("no local vLLM engine processes found (another executor?): their priority is left as is")
     for p in procs if nice or force else []:
-        try:
-            for t in p.threads():  # niceness is per thread on Linux
-                os.setpriority(os.PRIO_PROCESS, t.id, nice)
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            continue
+        # Niceness is per thread on Linux and a new thread takes its creator's: a thread born
+        # while the list is walked, of a creator not yet reniced, is caught by the next pass.
+        for _ in range(5):
+            try:
+                missed = [t.id for t in p.threads() if _nice_of(t.id) not in (nice, None)]
+            except psutil.NoSuchProcess:
+                break
+            for tid in missed:
+                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+            if not missed:
+                break
     return [p.pid for p in procs]
+
+
+def _nice_of(tid: int) -> int | None:
+    """A thread's niceness, None once it has exited."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except ProcessLookupError:
+        return None

@@ -203,7 +203,9 @@ def test_agentenv_rollout_and_eval_run_the_hermes_path(tmp_path, capsys):
     hermes = ["--model", "tiny-hermes", "--env-arg", "format=hermes", "--no-progress"]
     assert main(["rollout", *hermes, "--tasks", "16", "--group-size", "4", "--out", str(out)]) == 0
     trajs = read(out)
-    assert len(trajs) == 64 and calls_ran(trajs) >= 0.5, calls_ran(trajs)
+    # Sampled at temperature 1 with timing-dependent batching, so not the same from run to run:
+    # 0.48-0.56 of programs ran a call in the runs seen; a broken Hermes path runs none.
+    assert len(trajs) == 64 and calls_ran(trajs) >= 0.3, calls_ran(trajs)
     assert all("<tool_call>" in t.text for t in trajs if t.tool_calls)
     assert any(t.reward == 1.0 for t in trajs)
     capsys.readouterr()
@@ -211,7 +213,7 @@ def test_agentenv_rollout_and_eval_run_the_hermes_path(tmp_path, capsys):
                  str(tmp_path / "e.jsonl"), "--report", str(report)]) == 0
     rep = json.loads(report.read_text())
     assert rep["model"] == str(HERMES.resolve()) and rep["env_args"] == {"format": "hermes", "extra_digits": 0}
-    assert calls_ran(read(tmp_path / "e.jsonl")) >= 0.5 and rep["components"]["tool_ran"] >= 0.5, rep
+    assert calls_ran(read(tmp_path / "e.jsonl")) >= 0.3 and rep["components"]["tool_ran"] >= 0.3, rep
     assert rep["pass@k"]["1"] > 0, rep
 
 
