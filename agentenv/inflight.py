@@ -42,6 +42,15 @@ class InFlight:
         self._live.get(traj.task_id, {}).pop(traj.id, None)
         self._finished.setdefault(traj.task_id, []).append(traj)
 
+    def oldest_version(self, task_id: str) -> int | None:
+        """The oldest weight version among the task's tokens logged so far (its programs'
+        logged turns and its finished trajectories); None before any. A program's versions
+        only grow, so later tokens cannot lower it."""
+        trajs = [t for t, _ in self._live.get(task_id, {}).values()] + self._finished.get(task_id, [])
+        versions = [s.weight_versions[0] for t in trajs for s in t.segments
+                    if s.kind == "model" and s.weight_versions]
+        return min(versions) if versions else None
+
     def forget(self, task_id: str) -> None:
         """The task's group is complete (it went to the buffer)."""
         self._live.pop(task_id, None)

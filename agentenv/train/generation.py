@@ -109,6 +109,10 @@ class Generation:
         self.buffer = RolloutBuffer(capacity=max((max_staleness + 1) * batch, len(restored)),
                                     max_staleness=max_staleness)
         self._cond = anyio.Condition()
+        #: Task index -> (task id, cancel scope) of each group being generated.
+        self._running: dict[int, tuple[str, anyio.CancelScope]] = {}
+        #: Groups cancelled in flight: stale before they were complete (counted in ``buffer.dropped``).
+        self.cancelled = 0
         for index, group in restored:
             self.position.index[id(group)] = index
             self.buffer.put(group)
@@ -134,16 +138,21 @@ class Generation:
         task = self.stream.task(index)
         saved = self.position.saved.pop(task.id, None)  # in flight at the checkpoint: continue it
         resume, finished = inflight.restore(saved) if saved is not None else (None, ())
+        scope = anyio.CancelScope()
+        self._running[index] = (task.id, scope)
         self.clock.enter()
         try:
-            group = await self.reactor.group(task, self.group_size, resume=resume, finished=finished)
+            with scope:
+                group = await self.reactor.group(task, self.group_size, resume=resume, finished=finished)
         finally:
             self.clock.exit()
+            self._running.pop(index, None)
         self._programs.forget(task.id)
         async with self._cond:
             self.position.in_flight.discard(index)
-            self.position.index[id(group)] = index
-            self.buffer.put(group)
+            if not scope.cancel_called:  # else :meth:`_cancel_stale` dropped it (even if it completed since)
+                self.position.index[id(group)] = index
+                self.buffer.put(group)
             self._cond.notify_all()
 
     async def next_batch(self) -> list[Group]:
@@ -176,7 +185,23 @@ class Generation:
         """The engine serves ``version`` now: admit work at it, and end a drain."""
         async with self._cond:
             self.version, self.draining = version, False
+            self._cancel_stale()
             self._cond.notify_all()
+
+    def _cancel_stale(self) -> None:
+        """Cancel each group in flight that can no longer be used at :attr:`version`: one of
+        its tokens is older than ``max_staleness`` versions (the buffer would drop it when
+        complete). Its admission slot goes to a replacement now, and the engine stops decoding
+        for it, rather than when it would have completed."""
+        for index, (task_id, scope) in list(self._running.items()):
+            oldest = self._programs.oldest_version(task_id)
+            if scope.cancel_called or oldest is None or self.version - oldest <= self.buffer.max_staleness:
+                continue
+            scope.cancel()
+            self._gate.started -= 1
+            self.buffer.dropped += 1
+            self.cancelled += 1
+            self.position.in_flight.discard(index)
 
     def snapshot(self) -> GenerationState:
         """Where generation stands now (between two awaits, so consistent)."""

@@ -129,3 +129,46 @@ async def test_restored_groups_that_are_too_stale_are_dropped_and_replaced(parts
     assert gen.buffer.dropped == 2 and not {g.task.id for g in batch} & {g.task.id for g in groups}
     assert all(v == 2 for g in batch for t in g.trajectories for v in t.weight_versions if v >= 0)
     assert all(i not in (7, 8) for i, _ in gen.snapshot().buffered)
+
+
+
+class HoldOne(AlternatingReward):
+    """The rewards of one task (``held``) wait for ``release``: its group stays in flight."""
+
+    held: str | None = None
+    release = None
+
+    async def reward(self, task, trajectory):
+        if task.id == self.held:
+            await self.release.wait()
+        return await super().reward(task, trajectory)
+
+
+@pytest.mark.anyio
+async def test_a_group_gone_stale_in_flight_is_cancelled_and_its_slot_goes_to_a_replacement(engine):
+    # max_staleness 1: task 0's group, sampled at version 0, waits on its held rewards. At
+    # version 1 it is still usable; at version 2 it no longer is, so it is cancelled then (not
+    # generated to completion and dropped at a later take) and a replacement starts at once.
+    env = HoldOne()
+    env.release = anyio.Event()
+    async with default_sandbox("local") as sandbox:
+        gen = generation((engine, env, sandbox), max_staleness=1)
+        env.held = gen.stream.task(0).id
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(gen.run, tg)
+            await sync(gen, 0)
+            first = await gen.next_batch()
+            await until(lambda: gen._programs.oldest_version(env.held) == 0, "task 0's group sampled at version 0")
+            await sync(gen, 1)
+            assert gen.cancelled == 0 and 0 in gen.position.in_flight  # one version old: still usable
+            second = await gen.next_batch()
+            await sync(gen, 2)
+            assert gen.cancelled == 1 and gen.buffer.dropped == 1 and 0 not in gen.position.in_flight
+            # Admitted at version 2: two groups for its batch, and one in the cancelled one's place.
+            await until(lambda: gen.position.cursor == 9, "the replacement admitted")
+            third = await gen.next_batch()
+            env.release.set()
+            tg.cancel_scope.cancel()
+    taken = {g.task.id for g in first + second + third}
+    assert env.held not in taken and len(taken) == 6
+    assert env.held not in {g.task.id for g in gen.buffer.groups}
