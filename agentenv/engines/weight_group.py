@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Literal
 
@@ -111,13 +113,77 @@ def listen(host: str) -> socket.socket:
 
 
 def join(host: str, port: int, rank: int, world: int, *, backend_name: str, listen_socket: socket.socket | None = None,
-         timeout_s: float = TIMEOUT_S) -> Any:
+         timeout_s: float = TIMEOUT_S, cancelled: threading.Event | None = None) -> Any:
     """Join the group at ``host:port`` as ``rank`` of ``world`` (blocks until all have
-    joined); rank 0 passes the socket :func:`listen` bound, on which the rendezvous runs."""
-    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+    joined); rank 0 passes the socket :func:`listen` bound, on which the rendezvous runs, and
+    may pass ``cancelled``: setting it makes rank 0's wait for the others end promptly with
+    :class:`JoinCancelled` (the rendezvous' store is then gone, its socket closed).
 
-    return stateless_init_torch_distributed_process_group(
-        host, port, rank, world, backend_name, listen_socket=listen_socket, timeout=timedelta(seconds=timeout_s))
+    vLLM's ``stateless_init_torch_distributed_process_group`` in steps (it leaves
+    ``torch.distributed``'s global group alone), so that rank 0's wait can be cancelled: rank 0's
+    store waits for nobody; each other rank counts itself in (:data:`JOINED_KEY`) once its store
+    is connected, and rank 0 makes the backend's group only once all are in, when it forms at once."""
+    from torch.distributed import TCPStore
+
+    timeout = timedelta(seconds=timeout_s)
+    if listen_socket is None:
+        store = TCPStore(host, port, world, is_master=False, timeout=timeout, multi_tenant=True)
+        store.add(JOINED_KEY, 1)
+        return _group(store, host, port, rank, world, backend_name, timeout)
+    cancelled = cancelled or threading.Event()
+    if cancelled.is_set():
+        raise JoinCancelled("the group was given up before its rendezvous began")
+    fd = listen_socket.detach()
+    try:
+        store = TCPStore(host, port, world, is_master=True, timeout=timeout, wait_for_workers=False,
+                         multi_tenant=True, master_listen_fd=fd)
+    except BaseException:
+        socket.close(fd)
+        raise
+    try:
+        _wait_for_ranks(store, world, cancelled, f"{host}:{port}", timeout_s)
+        return _group(store, host, port, 0, world, backend_name, timeout)
+    except BaseException as exc:
+        # The store's server stops, closing the socket, now: not whenever the traceback is let go of.
+        traceback.clear_frames(exc.__traceback__)
+        store = None  # noqa: F841
+        raise
+
+
+class JoinCancelled(RuntimeError):
+    """Rank 0 stopped waiting for the group's other ranks (its caller gave up on the group)."""
+
+
+#: The rendezvous store's key that counts the ranks other than 0 connected to it.
+JOINED_KEY = "agentenv/joined"
+#: How often rank 0, waiting for the other ranks at the rendezvous, looks whether it was cancelled.
+POLL_S = 0.02
+
+
+def _wait_for_ranks(store: Any, world: int, cancelled: threading.Event, where: str, timeout_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while int(store.add(JOINED_KEY, 0)) < world - 1:
+        if cancelled.wait(POLL_S):
+            raise JoinCancelled(f"the group at {where} was given up before its other ranks joined")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the group's other ranks did not join at {where} in {timeout_s:.0f} s")
+
+
+def _group(store: Any, host: str, port: int, rank: int, world: int, backend_name: str, timeout: timedelta) -> Any:
+    """The backend's process group over the rendezvous ``store`` (as vLLM makes it)."""
+    from torch.distributed import PrefixStore
+    from vllm.distributed.utils import init_gloo_process_group
+    from vllm.utils.network_utils import get_tcp_uri
+
+    prefixed = PrefixStore(get_tcp_uri(host, port), store)
+    if backend_name == "gloo":
+        return init_gloo_process_group(prefix_store=prefixed, group_rank=rank, group_size=world, timeout=timeout)
+    from vllm.platforms import current_platform
+
+    return current_platform.stateless_init_device_torch_dist_pg(
+        backend=backend_name, prefix_store=prefixed, group_rank=rank, group_size=world, timeout=timeout)
 
 
 def leave(group: Any) -> None:
@@ -186,6 +252,22 @@ def receive(group: Any, meta: Meta, device: Any = "cpu") -> Iterator[tuple[str, 
             yield name, buf[offset:offset + n].view(getattr(torch, dtype)).view(shape)
 
 
+def _cause(group: BaseExceptionGroup) -> BaseException:
+    """The error to raise for a task group's failure: the first that is not a consequence of
+    another (a cancelled wait, a join given up), else the group itself."""
+    import anyio
+
+    def leaves(exc: BaseException) -> Iterator[BaseException]:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                yield from leaves(inner)
+        else:
+            yield exc
+
+    consequences = (JoinCancelled, anyio.get_cancelled_exc_class())
+    return next((e for e in leaves(group) if not isinstance(e, consequences)), group)
+
+
 class GroupSender:
     """The trainer's end (rank 0) of one engine's weight-update group. ``form`` makes it;
     ``update`` sends one set of tensors while the engine's workers receive them."""
@@ -201,23 +283,33 @@ class GroupSender:
         """Form the group at ``host`` (an address of this machine the workers can reach) with
         ``workers`` peers: ``ask_join(host, port, world, backend)`` asks the engine's workers to
         join (ranks 1..workers) while this end joins as rank 0. Raises when any of it fails or
-        ``timeout_s`` passes."""
+        ``timeout_s`` passes; then this end's join has ended and its socket is closed."""
         import anyio
 
         backend_name = backend()
         sock = listen(host)
         port, world = sock.getsockname()[1], workers + 1
         joined: list[Any] = []
+        cancelled = threading.Event()
 
         def join_here() -> None:
             joined.append(join(host, port, 0, world, backend_name=backend_name, listen_socket=sock,
-                               timeout_s=timeout_s))
+                               timeout_s=timeout_s, cancelled=cancelled))
 
-        with anyio.fail_after(timeout_s + 5):
+        try:
             async with anyio.create_task_group() as tg:
-                # Abandoned (not waited for) if the workers' side fails: it gives up at its timeout.
-                tg.start_soon(lambda: anyio.to_thread.run_sync(join_here, abandon_on_cancel=True))
-                await ask_join(host, port, world, backend_name)
+                # Waited for, not abandoned: a failure below sets ``cancelled``, which ends it at once.
+                tg.start_soon(lambda: anyio.to_thread.run_sync(join_here))
+                try:
+                    with anyio.fail_after(timeout_s):
+                        await ask_join(host, port, world, backend_name)
+                except BaseException:
+                    cancelled.set()
+                    raise
+        except BaseExceptionGroup as group:
+            raise _cause(group) from None
+        finally:
+            sock.close()  # the store took it over (and closes it with itself), unless the join never began
         return cls(joined[0], world, backend_name)
 
     async def update(self, tensors: dict[str, torch.Tensor], ask_receive: Callable[[Meta], Awaitable[Any]]) -> Any:

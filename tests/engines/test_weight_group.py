@@ -17,6 +17,8 @@ pytest.importorskip("vllm")
 from agentenv.engines.weight_group import GroupLink, buckets, join, leave, listen, metadata, receive, send  # noqa: E402
 from agentenv.errors import EngineError  # noqa: E402
 
+from ..waiting import until  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 
 
@@ -61,6 +63,46 @@ def test_a_broadcast_carries_every_tensor_bit_for_bit(monkeypatch):
     assert list(got) == list(tensors)
     for name, v in tensors.items():
         assert got[name].dtype == v.dtype and got[name].shape == v.shape and torch.equal(got[name], v), name
+
+
+def _running(*functions: str) -> bool:
+    """Whether some thread is inside one of weight_group's ``functions`` now."""
+    import sys
+
+    import agentenv.engines.weight_group as wg
+
+    frames = list(sys._current_frames().values())
+    for frame in frames:
+        while frame is not None:
+            if frame.f_code.co_filename == wg.__file__ and frame.f_code.co_name in functions:
+                return True
+            frame = frame.f_back
+    return False
+
+
+def _listening(port: int) -> bool:
+    import psutil
+
+    return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in psutil.Process().net_connections("tcp"))
+
+
+async def test_a_formation_that_fails_ends_its_join_and_closes_its_socket():
+    """The workers' side fails while this end waits at the rendezvous (timeout 60 s): the
+    failure is raised, this end's join has ended and its listening socket is closed, long
+    before the timeout."""
+    from agentenv.engines.weight_group import GroupSender
+
+    ports: list[int] = []
+
+    async def ask_join(host: str, port: int, world: int, backend_name: str) -> None:
+        ports.append(port)
+        await until(lambda: _running("_wait_for_ranks"), "this end waiting at the rendezvous", timeout=30)
+        raise RuntimeError("the workers could not join")
+
+    with pytest.raises(RuntimeError, match="could not join"):
+        await GroupSender.form("127.0.0.1", 2, ask_join, timeout_s=60)
+    await until(lambda: not _running("join", "_join_first"), "the join thread ends", timeout=10)
+    assert not _listening(ports[0])
 
 
 def test_an_unknown_weight_sync_is_refused():
