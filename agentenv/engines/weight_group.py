@@ -276,6 +276,11 @@ class GroupSender:
         self.group, self.world, self.backend = group, world, backend_name
         #: Bytes sent over the group so far.
         self.sent_bytes = 0
+        # A group is never left under a broadcast of this end's: ``close`` during one hands the
+        # group to the sending thread (``_orphan``), which leaves it once its broadcast returns.
+        self._mutex = threading.Lock()
+        self._sending = False
+        self._orphan: Any = None
 
     @classmethod
     async def form(cls, host: str, workers: int, ask_join: Callable[[str, int, int, str], Awaitable[Any]], *,
@@ -315,25 +320,50 @@ class GroupSender:
     async def update(self, tensors: dict[str, torch.Tensor], ask_receive: Callable[[Meta], Awaitable[Any]]) -> Any:
         """Send ``tensors``; ``ask_receive(meta)`` makes the workers receive and load them and
         returns their answer, which this returns. A failure on either side closes the group
-        (a later update cannot trust it) and raises."""
+        (a later update cannot trust it) and raises at once; a broadcast still in flight then
+        runs on in its thread until the peers take it or the group's timeout ends it, and that
+        thread leaves the group."""
         import anyio
 
         device = "cuda" if self.backend == "nccl" else "cpu"
         sent: list[int] = []
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: anyio.to_thread.run_sync(lambda: sent.append(send(self.group, tensors, device)),
+                tg.start_soon(lambda: anyio.to_thread.run_sync(lambda: sent.append(self._send(tensors, device)),
                                                                abandon_on_cancel=True))
                 answer = await ask_receive(metadata(tensors))
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, BaseExceptionGroup):
+                raise _cause(exc) from None
             raise
         self.sent_bytes += sent[0] if sent else 0
         return answer
 
+    def _send(self, tensors: dict[str, torch.Tensor], device: Any) -> int:
+        """:func:`send` over the group, in a thread of its own; leaves the group afterwards if
+        it was closed meanwhile."""
+        with self._mutex:
+            group = self.group
+            if group is None:
+                raise RuntimeError("the weight-update group was closed before its broadcast began")
+            self._sending = True
+        try:
+            return send(group, tensors, device)
+        finally:
+            with self._mutex:
+                self._sending = False
+                orphan, self._orphan = self._orphan, None
+            if orphan is not None:
+                leave(orphan)
+
     def close(self) -> None:
-        """Leave the group (idempotent)."""
-        group, self.group = self.group, None
+        """Leave the group (idempotent): at once, or, while a broadcast of this end's is in
+        flight, in its thread when it returns."""
+        with self._mutex:
+            group, self.group = self.group, None
+            if group is not None and self._sending:
+                group, self._orphan = None, group
         if group is not None:
             leave(group)
 

@@ -105,6 +105,81 @@ async def test_a_formation_that_fails_ends_its_join_and_closes_its_socket():
     assert not _listening(ports[0])
 
 
+def _watch_leave(monkeypatch) -> list[bool]:
+    """Each time a group is left (the real ``leave``): whether this end's broadcast (``send``)
+    was in flight."""
+    import agentenv.engines.weight_group as wg
+
+    calls: list[bool] = []
+    real = wg.leave
+
+    def watched(group) -> None:
+        calls.append(_running("send"))
+        real(group)
+
+    monkeypatch.setattr(wg, "leave", watched)
+    return calls
+
+
+async def _formed(timeout_s: float):
+    """A group of this end (``GroupSender``) and one worker (a thread here, rank 1)."""
+    from agentenv.engines.weight_group import GroupSender
+
+    peer: list = []
+
+    async def ask_join(host: str, port: int, world: int, backend_name: str) -> None:
+        peer.append(await anyio.to_thread.run_sync(
+            lambda: join(host, port, 1, world, backend_name=backend_name, timeout_s=timeout_s)))
+
+    return await GroupSender.form("127.0.0.1", 1, ask_join, timeout_s=timeout_s), peer[0]
+
+
+async def test_a_failed_update_leaves_the_group_only_after_its_broadcast(monkeypatch):
+    """The workers' answer fails while this end broadcasts (16 MiB in 1 MiB buckets: more than
+    the sockets buffer, so the broadcast waits for its peer): the update raises at once, but
+    the group is not left under the broadcast: the worker, late, still receives every tensor
+    bit for bit, and only then does this end's sending thread leave the group."""
+    import agentenv.engines.weight_group as wg
+
+    monkeypatch.setattr(wg, "BUCKET_BYTES", 1024**2)
+    left = _watch_leave(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {f"t{i}": torch.randn(256 * 1024, generator=gen) for i in range(16)}
+    sender, peer = await _formed(timeout_s=30)
+
+    async def ask_receive(meta):
+        await until(lambda: _running("_broadcast"), "this end broadcasting", timeout=30)
+        raise RuntimeError("a worker failed")
+
+    with pytest.raises(RuntimeError, match="a worker failed"):
+        await sender.update(tensors, ask_receive)
+    assert sender.group is None and sender.sent_bytes == 0
+    got = await anyio.to_thread.run_sync(lambda: dict(receive(peer, metadata(tensors))))
+    assert list(got) == list(tensors) and all(torch.equal(got[n], t) for n, t in tensors.items())
+    await until(lambda: not _running("_send"), "the sending thread ends", timeout=30)
+    assert left == [False]  # left once, with no broadcast in flight
+    leave(peer)
+
+
+async def test_a_broadcast_no_peer_takes_ends_at_the_groups_timeout(monkeypatch):
+    """Nobody receives (16 MiB, more than the sockets buffer): the update raises at once; the
+    broadcast left in flight ends at the group's timeout (3 s here), and its thread leaves
+    the group then."""
+    left = _watch_leave(monkeypatch)
+    sender, peer = await _formed(timeout_s=3)
+
+    async def ask_receive(meta):
+        await until(lambda: _running("_broadcast"), "this end broadcasting", timeout=30)
+        raise RuntimeError("the workers are gone")
+
+    with pytest.raises(RuntimeError, match="the workers are gone"):
+        await sender.update({"w": torch.ones(4 * 1024**2)}, ask_receive)
+    assert _running("_send")  # the broadcast waits on: the peer has not taken it
+    await until(lambda: not _running("_send"), "the broadcast ends at the group's timeout", timeout=60)
+    assert sender.group is None and left == [False]
+    leave(peer)
+
+
 def test_an_unknown_weight_sync_is_refused():
     from agentenv.errors import ConfigError
 
