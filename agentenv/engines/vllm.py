@@ -58,7 +58,7 @@ from .vllm_lora import LoraAdapters
 from .vllm_outputs import Outputs, read_outputs, sampling_params, token_prompt
 from .vllm_sessions import InputStream, InputStreams, feed, session_limit
 from .vllm_sleep import Sleeper
-from .weight_group import GroupLink
+from .weight_group import GroupLink, HeldWeights
 
 if TYPE_CHECKING:
     import torch  # type hints only
@@ -110,11 +110,16 @@ def vllm_args(model: Path, *, on_cpu: bool, max_model_len: int = 2048, block_siz
 
 
 @contextlib.contextmanager
-def _kept(served: dict[str, "torch.Tensor"], items: list[tuple[str, "torch.Tensor"]]) -> Iterator[None]:
+def _kept(served: dict[str, Any], items: list[tuple[str, "torch.Tensor"]] | HeldWeights) -> Iterator[None]:
     """Host copies of ``items`` in ``served`` for the body's length, and after it unless it
-    raised: then each name holds what it held before (or nothing)."""
-    replaced = {n: served.get(n) for n, _ in items}
-    served.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in items})
+    raised: then each name holds what it held before (or nothing). Held weights are kept as
+    their handle, fetched only if a restarted core needs them (:func:`_blob`)."""
+    if isinstance(items, HeldWeights):
+        new = dict.fromkeys(items.keys(), items)
+    else:
+        new = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
+    replaced = {n: served.get(n) for n in new}
+    served.update(new)
     try:
         yield
     except BaseException:
@@ -148,7 +153,7 @@ class VLLMEngine(Sleeper, Engine):
         # The engine core labels the tokens it samples with the weight version.
         self._labels = hasattr(llm, "update_weight_version")
         self._update_lock = anyio.Lock()
-        self._served_weights: dict[str, torch.Tensor] = {}  # every update so far, for a restart
+        self._served_weights: dict[str, Any] = {}  # every update so far (tensors or their holder), for a restart
         #: How weights reach the workers: the weight-update group or the host (``weight_group``).
         self.weight_group = GroupLink(weight_sync, name="vllm", host="127.0.0.1")  # its workers are local
         self._closed = False
@@ -345,20 +350,21 @@ class VLLMEngine(Sleeper, Engine):
         where it is formed (``weight_group``), else serialised through the engine's RPC. Under
         train-time LoRA (``enable_lora``), adapter tensors alone are published as a new adapter
         version (files, as on the host path)."""
-        items = list(weights.items() if isinstance(weights, dict) else weights)
+        held = weights if isinstance(weights, HeldWeights) else None  # sent by its holder over the group
+        items = held or list(weights.items() if isinstance(weights, dict) else weights)
         self._check_awake()
-        if self.adapters.is_adapter(items):
+        if self.adapters.is_adapter(items if held is None else [(n, None) for n in held.keys()]):
             return await self._publish_adapter(dict(items), version)
         # Kept so that a restarted engine core serves it too (a failed update is taken back out).
         # A dead engine core is restarted (with every update so far, this one included) and the
         # update made again on the new one (the group formed again with its new workers).
         with _kept(self._served_weights, items):
             new = await self.core.restarting(self.core.call, "weight update",
-                                             lambda llm: self._install(llm, dict(items), version))
+                                             lambda llm: self._install(llm, held or dict(items), version))
             self.weight_group.check()  # weight_sync=group: nothing was installed if the group failed
         return new
 
-    async def _install(self, llm: Any, tensors: dict[str, torch.Tensor], version: int | None) -> int:
+    async def _install(self, llm: Any, tensors: dict[str, torch.Tensor] | HeldWeights, version: int | None) -> int:
         async with self._update_lock:
             # In-flight requests are frozen (not aborted), keep their KV, and go on with the
             # new weights after resume; their later tokens carry the new version.
@@ -425,12 +431,13 @@ class VLLMEngine(Sleeper, Engine):
             await self.core.close()
 
 
-async def _transfer(link: GroupLink, llm: Any, tensors: dict[str, torch.Tensor]) -> bool:
+async def _transfer(link: GroupLink, llm: Any, tensors: dict[str, torch.Tensor] | HeldWeights) -> bool:
     """Send ``tensors`` into ``llm``'s workers, to be loaded in place: over the weight-update
-    group (formed with them at the first update, and again after a restart), else serialised
-    through the host. False when ``weight_sync=group`` failed: nothing was loaded, and
-    ``link.check()`` raises why."""
-    if await link.ready(lambda: _workers(llm), lambda *a: llm.collective_rpc("agentenv_join_weight_group", args=a)):
+    group (formed with them at the first update, and again after a restart; held weights are
+    sent by their holder), else serialised through the host. False when ``weight_sync=group``
+    failed: nothing was loaded, and ``link.check()`` raises why."""
+    if await link.ready(lambda: _workers(llm), lambda *a: llm.collective_rpc("agentenv_join_weight_group", args=a),
+                        tensors):
         if await link.update(tensors, lambda meta: llm.collective_rpc("agentenv_receive_weights",
                                                                       args=(meta,))) is not None:
             return True
@@ -445,8 +452,10 @@ async def _workers(llm: Any) -> int:
     return len(await llm.collective_rpc("agentenv_instance"))
 
 
-def _blob(tensors: dict[str, torch.Tensor]) -> bytes:
-    """The host path's message: the tensors as one safetensors blob (on the host)."""
+def _blob(tensors: dict[str, Any] | HeldWeights) -> bytes:
+    """The host path's message: the tensors as one safetensors blob (on the host); held
+    weights, and tensors kept as their holder's handle (:func:`_kept`), fetched."""
     from safetensors.torch import save
 
-    return save({n: t.detach().to("cpu").contiguous() for n, t in tensors.items()})
+    fetched = {n: t.tensors()[n] if isinstance(t, HeldWeights) else t for n, t in dict(tensors.items()).items()}
+    return save({n: t.detach().to("cpu").contiguous() for n, t in fetched.items()})

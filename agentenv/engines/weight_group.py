@@ -33,7 +33,7 @@ import socket
 import threading
 import traceback
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -252,7 +252,7 @@ def receive(group: Any, meta: Meta, device: Any = "cpu") -> Iterator[tuple[str, 
             yield name, buf[offset:offset + n].view(getattr(torch, dtype)).view(shape)
 
 
-def _cause(group: BaseExceptionGroup) -> BaseException:
+def root_error(group: BaseExceptionGroup) -> BaseException:
     """The error to raise for a task group's failure: the first that is not a consequence of
     another (a cancelled wait, a join given up), else the group itself."""
     import anyio
@@ -268,16 +268,67 @@ def _cause(group: BaseExceptionGroup) -> BaseException:
     return next((e for e in leaves(group) if not isinstance(e, consequences)), group)
 
 
+class Rendezvous:
+    """Rank 0's end of a group being formed, in a thread of its own: it listens at ``host``
+    (an address of this machine the workers reach) and joins as rank 0 while the ``workers``
+    peers are asked to join at :attr:`address`. :meth:`wait` gives the formed group's
+    :class:`GroupSender`; :meth:`cancel` gives up, and the join ends at once, its socket closed.
+    Synchronous: :meth:`GroupSender.form` drives it from an event loop, a trainer rank (a Ray
+    actor, ``train.distributed``) from its calls."""
+
+    def __init__(self, host: str, workers: int, timeout_s: float = TIMEOUT_S) -> None:
+        self.backend, self.world, self.timeout_s = backend(), workers + 1, timeout_s
+        self._sock = listen(host)
+        self.host, self.port = host, int(self._sock.getsockname()[1])
+        self._cancelled = threading.Event()
+        self._out: list[Any] = []  # the group, or why there is none
+        self._thread = threading.Thread(target=self._join, name="agentenv-weight-group-join", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> tuple[str, int, int, str]:
+        """What the workers join with (``ask_join``'s arguments): host, port, world size, backend."""
+        return self.host, self.port, self.world, self.backend
+
+    def _join(self) -> None:
+        try:
+            self._out.append(join(self.host, self.port, 0, self.world, backend_name=self.backend,
+                                  listen_socket=self._sock, timeout_s=self.timeout_s, cancelled=self._cancelled))
+        except BaseException as exc:  # noqa: BLE001 - raised by wait()
+            self._out.append(exc)
+
+    def wait(self) -> "GroupSender":
+        """Block until the group is formed (or its join failed: raised) and answer its sender."""
+        self._thread.join()
+        if isinstance(self._out[0], BaseException):
+            raise self._out[0]
+        return GroupSender(self._out[0], self.world, self.backend)
+
+    def cancel(self) -> None:
+        """Give up on the group (idempotent; nothing once :meth:`wait` answered): the join ends
+        within :data:`POLL_S` and the socket is closed."""
+        self._cancelled.set()
+        self._thread.join()
+        self._sock.close()  # the store took it over (and closed it with itself), unless the join never began
+
+
 class GroupSender:
     """The trainer's end (rank 0) of one engine's weight-update group. ``form`` makes it;
-    ``update`` sends one set of tensors while the engine's workers receive them."""
+    ``update`` sends one set of tensors while the engine's workers receive them.
+
+    A weight-update group's sender, whichever process it sends from, offers ``origin`` (None:
+    this process; else the :attr:`HeldWeights.origin` it sends for), ``world``, ``backend``,
+    ``sent_bytes``, ``update(weights, ask_receive)`` and ``close()``: :class:`GroupLink` uses any."""
+
+    #: Where the weights it sends are held: here.
+    origin: Any = None
 
     def __init__(self, group: Any, world: int, backend_name: str) -> None:
         self.group, self.world, self.backend = group, world, backend_name
         #: Bytes sent over the group so far.
         self.sent_bytes = 0
         # A group is never left under a broadcast of this end's: ``close`` during one hands the
-        # group to the sending thread (``_orphan``), which leaves it once its broadcast returns.
+        # group to the broadcasting thread (``_orphan``), which leaves it once its broadcast returns.
         self._mutex = threading.Lock()
         self._sending = False
         self._orphan: Any = None
@@ -287,35 +338,29 @@ class GroupSender:
                    timeout_s: float = TIMEOUT_S) -> "GroupSender":
         """Form the group at ``host`` (an address of this machine the workers can reach) with
         ``workers`` peers: ``ask_join(host, port, world, backend)`` asks the engine's workers to
-        join (ranks 1..workers) while this end joins as rank 0. Raises when any of it fails or
-        ``timeout_s`` passes; then this end's join has ended and its socket is closed."""
+        join (ranks 1..workers) while this end joins as rank 0 (a :class:`Rendezvous`). Raises
+        when any of it fails or ``timeout_s`` passes; then this end's join has ended and its
+        socket is closed."""
         import anyio
 
-        backend_name = backend()
-        sock = listen(host)
-        port, world = sock.getsockname()[1], workers + 1
-        joined: list[Any] = []
-        cancelled = threading.Event()
+        rendezvous = Rendezvous(host, workers, timeout_s)
+        formed: list[GroupSender] = []
 
-        def join_here() -> None:
-            joined.append(join(host, port, 0, world, backend_name=backend_name, listen_socket=sock,
-                               timeout_s=timeout_s, cancelled=cancelled))
+        async def wait() -> None:
+            formed.append(await anyio.to_thread.run_sync(rendezvous.wait, abandon_on_cancel=True))
 
         try:
             async with anyio.create_task_group() as tg:
-                # Waited for, not abandoned: a failure below sets ``cancelled``, which ends it at once.
-                tg.start_soon(lambda: anyio.to_thread.run_sync(join_here))
-                try:
-                    with anyio.fail_after(timeout_s):
-                        await ask_join(host, port, world, backend_name)
-                except BaseException:
-                    cancelled.set()
-                    raise
-        except BaseExceptionGroup as group:
-            raise _cause(group) from None
-        finally:
-            sock.close()  # the store took it over (and closes it with itself), unless the join never began
-        return cls(joined[0], world, backend_name)
+                tg.start_soon(wait)  # a join that fails here ends the workers' wait below
+                with anyio.fail_after(timeout_s):
+                    await ask_join(*rendezvous.address)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(rendezvous.cancel)
+            if isinstance(exc, BaseExceptionGroup):
+                raise root_error(exc) from None
+            raise
+        return formed[0]
 
     async def update(self, tensors: dict[str, torch.Tensor], ask_receive: Callable[[Meta], Awaitable[Any]]) -> Any:
         """Send ``tensors``; ``ask_receive(meta)`` makes the workers receive and load them and
@@ -325,31 +370,32 @@ class GroupSender:
         thread leaves the group."""
         import anyio
 
-        device = "cuda" if self.backend == "nccl" else "cpu"
         sent: list[int] = []
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: anyio.to_thread.run_sync(lambda: sent.append(self._send(tensors, device)),
+                tg.start_soon(lambda: anyio.to_thread.run_sync(lambda: sent.append(self.broadcast(tensors)),
                                                                abandon_on_cancel=True))
                 answer = await ask_receive(metadata(tensors))
         except BaseException as exc:
             self.close()
             if isinstance(exc, BaseExceptionGroup):
-                raise _cause(exc) from None
+                raise root_error(exc) from None
             raise
-        self.sent_bytes += sent[0] if sent else 0
         return answer
 
-    def _send(self, tensors: dict[str, torch.Tensor], device: Any) -> int:
-        """:func:`send` over the group, in a thread of its own; leaves the group afterwards if
-        it was closed meanwhile."""
+    def broadcast(self, tensors: dict[str, torch.Tensor]) -> int:
+        """:func:`send` ``tensors`` over the group (blocks; the workers must be receiving them)
+        and count them in :attr:`sent_bytes`; answers the bytes sent. A :meth:`close` meanwhile
+        is carried out here once the broadcast returns."""
         with self._mutex:
             group = self.group
             if group is None:
                 raise RuntimeError("the weight-update group was closed before its broadcast began")
             self._sending = True
         try:
-            return send(group, tensors, device)
+            sent = send(group, tensors, "cuda" if self.backend == "nccl" else "cpu")
+            self.sent_bytes += sent
+            return sent
         finally:
             with self._mutex:
                 self._sending = False
@@ -366,6 +412,52 @@ class GroupSender:
                 group, self._orphan = None, group
         if group is not None:
             leave(group)
+
+
+class HeldWeights:
+    """Weights another process holds (a trainer's rank 0, ``train.distributed``): that process
+    sends them over a weight-update group itself, and this one only coordinates; the host path
+    fetches them (:meth:`tensors`). Passed to ``Engine.load_weights`` like a dict, it is also an
+    iterable of ``(name, tensor)`` pairs (fetched), so every engine takes it.
+
+    Subclasses give :attr:`meta`, :attr:`origin`, :meth:`tensors` and :meth:`form_group`."""
+
+    #: The tensors' names, dtypes and shapes, in the order they are sent (:func:`metadata`).
+    meta: Meta
+    #: Who holds them: a sender :meth:`form_group` made serves every later update of the same origin.
+    origin: Any
+    #: The holder, in words (for log lines).
+    holder = "their holder"
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Host copies of the tensors, fetched from their holder (once)."""
+        raise NotImplementedError
+
+    async def form_group(self, workers: int, ask_join: Callable[[str, int, int, str], Awaitable[Any]]) -> Any:
+        """Form a weight-update group of the holder (rank 0) and ``workers`` peers, as
+        :meth:`GroupSender.form` does here; answers a sender with the same surface."""
+        raise NotImplementedError
+
+    def keys(self) -> list[str]:
+        return [name for name, _, _ in self.meta]
+
+    def items(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self.tensors().items()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.items())
+
+    @property
+    def nbytes(self) -> int:
+        """The tensors' bytes (from :attr:`meta`: nothing is fetched)."""
+        return sum(_nbytes(dtype, shape) for _, dtype, shape in self.meta)
+
+
+def weight_bytes(weights: dict[str, torch.Tensor] | HeldWeights) -> int:
+    """The bytes of a weight update, held or here."""
+    if isinstance(weights, HeldWeights):
+        return weights.nbytes
+    return sum(t.numel() * t.element_size() for t in weights.values())
 
 
 class GroupLink:
@@ -395,29 +487,40 @@ class GroupLink:
         return self.sender is not None
 
     async def ready(self, workers: Callable[[], Awaitable[int]],
-                    ask_join: Callable[[str, int, int, str], Awaitable[Any]]) -> bool:
-        """Whether this update goes over the group: formed now if it is not yet (``workers()``
-        counts the engine's workers; ``ask_join`` as :meth:`GroupSender.form` takes it)."""
+                    ask_join: Callable[[str, int, int, str], Awaitable[Any]],
+                    weights: dict[str, torch.Tensor] | HeldWeights | None = None) -> bool:
+        """Whether this update (``weights``) goes over the group: formed now if it is not yet
+        (``workers()`` counts the engine's workers; ``ask_join`` as :meth:`GroupSender.form`
+        takes it). :class:`HeldWeights` are sent by their holder: the group is formed with it
+        (and formed again when the weights come from elsewhere than the formed group's sender)."""
+        origin = weights.origin if isinstance(weights, HeldWeights) else None
+        if self.sender is not None and self.sender.origin is not origin:
+            self.drop()
         if self.sender is not None:
             return True
         if self.host_reason is not None or self.failure is not None:
             return False
         try:
-            self.sender = await GroupSender.form(self.host, await workers(), ask_join)
+            if isinstance(weights, HeldWeights):
+                self.sender = await weights.form_group(await workers(), ask_join)
+            else:
+                self.sender = await GroupSender.form(self.host, await workers(), ask_join)
         except Exception as exc:  # noqa: BLE001 - reported, and the host path taken (auto)
-            self._failed(f"the weight-update group could not be formed at {self.host}: {type(exc).__name__}: {exc}",
-                         exc)
+            where = f"at {self.host}" if origin is None else f"with {weights.holder}"
+            self._failed(f"the weight-update group could not be formed {where}: {type(exc).__name__}: {exc}", exc)
             return False
-        log.info("%s: weights go over a weight-update group (%s, %d ranks)", self.name, self.sender.backend,
-                 self.sender.world)
+        log.info("%s: weights go over a weight-update group (%s, %d ranks, sent by %s)", self.name,
+                 self.sender.backend, self.sender.world, "this process" if origin is None else weights.holder)
         return True
 
-    async def update(self, tensors: dict[str, torch.Tensor], ask_receive: Callable[[Meta], Awaitable[Any]]) -> Any:
-        """Send ``tensors`` over the formed group; the workers' answer, or None when the update
-        failed (auto: the caller takes the host path for it)."""
+    async def update(self, weights: dict[str, torch.Tensor] | HeldWeights,
+                     ask_receive: Callable[[Meta], Awaitable[Any]]) -> Any:
+        """Send ``weights`` over the formed group (from where :meth:`ready` formed it); the
+        workers' answer, or None when the update failed (auto: the caller takes the host path
+        for it)."""
         assert self.sender is not None
         try:
-            return await self.sender.update(tensors, ask_receive)
+            return await self.sender.update(weights, ask_receive)
         except Exception as exc:  # noqa: BLE001 - reported, and the host path taken (auto)
             self.sender = None
             self._failed(f"an update over the weight-update group failed: {type(exc).__name__}: {exc}", exc)
@@ -451,5 +554,6 @@ class GroupLink:
         self.drop()
 
 
-__all__ = ["BUCKET_BYTES", "GroupLink", "GroupSender", "WEIGHT_SYNC_MODES", "WeightSync", "backend", "buckets", "join", "leave", "listen",
-           "local_address", "metadata", "receive", "send"]
+__all__ = ["BUCKET_BYTES", "GroupLink", "GroupSender", "HeldWeights", "JoinCancelled", "Rendezvous", "WEIGHT_SYNC_MODES",
+           "WeightSync", "backend", "buckets", "join", "leave", "listen", "local_address", "metadata", "receive", "root_error",
+           "send", "weight_bytes"]

@@ -4,6 +4,7 @@ interface the trainer already uses:
     policy = RayPolicy(model_dir, ranks=2, lr=2e-5)
     stats = policy.train_step(batch)   # each rank takes its share of the rows; one step on all
     tensors = policy.sync_tensors()    # rank 0's weights, through the object store
+    weights = policy.sync_weights()    # the same, left with rank 0 (it sends them over a group)
     policy.close()
 
 Each rank is a Ray actor holding a whole copy of the policy and its optimiser; the ranks form
@@ -16,9 +17,10 @@ gradient, so the ranks' weights stay identical and equal one process's step on t
 (:meth:`Policy.train_step`). Rank 0 broadcasts its starting weights, so the ranks start equal
 whatever their seeds.
 
-Weights reach the engine from rank 0 through the object store (host copies, from whichever
-device rank 0 trains on) and the driver, which loads them into its engine (LoRA: the adapter
-only). Checkpoints are written by rank 0 into
+Weights reach the engine from rank 0 (LoRA: the adapter only): an engine that takes them over
+a weight-update group gets them broadcast by rank 0 itself, the driver only coordinating
+(:meth:`RayPolicy.sync_weights`, ``rank_weights``); otherwise through the object store (host
+copies, from whichever device rank 0 trains on) and the driver, which loads them into its engine. Checkpoints are written by rank 0 into
 ``out_dir``, so that must be storage rank 0's node can write (on a local cluster, the driver's
 own disk; across machines, a shared filesystem, as verl also requires).
 
@@ -35,13 +37,16 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ConfigError, RankDiedError
 from .batch import Batch
 from .packing import micro_plan
+
+if TYPE_CHECKING:
+    from .rank_weights import RankWeights
 
 
 class TrainerRank:
@@ -51,6 +56,8 @@ class TrainerRank:
         self.rank, self.world = rank, world
         self.policy_kwargs, self.seed = policy_kwargs, seed
         self.policy: Any = None
+        self._rendezvous: Any = None  # rank 0: a weight-update group being formed (``engines.weight_group``)
+        self._weight_sender: Any = None  # rank 0: the formed group's sending end
 
     def address(self) -> str:
         """A free TCP port on this node, for the group's rendezvous (asked of rank 0)."""
@@ -86,6 +93,51 @@ class TrainerRank:
         tensors = self.policy.sync_tensors()
         return {n: t.to("cpu", copy=True) for n, t in tensors.items()} if self.rank == 0 else {}
 
+    def stage_tensors(self) -> tuple[Any, dict[str, torch.Tensor]]:
+        """:meth:`sync_tensors` in two returns: their metadata, and the host copies, which the
+        driver leaves in the object store (``rank_weights.RankWeights``)."""
+        from ..engines.weight_group import metadata
+
+        tensors = self.sync_tensors()
+        return metadata(tensors), tensors
+
+    def weight_group_open(self, workers: int, timeout_s: float) -> tuple[str, int, int, str]:
+        """Rank 0: listen for a weight-update group with ``workers`` peers on this node's
+        address (as the cluster reaches it) and join it as rank 0, in a thread; answers what
+        the peers join with (host, port, world size, backend). A group this rank was in is left."""
+        import ray
+
+        from ..engines.weight_group import Rendezvous
+
+        self.weight_group_close()
+        self._rendezvous = Rendezvous(ray.util.get_node_ip_address(), workers, timeout_s)
+        return self._rendezvous.address
+
+    def weight_group_joined(self) -> int:
+        """Rank 0: block until the group is formed (raises why it was not); this process's id."""
+        rendezvous, self._rendezvous = self._rendezvous, None
+        try:
+            self._weight_sender = rendezvous.wait()
+        finally:
+            rendezvous.cancel()  # a join that failed: its socket closed (after success: nothing)
+        return os.getpid()
+
+    def weight_group_send(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Rank 0: broadcast ``tensors`` (its staged copies, read from the object store) to the
+        group's other ranks; the bytes sent."""
+        if self._weight_sender is None:
+            raise RuntimeError("rank 0 is in no weight-update group")
+        return self._weight_sender.broadcast(tensors)
+
+    def weight_group_close(self) -> None:
+        """Give up a group being formed and leave a formed one (idempotent)."""
+        rendezvous, self._rendezvous = self._rendezvous, None
+        sender, self._weight_sender = self._weight_sender, None
+        if rendezvous is not None:
+            rendezvous.cancel()
+        if sender is not None:
+            sender.close()
+
     def base_tensors(self) -> dict[str, torch.Tensor]:
         tensors = self.policy.base_tensors()
         return {n: t.to("cpu", copy=True) for n, t in tensors.items()} if self.rank == 0 else {}
@@ -109,6 +161,7 @@ class TrainerRank:
     def close(self) -> None:
         import torch.distributed as dist
 
+        self.weight_group_close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -205,6 +258,17 @@ class RayPolicy:
 
     def sync_tensors(self) -> dict[str, torch.Tensor]:
         return self._from_rank0("sync_tensors")
+
+    def sync_weights(self) -> RankWeights:
+        """What :meth:`sync_tensors` gives, left with rank 0: staged in the object store, only
+        their metadata fetched. An engine that takes weights over a weight-update group gets
+        them from rank 0 itself; one on the host path fetches them (``rank_weights``)."""
+        from .rank_weights import RankWeights
+
+        actors = self.actors if self.sharded else self.actors[:1]  # sharded: every rank gathers
+        staged = [a.stage_tensors.options(num_returns=2).remote() for a in actors]
+        meta = self._get([m for m, _ in staged])[0]
+        return RankWeights(self, meta, staged[0][1])
 
     def base_tensors(self) -> dict[str, torch.Tensor]:
         return self._from_rank0("base_tensors")

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ..engines.weight_group import weight_bytes
 from ..errors import EngineError, SandboxError
 from ..reactor import Group
 from .batch import collate
@@ -29,7 +30,8 @@ from .config import TrainConfig
 from .evaluator import Evaluator
 from .generation import Generation
 from .metrics import staleness_summary
-from .policy import Policy, nbytes
+from .distributed import RayPolicy
+from .policy import Policy
 from .rows import IntervalMeter, StepRow, Sync
 from .status import RunLog, StatusBar
 
@@ -118,11 +120,12 @@ class StepLoop:
         await self.evaluator.wait_for_baseline()
         in_flight = gen.generating  # groups that continue across this update
         t_sync = time.perf_counter()
-        tensors = self.policy.sync_tensors()
+        # A Ray policy's weights stay with rank 0, which sends them over a weight-update group itself.
+        tensors = self.policy.sync_weights() if isinstance(self.policy, RayPolicy) else self.policy.sync_tensors()
         await self.engine.load_weights(tensors, version=step)
         sync_s = time.perf_counter() - t_sync
         await gen.publish(step)
-        return Sync(train_s=train_s, sync_s=sync_s, sync_bytes=nbytes(tensors),
+        return Sync(train_s=train_s, sync_s=sync_s, sync_bytes=weight_bytes(tensors),
                     full_sync_bytes=self.policy.full_bytes, groups_in_flight=in_flight)
 
     def _summary(self, start_step: int, wall: float) -> dict[str, Any]:

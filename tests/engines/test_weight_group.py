@@ -6,6 +6,7 @@ serving, bit for bit, what the host-path run's engine serves."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import anyio
@@ -101,7 +102,7 @@ async def test_a_formation_that_fails_ends_its_join_and_closes_its_socket():
 
     with pytest.raises(RuntimeError, match="could not join"):
         await GroupSender.form("127.0.0.1", 2, ask_join, timeout_s=60)
-    await until(lambda: not _running("join", "_join_first"), "the join thread ends", timeout=10)
+    await until(lambda: not _running("_join", "join"), "the join thread ends", timeout=10)
     assert not _listening(ports[0])
 
 
@@ -156,7 +157,7 @@ async def test_a_failed_update_leaves_the_group_only_after_its_broadcast(monkeyp
     assert sender.group is None and sender.sent_bytes == 0
     got = await anyio.to_thread.run_sync(lambda: dict(receive(peer, metadata(tensors))))
     assert list(got) == list(tensors) and all(torch.equal(got[n], t) for n, t in tensors.items())
-    await until(lambda: not _running("_send"), "the sending thread ends", timeout=30)
+    await until(lambda: not _running("broadcast"), "the sending thread ends", timeout=30)
     assert left == [False]  # left once, with no broadcast in flight
     leave(peer)
 
@@ -174,8 +175,8 @@ async def test_a_broadcast_no_peer_takes_ends_at_the_groups_timeout(monkeypatch)
 
     with pytest.raises(RuntimeError, match="the workers are gone"):
         await sender.update({"w": torch.ones(4 * 1024**2)}, ask_receive)
-    assert _running("_send")  # the broadcast waits on: the peer has not taken it
-    await until(lambda: not _running("_send"), "the broadcast ends at the group's timeout", timeout=60)
+    assert _running("broadcast")  # the broadcast waits on: the peer has not taken it
+    await until(lambda: not _running("broadcast"), "the broadcast ends at the group's timeout", timeout=60)
     assert sender.group is None and left == [False]
     leave(peer)
 
@@ -312,9 +313,9 @@ class Both:
         return getattr(self.group, name)
 
     async def load_weights(self, weights, version=None):
-        tensors = dict(weights.items() if isinstance(weights, dict) else weights)
-        await self.host.load_weights(tensors, version=version)
-        return await self.group.load_weights(tensors, version=version)
+        # As the run gives them: a Ray policy's are held by its rank 0 (the host path fetches them).
+        await self.host.load_weights(weights, version=version)
+        return await self.group.load_weights(weights, version=version)
 
 
 @pytest.mark.slow
@@ -322,7 +323,9 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
     """The issue's done-means: three steps of a two-rank (Ray, gloo) run, each step's weights
     sent to one vLLM engine over the weight-update group and to another through the host;
     after the run both serve the same weights bit for bit, and those are the trainer's (its
-    final checkpoint, loaded again through the host, changes none of them).
+    final checkpoint, loaded again through the host, changes none of them). Over the group,
+    rank 0 sent them: the sender is the rank-0 actor's (another process), which reports every
+    step's bytes, and the driver formed no group of its own.
 
     The two paths are fed by one run: two runs of the same seed do not sample the same tokens
     (vLLM's requests carry no seed of their own here), so their weights differ before any sync."""
@@ -330,6 +333,7 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
 
     from agentenv.engines.vllm import VLLMEngine
     from agentenv.train import TrainConfig, Trainer
+    from agentenv.train.rank_weights import RankSender
 
     from ..train.conftest import AlternatingReward
 
@@ -341,7 +345,12 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
                           trainer_ranks=2, engine="vllm", weight_sync="group")
         await Trainer(cfg, engine=Both(group, host), env=AlternatingReward(), print_steps=False).run()
         assert group.weight_version == host.weight_version == 3
-        assert group.weight_group.on and group.weight_group.sender.sent_bytes > 0 and not host.weight_group.on
+        assert group.weight_group.on and not host.weight_group.on
+        sender = group.weight_group.sender
+        model_bytes = sum(t.numel() * t.element_size() for t in load_file(f"{model_dir}/model.safetensors").values())
+        # Not a GroupSender of the driver's: the rank-0 actor (another process) sent every step's weights.
+        assert isinstance(sender, RankSender) and sender.pid != os.getpid()
+        assert sender.sent_bytes == 3 * model_bytes
         over_group = (await _rpc(group)("agentenv_weights_digest"))[0]
         assert over_group == (await _rpc(host)("agentenv_weights_digest"))[0]
         start = load_file(f"{model_dir}/model.safetensors")
@@ -352,6 +361,43 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
     finally:
         await group.aclose()
         await host.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", [False, True], ids=["whole", "fsdp"])
+async def test_rank_zero_of_a_ray_policy_sends_its_weights_itself(ray_cluster, model_dir, shard):
+    """A two-rank Ray policy stages its weights with rank 0 (sharded: both ranks gather them);
+    rank 0 forms a group with a worker (a thread of this process here; a first try whose worker
+    fails is given up) and broadcasts them: the worker receives exactly what ``sync_tensors``
+    fetches, and rank 0's process reports the bytes."""
+    from agentenv.train.distributed import RayPolicy
+
+    policy = await anyio.to_thread.run_sync(lambda: RayPolicy(model_dir, ranks=2, seed=0, shard=shard,
+                                                              logprob_chunk=0 if shard else 512))
+    peer: list = []
+    try:
+        weights = await anyio.to_thread.run_sync(policy.sync_weights)
+
+        async def ask_join(host: str, port: int, world: int, backend_name: str) -> None:
+            peer.append(await anyio.to_thread.run_sync(
+                lambda: join(host, port, 1, world, backend_name=backend_name, timeout_s=60)))
+
+        async def refuse(host: str, port: int, world: int, backend_name: str) -> None:
+            raise RuntimeError("the workers could not join")
+
+        with pytest.raises(RuntimeError, match="could not join"):
+            await weights.form_group(1, refuse)
+        sender = await weights.form_group(1, ask_join)
+        got = await sender.update(weights, lambda meta: anyio.to_thread.run_sync(lambda: dict(receive(peer[0], meta))))
+        expected = await anyio.to_thread.run_sync(policy.sync_tensors)
+        assert list(got) == list(expected) and all(torch.equal(got[n], t) for n, t in expected.items())
+        assert sender.sent_bytes == weights.nbytes == sum(t.numel() * t.element_size() for t in expected.values())
+        assert sender.pid == policy.pids[0]
+        sender.close()
+    finally:
+        for group in peer:
+            leave(group)
+        await anyio.to_thread.run_sync(policy.close)
 
 
 def test_an_update_that_fails_is_not_kept_for_a_restarted_core():
