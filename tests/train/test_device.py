@@ -71,6 +71,20 @@ def test_cuda_where_there_is_none_is_a_config_error_that_says_what_to_use(model_
         TrainConfig(precision="fp16")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_training_on_a_cuda_device_this_machine_lacks_is_refused_before_the_engine_starts(tmp_path):
+    import anyio
+
+    from agentenv.registry import make
+    from agentenv.train import Trainer
+
+    # The engine would fail otherwise (no model there): the device is checked first.
+    cfg = TrainConfig(device="cuda", steps=1, engine="vllm", model=str(tmp_path / "no-model"),
+                      out_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="device='cuda': torch sees no CUDA device"):
+        anyio.run(Trainer(cfg, env=make("retool-math"), print_steps=False).run)
+
+
 def test_bf16_on_the_cpu_steps_with_float32_master_weights_and_logprobs_near_fp32s(model_dir, tokenizer):
     torch.manual_seed(0)
     fp32 = Policy(model_dir, lr=1e-3, device="cpu", precision="fp32")
