@@ -21,9 +21,13 @@ One update is
    update does, and the engine stamps the version and resumes.
 
 A group that cannot be formed (no route to the trainer's address, workers without the
-extension's methods, a timeout) leaves the engine on the host path, with one log line saying why (the engines decide; this
-module forms the group and moves the bytes: :class:`GroupSender` at the trainer's end,
-:func:`receive` in a worker).
+extension's methods, a timeout) leaves the engine on the host path, with one log line saying
+why (the engines decide; this module forms the group and moves the bytes: :class:`Rendezvous`
+and :class:`GroupSender` at the trainer's end, :func:`receive` in a worker).
+
+The trainer's end is the process that holds the weights: this one, or another that sends them
+itself while this one only coordinates (:class:`HeldWeights`: rank 0 of a Ray policy,
+``train.rank_weights``).
 """
 
 from __future__ import annotations
@@ -554,6 +558,6 @@ class GroupLink:
         self.drop()
 
 
-__all__ = ["BUCKET_BYTES", "GroupLink", "GroupSender", "HeldWeights", "JoinCancelled", "Rendezvous", "WEIGHT_SYNC_MODES",
-           "WeightSync", "backend", "buckets", "join", "leave", "listen", "local_address", "metadata", "receive", "root_error",
-           "send", "weight_bytes"]
+__all__ = ["BUCKET_BYTES", "GroupLink", "GroupSender", "HeldWeights", "JoinCancelled", "Meta", "Rendezvous", "TIMEOUT_S",
+           "WEIGHT_SYNC_MODES", "WeightSync", "backend", "buckets", "join", "leave", "listen", "local_address", "metadata",
+           "receive", "root_error", "send", "weight_bytes"]
