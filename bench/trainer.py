@@ -52,6 +52,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -60,6 +61,14 @@ import time
 from pathlib import Path
 
 import anyio
+
+# The async mode stands for the trainer and the engine on devices of their own (disaggregated),
+# which is what the ideal overlap assumes (generation and training do not slow each other). On
+# a CPU machine each gets one core's worth of threads: torch's thread pools of two (the
+# engine's and the trainer's step, in threads of this process) on two cores would measure
+# their contention for the same cores, not the overlap. Set OMP_NUM_THREADS to change it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # a waiting thread sleeps, not spins on a shared core
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -321,7 +330,8 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     print(f"workload: retool-math, {a.steps} steps x {a.groups_per_step} groups x {a.group_size}; tool +lognormal("
           f"median {a.tool_median}s, sigma {a.tool_sigma}, cap {a.tool_cap}s); reward +lognormal(median "
-          f"{a.reward_median}s, sigma {a.reward_sigma}); async max_staleness {a.max_staleness}", flush=True)
+          f"{a.reward_median}s, sigma {a.reward_sigma}); async max_staleness {a.max_staleness}; torch threads per pool "
+          f"{os.environ['OMP_NUM_THREADS']}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         sync = anyio.run(train, "sync", a, Path(tmp))
         alone, asynchronous = anyio.run(on_one_engine, a, Path(tmp))
