@@ -325,13 +325,14 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
     after the run both serve the same weights bit for bit, and those are the trainer's (its
     final checkpoint, loaded again through the host, changes none of them). Over the group,
     rank 0 sent them: the sender is the rank-0 actor's (another process), which reports every
-    step's bytes, and the driver formed no group of its own.
+    step's bytes, and the driver formed no group of its own until it sent weights of its own.
 
     The two paths are fed by one run: two runs of the same seed do not sample the same tokens
     (vLLM's requests carry no seed of their own here), so their weights differ before any sync."""
     from safetensors.torch import load_file
 
     from agentenv.engines.vllm import VLLMEngine
+    from agentenv.engines.weight_group import GroupSender
     from agentenv.train import TrainConfig, Trainer
     from agentenv.train.rank_weights import RankSender
 
@@ -358,6 +359,10 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
         assert any(not torch.equal(trained[n], start[n]) for n in start)  # the steps moved the weights
         await host.load_weights(trained)
         assert (await _rpc(host)("agentenv_weights_digest"))[0] == over_group
+        # Weights of this process (the ranks are gone): the group is formed again, with this end.
+        await group.load_weights(trained)
+        assert isinstance(group.weight_group.sender, GroupSender) and group.weight_version == 4
+        assert (await _rpc(group)("agentenv_weights_digest"))[0] == over_group
     finally:
         await group.aclose()
         await host.aclose()
