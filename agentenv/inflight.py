@@ -43,9 +43,9 @@ class InFlight:
         self._finished.setdefault(traj.task_id, []).append(traj)
 
     def oldest_version(self, task_id: str) -> int | None:
-        """The oldest weight version among the task's tokens logged so far (its programs'
-        logged turns and its finished trajectories); None before any. A program's versions
-        only grow, so later tokens cannot lower it."""
+        """The oldest weight version among the task's sampled tokens (its running programs'
+        trajectories as they stand and its finished ones); None before any. A program's
+        versions only grow, so tokens sampled later cannot lower it."""
         trajs = [t for t, _ in self._live.get(task_id, {}).values()] + self._finished.get(task_id, [])
         versions = [s.weight_versions[0] for t in trajs for s in t.segments
                     if s.kind == "model" and s.weight_versions]

@@ -264,8 +264,13 @@ class Reactor:
         a time (under their own admission control) use this. ``resume`` and ``finished``
         continue a group a checkpoint saved mid-way (see ``agentenv.inflight.restore``)."""
         group = Group(task, list(finished), id=resume.groups.get(task.id, "") if resume is not None else "")
-        async with anyio.create_task_group() as tg:
-            await self._run(tg, [task], group_size, None, {task.id: group}, resume)
+        try:
+            async with anyio.create_task_group() as tg:
+                await self._run(tg, [task], group_size, None, {task.id: group}, resume)
+        except BaseException:  # cancelled (a trainer drops a group gone stale) or failed: keep nothing of it
+            self._ctx.prompt_cache.pop(task.id, None)
+            self._counted.difference_update(t.id for t in group.trajectories)
+            raise
         if finished and len(group.trajectories) == len(finished):  # nothing left to run: score the group
             await self._finish_group(group)
         return group

@@ -7,7 +7,7 @@ the :class:`~agentenv.train.buffer.RolloutBuffer` (complete groups waiting), the
 generation admits work at, whether a drain is in progress, and where the task stream stands
 (:class:`StreamPosition`). These change only together under one condition variable, and no
 change awaits between its parts, so a :meth:`Generation.snapshot` (a checkpoint's) finds every
-started task exactly once: in flight or buffered.
+started task exactly once: in flight or buffered, unless it was consumed or dropped as stale.
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ class Generation:
     group's programs run in ``reactor`` and the complete group enters :attr:`buffer`.
     ``next_batch`` hands the step loop ``batch`` groups usable at :attr:`version`; ``publish``
     moves :attr:`version` on after a weight sync. ``restored`` groups (a checkpoint's buffer)
-    enter the buffer first; those too stale for ``version`` are dropped at the first take."""
+    enter the buffer first; those too stale for ``version`` are dropped at the first take. A
+    group in flight that goes stale is cancelled when the version that makes it so is published
+    (:meth:`publish`), and a replacement admitted."""
 
     def __init__(self, reactor: Reactor, stream: TaskStream, programs: inflight.InFlight, *, group_size: int,
                  batch: int, max_staleness: int, version: int, position: StreamPosition | None = None,

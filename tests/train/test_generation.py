@@ -164,6 +164,10 @@ async def test_a_group_gone_stale_in_flight_is_cancelled_and_its_slot_goes_to_a_
             second = await gen.next_batch()
             await sync(gen, 2)
             assert gen.cancelled == 1 and gen.buffer.dropped == 1 and 0 not in gen.position.in_flight
+            # Its rewards are still held: only the cancellation can end its task.
+            await until(lambda: 0 not in gen._running, "the stale group's task ended")
+            assert not env.release.is_set()
+            assert env.held not in gen.reactor._ctx.prompt_cache  # the reactor keeps nothing of it
             # Admitted at version 2: two groups for its batch, and one in the cancelled one's place.
             await until(lambda: gen.position.cursor == 9, "the replacement admitted")
             third = await gen.next_batch()
