@@ -35,7 +35,7 @@ import torch
 
 from .. import inflight
 from ..config import RolloutConfig
-from ..devices import resolve_device
+from ..devices import check_device
 from ..errors import ConfigError, RankDiedError
 from ..reactor import Reactor, prepare_sessions
 from .checkpoints import Checkpoints, latest_checkpoint
@@ -165,7 +165,7 @@ class Trainer:
         if start_step >= self.cfg.steps:
             raise ConfigError(f"the checkpoint is at step {start_step}; ask for --steps > {start_step}")
         if self.cfg.cluster != "ray":  # Ray ranks resolve the device on their own nodes
-            resolve_device(self.cfg.device)  # a device this machine lacks: refused before the engine starts
+            check_device(self.cfg.device)  # a device this machine lacks: refused before the engine starts
         async with AsyncExitStack() as stack:
             if self.cfg.cluster == "ray":
                 from ..raycluster import connect, cpu_share
