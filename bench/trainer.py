@@ -284,7 +284,8 @@ def report(results: dict, alone: dict, ov: dict) -> None:
         r = results[mode]
         print(f"{mode:>5}: wall {r['train_wall_s']:.1f}s  {r['tokens']} tokens, {r['tokens_per_s']:.0f} tok/s  generator idle "
               f"{r['gen_idle_frac']:.2f}  trainer idle {r['trainer_idle_frac']:.2f}  train {r['train_s_per_step']:.2f}"
-              f" s/step  staleness {json.dumps(r['staleness'])}  dropped {r['dropped_groups']}  reward "
+              f" s/step  staleness {json.dumps(r['staleness'])}  dropped {r['dropped_groups']} (cancelled in flight "
+              f"{r.get('cancelled_groups', 0)})  reward "
               f"{r['reward_mean']:.3f}")
     print(f"generation alone: wall {alone['wall_s']:.1f}s, {alone['tokens']} tokens "
           f"({alone['tokens'] / alone['wall_s']:.0f} tok/s), dropped {alone['dropped_groups']}")
@@ -342,9 +343,10 @@ def main() -> None:
     print(f"async_speedup: {speedup:.2f}")
     print(f"ideal_overlap: {ov['ideal_overlap']:.2f}")
     keep = ("train_wall_s", "tokens", "tokens_per_s", "gen_idle_frac", "trainer_idle_frac", "train_s_per_step", "staleness",
-            "dropped_groups", "reward_mean", "decode")
+            "dropped_groups", "cancelled_groups", "reward_mean", "decode")
     _report.write("trainer", {
         "ideal_overlap": ov["ideal_overlap"], "async_speedup": speedup,
+        "torch_threads_per_pool": os.environ["OMP_NUM_THREADS"],
         "gen_vs_pure_decode": asynchronous["decode"]["busy_vs_pure_decode"], "overlap": ov,
         "generation_alone": {k: v for k, v in alone.items() if k != "ready_s"},
         **{mode: {k: r[k] for k in keep if k in r} for mode, r in results.items()},

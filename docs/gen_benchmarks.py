@@ -71,7 +71,8 @@ HEADLINES = [
                        f"{100 * f['fifo']['reuse']:.1f} %", "1.18x; 88.3 % vs 1.2 %"),
     Headline("retool-math's tok/s over pure decode, vLLM (`rollout_limit_ratio`)", "rollout_limit",
              lambda f: f"{f['rollout_limit_ratio']:.2f}", "0.52-0.58 (four runs)"),
-    Headline("async vs sync GRPO training, wall time (slow tools and rewards)", "trainer",
+    Headline("async vs sync GRPO training, wall time (slow tools and rewards; one torch thread each for the "
+             "engine and the trainer)", "trainer",
              lambda f: f"{f['async_speedup']:.2f}x", "2.40x"),
     Headline("the same async run's share of its ideal overlap (per step, the longer of generation and training "
              "measured alone)", "trainer", lambda f: f"{f['ideal_overlap']:.2f}", "not measured"),
@@ -90,7 +91,7 @@ HEADLINES = [
              "57-token turns, a tool call each)", "client",
              lambda f: f"{f['client_us_per_token']:.1f} us" + (
                  f" ({f['baseline_client_us_per_token']:.1f} before)" if "baseline_client_us_per_token" in f else ""),
-             "9.9 us (16.2 before)"),
+             "14.7 us (21.4 before)"),
     Headline("memory per idle program in the reactor", "overhead", lambda f: f"{f['idle_program_kb']:.1f} KB", "10.8 KB"),
     Headline("8 engines vs 1 on Ray, tok/s (simulated: a 7B model on one H100 each)", "cluster-projection",
              lambda f: f"{f['projected_scaling']:.2f}x", "6.83x"),

@@ -135,6 +135,7 @@ class StepLoop:
             "gen_idle_frac": round(max(0.0, 1 - gen.clock.busy_s / wall), 4),
             "trainer_idle_frac": round(gen.wait_s / wall, 4),
             "staleness": staleness_summary(gen.buffer.staleness)[0], "dropped_groups": gen.buffer.dropped,
+            "cancelled_groups": gen.cancelled,  # of dropped_groups: cancelled in flight, stale before complete
             "first_reward": rows[0]["reward_mean"] if rows else None,
             "last_reward": rows[-1]["reward_mean"] if rows else None,
             "checkpoint": str(latest_checkpoint(self.checkpoints.out)),
