@@ -26,8 +26,10 @@ tool-call tag, and ``usage.prompt_tokens_details.cached_tokens`` reports the pre
   (a warning says so once weights have been pushed).
 * Weight updates (optional) go through vLLM's dev endpoint ``/collective_rpc`` (server
   started with ``VLLM_SERVER_DEV_MODE=1`` and
-  ``--worker-extension-cls agentenv.engines.vllm_worker.WeightSyncExtension``); the prefix
-  cache is salted with the weight version, as in the in-process vLLM engine.
+  ``--worker-extension-cls agentenv.engines.vllm_worker.WeightSyncExtension``), over a
+  weight-update group with the server's workers where one forms (``weight_group``: with
+  ``--cluster ray``, rank 0 of the trainer broadcasts the weights itself); the prefix cache is
+  salted with the weight version, as in the in-process vLLM engine.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from .base import Engine, Generation, SamplingParams
 from .routing import Router
 from .vllm_sleep import Sleeper
 from .vllm_worker import INSTANCE_HEADER, instance_id
-from .weight_group import GroupLink, local_address
+from .weight_group import GroupLink, HeldWeights, fetched, kept, local_address
 
 if TYPE_CHECKING:
     import torch  # type hints only
@@ -127,7 +129,7 @@ class OpenAIEngine(Sleeper, Engine):
         self.page_size = block_size  # the server's KV block size (reuse statistics only)
         self.retries = retries
         self.reconnect_s = reconnect_s
-        self._pushed: dict[str, torch.Tensor] = {}  # every weight update so far (for a restarted server)
+        self._pushed: dict[str, Any] = {}  # every weight update so far (for a restarted server): ``kept``
         self._lost = [False] * len(self.urls)  # a server we lost the connection to
         self._instance: list[str | None] = [None] * len(self.urls)  # the engine each push reached
         self._unidentified_warned = False
@@ -284,13 +286,20 @@ class OpenAIEngine(Sleeper, Engine):
 
     async def load_weights(self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                            version: int | None = None) -> int:
+        """Send the weights to every server: over its weight-update group where that is formed
+        (``weight_group``), else serialised. Held weights (``weight_group.HeldWeights``: rank 0
+        of a Ray trainer's) are broadcast by their holder into one server's workers, this
+        process only coordinating; with several servers they are fetched and sent from here
+        (the holder is in one weight-update group at a time, and each server has its own)."""
         self._check_awake()
-        items = weights.items() if isinstance(weights, dict) else weights
-        host = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
+        if isinstance(weights, HeldWeights) and len(self.urls) > 1:
+            weights = weights.tensors()
+        update = kept(weights)  # host copies, or the holder's handle
+        sent = weights if isinstance(weights, HeldWeights) else update
         async with self._update_lock:
             for i in range(len(self.urls)):
-                await self._retry(self._push, i, host, server=i)
-            self._pushed.update(host)  # kept for a server that restarts (it reloads its checkpoint)
+                await self._retry(self._push, i, sent, server=i)
+            self._pushed.update(update)  # kept for a server that restarts (it reloads its checkpoint)
             self._version = self._version + 1 if version is None else int(version)
         self._weights_installed()
         return self._version
@@ -320,31 +329,35 @@ class OpenAIEngine(Sleeper, Engine):
         """Whether the servers sleep, as their ``/is_sleeping`` says (any of them)."""
         return any(a.get("is_sleeping") for a in await self._dev_call("GET", "/is_sleeping"))
 
-    async def _push(self, idx: int, delta: dict[str, torch.Tensor] | None = None) -> None:
+    async def _push(self, idx: int, delta: dict[str, torch.Tensor] | HeldWeights | None = None) -> None:
         """Push ``delta`` (None: every tensor pushed so far) to server ``idx``. A server whose
         engine changed since its last push (restarted: it has only its checkpoint) gets
-        everything pushed so far with it."""
+        everything pushed so far with it (held tensors fetched, and sent from here)."""
         before = self._instance[idx]
         if delta is None:  # the server was lost: its workers (and their group) may be new ones
             self.weight_groups[idx].drop()
-        now = await self._post_weights(idx, self._pushed if delta is None else delta)
+        now = await self._post_weights(idx, fetched(self._pushed) if delta is None else delta)
         if delta is not None and self._pushed and now != before:
-            now = await self._post_weights(idx, {**self._pushed, **delta})
+            everything = {**self._pushed, **(delta if isinstance(delta, dict) else kept(delta))}
+            now = await self._post_weights(idx, fetched(everything))
         self._instance[idx] = now
 
-    async def _post_weights(self, idx: int, tensors: dict[str, torch.Tensor]) -> str:
+    async def _post_weights(self, idx: int, tensors: dict[str, torch.Tensor] | HeldWeights) -> str:
         """One update of server ``idx``: over its weight-update group where that is formed
-        (``weight_group``), else ``agentenv_load_weights`` with the tensors serialised; returns
-        the id of the engine that loaded them."""
+        (``weight_group``; held weights are broadcast by their holder, the group formed with
+        it), else ``agentenv_load_weights`` with the tensors serialised (held ones fetched);
+        returns the id of the engine that loaded them."""
         link = self.weight_groups[idx]
-        if await link.ready(lambda: self._workers(idx), lambda *a: self._rpc(idx, "agentenv_join_weight_group", *a)):
+        if await link.ready(lambda: self._workers(idx), lambda *a: self._rpc(idx, "agentenv_join_weight_group", *a),
+                            tensors):
             results = await link.update(tensors, lambda meta: self._rpc(idx, "agentenv_receive_weights", meta))
             if results is not None:
                 return instance_id(results)
         link.check()  # weight_sync=group: the group's failure is raised, not served around
         from safetensors.torch import save
 
-        return instance_id(await self._rpc(idx, "agentenv_load_weights", base64.b64encode(save(tensors)).decode()))
+        blob = save({n: t.contiguous() for n, t in fetched(tensors).items()})
+        return instance_id(await self._rpc(idx, "agentenv_load_weights", base64.b64encode(blob).decode()))
 
     async def _workers(self, idx: int) -> int:
         """How many workers (tensor-parallel ranks) server ``idx``'s engine has."""

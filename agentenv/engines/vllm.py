@@ -58,7 +58,7 @@ from .vllm_lora import LoraAdapters
 from .vllm_outputs import Outputs, read_outputs, sampling_params, token_prompt
 from .vllm_sessions import InputStream, InputStreams, feed, session_limit
 from .vllm_sleep import Sleeper
-from .weight_group import GroupLink, HeldWeights
+from .weight_group import GroupLink, HeldWeights, fetched, kept
 
 if TYPE_CHECKING:
     import torch  # type hints only
@@ -114,10 +114,7 @@ def _kept(served: dict[str, Any], items: list[tuple[str, "torch.Tensor"]] | Held
     """Host copies of ``items`` in ``served`` for the body's length, and after it unless it
     raised: then each name holds what it held before (or nothing). Held weights are kept as
     their handle, fetched only if a restarted core needs them (:func:`_blob`)."""
-    if isinstance(items, HeldWeights):
-        new = dict.fromkeys(items.keys(), items)
-    else:
-        new = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
+    new = kept(items)
     replaced = {n: served.get(n) for n in new}
     served.update(new)
     try:
@@ -457,5 +454,4 @@ def _blob(tensors: dict[str, Any] | HeldWeights) -> bytes:
     weights, and tensors kept as their holder's handle (:func:`_kept`), fetched."""
     from safetensors.torch import save
 
-    fetched = {n: t.tensors()[n] if isinstance(t, HeldWeights) else t for n, t in dict(tensors.items()).items()}
-    return save({n: t.detach().to("cpu").contiguous() for n, t in fetched.items()})
+    return save({n: t.detach().to("cpu").contiguous() for n, t in fetched(tensors).items()})

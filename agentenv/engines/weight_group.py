@@ -457,6 +457,24 @@ class HeldWeights:
         return sum(_nbytes(dtype, shape) for _, dtype, shape in self.meta)
 
 
+def kept(weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | HeldWeights) -> dict[str, Any]:
+    """An update kept by an engine client for a restarted engine (which serves its checkpoint
+    and must be sent every update again): host copies of the tensors by name; held weights as
+    their handle, one per name, fetched only if needed (:func:`fetched`)."""
+    if isinstance(weights, HeldWeights):
+        return dict.fromkeys(weights.keys(), weights)
+    items = weights.items() if isinstance(weights, dict) else weights
+    return {n: t.detach().to("cpu", copy=True).contiguous() for n, t in items}
+
+
+def fetched(weights: dict[str, Any] | HeldWeights) -> dict[str, torch.Tensor]:
+    """The tensors by name, those held elsewhere (held weights, or :func:`kept`'s handles)
+    fetched from their holder: what the host path sends."""
+    if isinstance(weights, HeldWeights):
+        return weights.tensors()
+    return {n: t.tensors()[n] if isinstance(t, HeldWeights) else t for n, t in weights.items()}
+
+
 def weight_bytes(weights: dict[str, torch.Tensor] | HeldWeights) -> int:
     """The bytes of a weight update, held or here."""
     if isinstance(weights, HeldWeights):
@@ -559,5 +577,5 @@ class GroupLink:
 
 
 __all__ = ["BUCKET_BYTES", "GroupLink", "GroupSender", "HeldWeights", "JoinCancelled", "Meta", "Rendezvous", "TIMEOUT_S",
-           "WEIGHT_SYNC_MODES", "WeightSync", "backend", "buckets", "join", "leave", "listen", "local_address", "metadata",
-           "receive", "root_error", "send", "weight_bytes"]
+           "WEIGHT_SYNC_MODES", "WeightSync", "backend", "buckets", "fetched", "join", "kept", "leave", "listen",
+           "local_address", "metadata", "receive", "root_error", "send", "weight_bytes"]

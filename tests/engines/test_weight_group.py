@@ -1,7 +1,8 @@
 """Weights into vLLM over a weight-update group (gloo here): the bytes broadcast between real
 processes, the in-process engine and a `vllm serve` loading what was sent, the host path when
 no group forms, and a two-rank training run whose engine gets its weights over the group
-serving, bit for bit, what the host-path run's engine serves."""
+serving, bit for bit, what the host-path run's engine serves (and, into a `vllm serve`, the
+trainer's weights, sent by its rank 0)."""
 
 from __future__ import annotations
 
@@ -275,30 +276,77 @@ async def test_a_group_that_cannot_form_leaves_the_host_path_with_a_log_line(ven
     vengine.weight_group = GroupLink("auto")
 
 
+@pytest.fixture(scope="module")
+def vserver(model_dir, tmp_path_factory):
+    """One `vllm serve` on loopback for the module (a start costs about 50 s)."""
+    from .test_openai import Server, stop_server
+
+    srv = Server(model_dir, tmp_path_factory.mktemp("vllm") / "server.log")
+    yield srv
+    stop_server(srv.proc)
+
+
 @pytest.mark.slow
-async def test_a_vllm_server_loads_over_the_group_what_the_in_process_engine_does(vengine, model_dir, tmp_path):
+async def test_a_vllm_server_loads_over_the_group_what_the_in_process_engine_does(vengine, vserver, model_dir):
     """The OpenAI engine forms a group with `vllm serve`'s worker through the dev
     ``/collective_rpc`` endpoint; the server then serves, bit for bit, what the in-process
     engine serves for the same tensors."""
     from agentenv.engines.openai import OpenAIEngine
 
-    from .test_openai import Server, stop_server
-
     new = perturbed(model_dir, seed=4)
     vengine.weight_group = GroupLink("auto")
     await vengine.load_weights(new)
     expected = (await _rpc(vengine)("agentenv_weights_digest"))[0]
-    srv = Server(model_dir, tmp_path / "server.log")
+    eng = await OpenAIEngine.create(vserver.url, model_dir, block_size=32)
     try:
-        eng = await OpenAIEngine.create(srv.url, model_dir, block_size=32)
-        try:
-            assert await eng.load_weights(new) == 1
-            assert eng.weight_groups[0].on and eng.weight_groups[0].sender.sent_bytes > 0
-            assert (await eng._rpc(0, "agentenv_weights_digest"))[0] == expected
-        finally:
-            await eng.aclose()
+        assert await eng.load_weights(new) == 1
+        assert eng.weight_groups[0].on and eng.weight_groups[0].sender.sent_bytes > 0
+        assert (await eng._rpc(0, "agentenv_weights_digest"))[0] == expected
     finally:
-        stop_server(srv.proc)
+        await eng.aclose()
+
+
+@pytest.mark.slow
+async def test_rank_zero_of_a_two_rank_run_sends_its_weights_into_a_vllm_server(ray_cluster, vserver, model_dir,
+                                                                                 tmp_path):
+    """Two steps of a two-rank (Ray, gloo) run whose engine is a `vllm serve` (the OpenAI
+    engine, weight_sync=group): rank 0 sent every step's weights into the server's worker
+    itself (the sender is the rank-0 actor's process, which reports both steps' bytes), the
+    versions are stamped as the steps, and the server serves exactly the trainer's final
+    weights (its last checkpoint's tensors; that checkpoint, loaded again through the host,
+    changes none of them)."""
+    from safetensors.torch import load_file
+
+    from agentenv.engines.openai import OpenAIEngine
+    from agentenv.train import TrainConfig, Trainer
+    from agentenv.train.rank_weights import RankSender
+
+    from ..train.conftest import AlternatingReward
+
+    eng = await OpenAIEngine.create(vserver.url, model_dir, block_size=32, weight_sync="group")
+    host = await OpenAIEngine.create(vserver.url, model_dir, block_size=32, weight_sync="host")
+    try:
+        cfg = TrainConfig(steps=2, groups_per_step=2, group_size=2, max_new_tokens=48, concurrency=4, lr=1e-3,
+                          mode="sync", seed=0, out_dir=str(tmp_path), checkpoint_every=2, cluster="ray",
+                          trainer_ranks=2, engine="openai", weight_sync="group")
+        await Trainer(cfg, engine=eng, env=AlternatingReward(), print_steps=False).run()
+        assert eng.weight_version == 2
+        sender = eng.weight_groups[0].sender
+        start = load_file(f"{model_dir}/model.safetensors")
+        # Not a GroupSender of this process's: the rank-0 actor sent both steps' weights.
+        assert isinstance(sender, RankSender) and sender.pid == sender.origin.pids[0] != os.getpid()
+        assert sender.sent_bytes == 2 * sum(t.numel() * t.element_size() for t in start.values())
+        trained = load_file(str(tmp_path / "checkpoints" / "step-000002" / "model.safetensors"))
+        assert any(not torch.equal(trained[n], start[n]) for n in start)  # the steps moved the weights
+        got = await served(lambda method, *args: eng._rpc(0, method, *args), PLAIN)
+        assert all(same(got[n], trained[n]) for n in PLAIN)
+        over_group = (await eng._rpc(0, "agentenv_weights_digest"))[0]
+        await host.load_weights(trained)
+        assert not host.weight_groups[0].on
+        assert (await eng._rpc(0, "agentenv_weights_digest"))[0] == over_group
+    finally:
+        await eng.aclose()
+        await host.aclose()
 
 
 class Both:
