@@ -184,7 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = commands[values.pop("command")]
         values = {k: _bundled(v) if k.rsplit(".", 1)[-1] == "model" else v for k, v in values.items()}
         with _sigterm_as_ctrl_c():
-            return command.run(build(command.options, values))
+            try:
+                return command.run(build(command.options, values))
+            except BaseException as exc:
+                if not _terminated or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                # A SIGTERM stopped the command and it broke on the way out (the cancellation
+                # reached a connection being made, say): it was terminated, not failed.
+                raise KeyboardInterrupt from None
     except AgentEnvError as exc:
         sys.stderr.write(f"agentenv: error: {exc}\n")
         return 2
