@@ -160,11 +160,25 @@ def forge(n, stdout='FORGED'):
 """
 
 
-SPIN = "['sh', '-c', 'while :; do :; done; echo agentenv-spinner']"
+# Processes hostile code leaves behind are looked for machine-wide (one that escaped the
+# session's tree must still be found), so their command lines carry this run's own tag: a
+# second test run on the machine, running the same cases, never counts as this one's.
+RUN_TAG = str(os.getpid())
+SPIN = f"['sh', '-c', 'while :; do :; done; echo agentenv-spinner-{RUN_TAG}']"
 
 
 def spinners() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if "agentenv-spinner" in " ".join(p.info["cmdline"] or [])]
+    mark = f"agentenv-spinner-{RUN_TAG}"
+    return [p for p in psutil.process_iter(["cmdline"]) if mark in " ".join(p.info["cmdline"] or [])]
+
+
+def sleep_tag(seconds: int) -> str:
+    """A `sleep` argument unique to this run: ``seconds`` plus this run's tag as a fraction."""
+    return f"{seconds}.{RUN_TAG}"
+
+
+def sleepers(tag: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", tag]]
 
 
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"

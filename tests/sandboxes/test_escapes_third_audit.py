@@ -21,7 +21,7 @@ from agentenv.sandboxes.local import LocalSandbox
 from agentenv.sandboxes.local.uids import _Uids
 
 from .hostile import (FORGE, FRAME, LIBC, LIMITS, SIBLING_CHECK, SIBLING_OK, SPIN, check_sibling, host_state,
-                      hostile, proc_path, sibling, spinners, syscall, wait_for, x86_64)
+                      hostile, proc_path, sibling, sleep_tag, sleepers, spinners, syscall, wait_for, x86_64)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -172,20 +172,16 @@ async def test_a_reused_pid_is_never_signalled_by_an_unisolated_pool(sandbox, wh
 async def test_an_unisolated_session_is_killed_whole_by_its_cgroup(sandbox):
     """Its processes are no pid namespace that dies with the worker: the cgroup's kill takes
     every one (a setsid'd, double-forked sleeper too), with no pid read or signalled."""
-    before = {p.pid for p in sleepers("4343")}  # another run's, if any: not this session's
+    tag = sleep_tag(4343)
     async with LocalSandbox(limits=LIMITS, prewarm=0, isolate=False) as sb:
         s = await sb.session()
-        r = await s.run("import subprocess\np = subprocess.Popen(['sh', '-c', 'sleep 4343 & wait'], "
+        r = await s.run(f"import subprocess\np = subprocess.Popen(['sh', '-c', 'sleep {tag} & wait'], "
                         "start_new_session=True)\np.pid")
         assert r.status == "ok"
-        await wait_for(lambda: {p.pid for p in sleepers("4343")} - before, "the session's sleeper started")
+        await wait_for(lambda: sleepers(tag), "the session's sleeper started")
         await s.aclose()
-        await wait_for(lambda: not {p.pid for p in sleepers("4343")} - before, "every process of the closed session gone")
+        await wait_for(lambda: not sleepers(tag), "every process of the closed session gone")
     await check_sibling(sandbox)
-
-
-def sleepers(tag: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", tag]]
 
 
 async def test_the_host_holds_no_inheritable_descriptor_of_a_session(sandbox):

@@ -11,16 +11,29 @@ import pytest
 
 import agentenv
 
-from .hostile import MARK, SECRET, hostile, wait_for
+from ..conftest import child_pids
+from .hostile import LIMITS, MARK, SECRET, hostile, sleep_tag, sleepers, wait_for
 
 pytestmark = pytest.mark.anyio
 
 # -- resource exhaustion --------------------------------------------------------------------
 async def test_fork_bomb(sandbox):
-    before = len(psutil.pids())
+    # Counted in this test's own process tree (the pool's fork server and its sessions are
+    # pytest's descendants), never machine-wide: other work on the machine must not fail it.
+    before = len(child_pids())
     r = await hostile(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout=2)
     assert r.status in ("timeout", "error", "crashed")
-    assert len(psutil.pids()) < before + 40  # the cgroup pids limit held
+    assert len(child_pids()) < before + 40  # nothing of the bomb outlived its call
+
+
+async def test_the_sessions_pids_limit_holds_while_its_processes_live(sandbox):
+    # Children that stay alive while the parent forks on: the session's cgroup refuses the
+    # fork that would exceed pids.max (the worker itself and its threads count too).
+    code = ("import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
+            "            time.sleep(60)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nn")
+    r = await hostile(sandbox, code, timeout=10)
+    assert r.status == "ok", r
+    assert 0 < int(r.value) < LIMITS.pids
 
 
 async def test_memory_bomb_single_allocation(sandbox):
@@ -201,9 +214,10 @@ async def test_segfault_via_ctypes(sandbox):
 
 
 async def test_spawning_subprocesses(sandbox):
-    r = await hostile(sandbox, "import subprocess\np = subprocess.Popen(['sleep', '4242'])\np.pid")
+    tag = sleep_tag(4242)
+    r = await hostile(sandbox, f"import subprocess\np = subprocess.Popen(['sleep', '{tag}'])\np.pid")
     assert r.status == "ok"
-    await wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "4242"]],
+    await wait_for(lambda: not sleepers(tag),
                    "the call's subprocess was killed with the call")
 
 

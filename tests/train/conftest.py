@@ -10,7 +10,6 @@ from agentenv.config import RolloutConfig
 from agentenv.engines.embedded import EmbeddedEngine
 from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.reactor import Reactor
-from agentenv.registry import make
 from agentenv.sandboxes import default_sandbox
 
 
@@ -23,9 +22,13 @@ class AlternatingReward(RetoolMathEnv):
 
 @pytest.fixture(scope="module")
 def groups(model_dir):
-    """Two scored GRPO groups of 3 from a real rollout (version 0)."""
+    """Two scored GRPO groups of 3 from a real rollout (version 0), with reward variance in
+    each. What the embedded engine samples depends on which requests share a step, and so on
+    the machine's load: a real reward could come out equal across a group (zero advantages,
+    zero gradient). The rewards here depend on the sample index alone, so every group has
+    advantages whatever was sampled; the tokens, masks and logprobs are the rollout's own."""
     async def collect():
-        env = make("retool-math")
+        env = AlternatingReward()
         eng = EmbeddedEngine(model_dir, seed=1)
         try:
             async with default_sandbox("local") as sb, Reactor(eng, env, sb, RolloutConfig(max_new_tokens=96)) as r:
@@ -33,4 +36,9 @@ def groups(model_dir):
         finally:
             await eng.aclose()
 
-    return anyio.run(collect)
+    out = anyio.run(collect)
+    assert [len(g.trajectories) for g in out] == [3, 3], "precondition: two complete groups of 3"
+    assert all(len(set(g.rewards)) > 1 for g in out), f"precondition: reward variance in each group {[g.rewards for g in out]}"
+    sampled = sum(sum(t.loss_mask) for g in out for t in g.trajectories)
+    assert sampled > 50, f"precondition: the rollout sampled tokens to train on ({sampled})"
+    return out
