@@ -15,6 +15,13 @@ def pytest_addoption(parser):
         "--busy-cores", type=int, default=0, metavar="N",
         help="keep N cores busy with spinning processes at normal priority for the whole session "
              "(the suite must pass on a loaded machine: tests wait on events, not on the clock)")
+    parser.addoption(
+        "--beside", action="store_true", default=False,
+        help="run a second, independent pytest run of the fast tier (-m 'not slow') beside this "
+             "one for its whole length, from a copy of this checkout with its own temporary "
+             "directories, restarted each time it ends (the suite must pass beside other work "
+             "of its own kind: a second CI job, a developer's run); its outcome is reported at "
+             "the end and its log kept")
 
 
 # Detached (not children of pytest, so tests that count their own child processes do not see
@@ -34,6 +41,12 @@ def pytest_configure(config):
                               sys.executable, _SPINNER], capture_output=True, text=True, check=True)
         pids.append(int(out.stdout))
     config._busy_spinners = pids
+    # Only the run the user started has a run beside it (the one beside never starts another).
+    config._beside = None
+    if config.getoption("--beside", False) and not os.environ.get("AGENTENV_BESIDE"):
+        from .beside import Beside
+
+        config._beside = Beside.start()
 
 
 def pytest_unconfigure(config):
@@ -44,11 +57,27 @@ def pytest_unconfigure(config):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    if getattr(config, "_beside", None) is not None:
+        config._beside.stop()
 
 
 def pytest_report_header(config):
+    lines = []
     n = config.getoption("--busy-cores", 0)
-    return f"busy cores: {n} spinning process(es) at normal priority" if n else None
+    if n:
+        lines.append(f"busy cores: {n} spinning process(es) at normal priority")
+    if getattr(config, "_beside", None) is not None:
+        lines.append(f"beside: the fast tier runs again and again from {config._beside.root} "
+                     f"(log {config._beside.log_path})")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    beside = getattr(config, "_beside", None)
+    if beside is not None:
+        terminalreporter.write_sep("-", "the run beside")
+        for line in beside.outcomes():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture
