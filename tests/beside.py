@@ -77,8 +77,12 @@ class Beside:
             except ProcessLookupError:
                 break
             time.sleep(0.1)
-        for path in self.root.iterdir():
+        for path in sorted(self.root.iterdir()):
             if path.is_dir():
+                cut = path / "round.log"
+                if cut.exists():  # the round the stop cut short: its progress so far
+                    with open(self.log_path, "ab") as log:
+                        log.write(f"=== {path.name} (cut short by the end of the run)\n".encode() + cut.read_bytes())
                 shutil.rmtree(path, ignore_errors=True)
 
     def outcomes(self) -> list[str]:
@@ -90,28 +94,31 @@ class Beside:
 def _loop(owner: int, root: Path) -> None:
     copy, n = root / "repo", 0
     env = dict(os.environ, AGENTENV_BESIDE="1", PYTHONPATH=str(copy), PYTHONUNBUFFERED="1")
-    with open(root / "beside.log", "ab") as log:
-        while not (root / "stop").exists():
-            try:
-                os.kill(owner, 0)
-            except ProcessLookupError:
-                return
-            n += 1
-            tmp = root / f"tmp{n}"
-            tmp.mkdir()
-            t0 = time.monotonic()
+    while not (root / "stop").exists():
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            return
+        n += 1
+        tmp = root / f"tmp{n}"
+        tmp.mkdir()
+        t0 = time.monotonic()
+        # Streamed to the log as it runs: a round the stop cuts short still shows its progress.
+        round_log = tmp / "round.log"
+        with open(round_log, "wb") as out:
             proc = subprocess.run(
                 [sys.executable, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider",
                  "--basetemp", str(tmp / "pytest")],
-                cwd=copy, env=dict(env, TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            log.write(proc.stdout)
-            log.flush()
-            lines = [ln for ln in proc.stdout.decode(errors="replace").splitlines() if ln.strip()]
-            last = lines[-1].strip("= ") if lines else "no output"
-            if not (root / "stop").exists():  # a round cut short by the stop is not an outcome
-                with open(root / "rounds.txt", "a") as f:
-                    f.write(f"round {n}: exit {proc.returncode} in {time.monotonic() - t0:.0f} s: {last}\n")
-            shutil.rmtree(tmp, ignore_errors=True)
+                cwd=copy, env=dict(env, TMPDIR=str(tmp)), stdout=out, stderr=subprocess.STDOUT)
+        text = round_log.read_bytes()
+        with open(root / "beside.log", "ab") as log:
+            log.write(f"=== round {n}\n".encode() + text)
+        lines = [ln for ln in text.decode(errors="replace").splitlines() if ln.strip()]
+        last = lines[-1].strip("= ") if lines else "no output"
+        if not (root / "stop").exists():  # a round cut short by the stop is not an outcome
+            with open(root / "rounds.txt", "a") as f:
+                f.write(f"round {n}: exit {proc.returncode} in {time.monotonic() - t0:.0f} s: {last}\n")
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
