@@ -172,10 +172,14 @@ async def test_dead_server_is_a_clear_engine_error(model_dir):
     from agentenv.engines.openai import OpenAIEngine
     from agentenv.errors import EngineError
 
-    url = f"http://127.0.0.1:{_free_port()}"
-    with pytest.raises(EngineError, match=re.escape(f"cannot reach {url}: APIConnectionError: Connection error. (is a "
-                                                    "server running there? start one with `vllm serve MODEL")):
-        await OpenAIEngine.create(url, model_dir, retries=2)
+    # A port this test holds, bound and not listening: a connection is refused, and no other
+    # process on the machine (a second test run) can start listening there meanwhile.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(EngineError, match=re.escape(f"cannot reach {url}: APIConnectionError: Connection error. "
+                                                        "(is a server running there? start one with `vllm serve MODEL")):
+            await OpenAIEngine.create(url, model_dir, retries=2)
 
 
 @pytest.mark.slow
