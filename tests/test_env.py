@@ -80,7 +80,7 @@ class CheckedOnce(RetoolMathEnv):
 async def test_setup_code_runs_in_each_session_and_on_turn_injects_and_stops(engine):
     trajs = await rollout(engine, CheckedOnce(extra_digits=0))
     called = [t for t in trajs if t.tool_calls]
-    assert any(c.status == "ok" for t in called for c in t.tool_calls), "no tool call of the model ran"
+    assert any(c.status == "ok" for t in called for c in t.tool_calls), "precondition: a tool call of the model ran"
     tok = engine.tokenizer
     for t in called:
         t.validate()

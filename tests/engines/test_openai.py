@@ -37,6 +37,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """``vllm serve`` could not listen on its port: another process took it after it was found free."""
+
+
 def start_server(model_dir: str, port: int, log) -> subprocess.Popen:
     """A real ``vllm serve`` on loopback, healthy when this returns."""
     import httpx
@@ -48,12 +52,18 @@ def start_server(model_dir: str, port: int, log) -> subprocess.Popen:
            "--worker-extension-cls", "agentenv.engines.vllm_worker.WeightSyncExtension",
            "--middleware", "agentenv.engines.vllm_worker.instance_header"]
     with open(log, "a") as out:
+        since = out.tell()  # this start's own lines (the log is appended to by each start)
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited: {log.read_text()[-3000:]}")
+            with open(log) as f:
+                f.seek(since)
+                said = f.read()
+            if "address already in use" in said.lower():
+                raise PortTaken(f"port {port} was taken before vllm serve could listen on it")
+            raise RuntimeError(f"vllm serve exited: {said[-3000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return proc
@@ -62,6 +72,19 @@ def start_server(model_dir: str, port: int, log) -> subprocess.Popen:
         time.sleep(1)
     stop_server(proc)
     raise RuntimeError(f"vllm serve not healthy in time: {log.read_text()[-3000:]}")
+
+
+def start_on_a_free_port(model_dir: str, log) -> tuple[subprocess.Popen, int]:
+    """``start_server`` on a port free a moment before; another process on the machine (a
+    second test run, a connection's own port) may take it while vllm serve loads, so a port
+    found taken is replaced by another."""
+    for _ in range(3):
+        port = _free_port()
+        try:
+            return start_server(model_dir, port, log), port
+        except PortTaken:
+            continue
+    raise RuntimeError("three free ports were each taken before vllm serve could listen on them")
 
 
 def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -79,9 +102,9 @@ class Server:
     (a start costs about 50 s, so they share it rather than start their own)."""
 
     def __init__(self, model_dir: str, log) -> None:
-        self.model_dir, self.log, self.port = model_dir, log, _free_port()
+        self.model_dir, self.log = model_dir, log
+        self.proc, self.port = start_on_a_free_port(model_dir, log)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = start_server(model_dir, self.port, log)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         stop_server(self.proc, sig)
@@ -172,10 +195,14 @@ async def test_dead_server_is_a_clear_engine_error(model_dir):
     from agentenv.engines.openai import OpenAIEngine
     from agentenv.errors import EngineError
 
-    url = f"http://127.0.0.1:{_free_port()}"
-    with pytest.raises(EngineError, match=re.escape(f"cannot reach {url}: APIConnectionError: Connection error. (is a "
-                                                    "server running there? start one with `vllm serve MODEL")):
-        await OpenAIEngine.create(url, model_dir, retries=2)
+    # A port this test holds, bound and not listening: a connection is refused, and no other
+    # process on the machine (a second test run) can start listening there meanwhile.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(EngineError, match=re.escape(f"cannot reach {url}: APIConnectionError: Connection error. "
+                                                        "(is a server running there? start one with `vllm serve MODEL")):
+            await OpenAIEngine.create(url, model_dir, retries=2)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import glob
 import os
 import platform
 import socket
+import tempfile
 
 import psutil
 import pytest
@@ -18,7 +19,9 @@ from ..waiting import until
 
 LIMITS = Limits(memory_mb=512, cpu_s=20, fsize_mb=8, nofile=128, pids=32, tmp_mb=16, shm_mb=4)
 SECRET = "AGENTENV_TEST_SECRET"
-MARK = "/tmp/agentenv-hostile-mark"  # on the host: must never be written by sandboxed code
+# On the host: must never be written by sandboxed code (named for this run: a second run of the
+# suite beside this one checks its own).
+MARK = f"/tmp/agentenv-hostile-mark-{os.getpid()}"
 # Host kernel settings a session could try to change (a writable /proc/sys would let it).
 SYSCTLS = ("kernel/core_pattern", "kernel/pid_max", "vm/panic_on_oom", "kernel/hostname", "kernel/domainname",
            "kernel/modprobe", "kernel/sysrq", "vm/overcommit_memory", "kernel/printk", "vm/max_map_count",
@@ -34,12 +37,31 @@ def _read(path: str) -> str | None:
         return None
 
 
+#: This run's pytest base temporary directory (tests/sandboxes/conftest.py sets it).
+OWN_TMP: str | None = None
+_PYTEST_TMP = os.path.join(tempfile.gettempdir(), "pytest-of-")
+
+
+def _another_runs(mount_point: str) -> bool:
+    """A mount point inside another pytest run's base temporary directory: what that run
+    mounted for its own tests (tests/test_durability.py's small tmpfs), not this run's doing."""
+    return (mount_point.startswith(_PYTEST_TMP) and OWN_TMP is not None
+            and not (mount_point + "/").startswith(OWN_TMP.rstrip("/") + "/"))
+
+
+def host_mounts() -> list[str]:
+    """The host's mount table, less the mounts other test runs on the machine make in their own
+    temporary directories while this one runs (every other mount, this run's own included, counts)."""
+    return [line for line in (_read("/proc/self/mountinfo") or "").splitlines()
+            if len(line.split()) < 5 or not _another_runs(line.split()[4])]
+
+
 def host_state() -> dict:
     """What hostile code must never change on the host."""
     return {
         "sysctl": {name: _read(f"/proc/sys/{name}") for name in SYSCTLS},
         "loop devices": sorted((p, _read(p)) for p in glob.glob("/sys/block/loop*/loop/backing_file")),
-        "mounts": _read("/proc/self/mountinfo"),
+        "mounts": host_mounts(),
         "hostname": socket.gethostname(),
         "mark": os.path.exists(MARK),
         "dev": sorted(os.listdir("/dev")),

@@ -153,7 +153,8 @@ async def test_cannot_create_device_nodes(sandbox):
 
 
 async def test_the_minimal_devices_work_and_shm_is_private_and_capped(sandbox):
-    open("/dev/shm/agentenv-host-mark", "w").close()
+    mark = f"/dev/shm/agentenv-host-mark-{os.getpid()}"  # this run's: a run beside it makes its own
+    open(mark, "w").close()
     try:
         code = ("import os\nopen('/dev/null', 'w').write('x')\nz = open('/dev/zero', 'rb').read(4)\n"
                 "u = len(open('/dev/urandom', 'rb').read(8))\nseen = os.listdir('/dev/shm')\nfull = None\n"
@@ -161,7 +162,7 @@ async def test_the_minimal_devices_work_and_shm_is_private_and_capped(sandbox):
                 "except OSError as e:\n    full = e.errno\n(z, u, seen, full)").replace("LIMIT", str(LIMITS.shm_mb))
         r = await hostile(sandbox, code)
     finally:
-        os.unlink("/dev/shm/agentenv-host-mark")
+        os.unlink(mark)
     assert r.value == "(b'\\x00\\x00\\x00\\x00', 8, [], 28)", r.error  # ENOSPC past shm_mb
 
 

@@ -132,7 +132,7 @@ async def test_setup_runs_once_and_sessions_fork_the_prepared_state():
 async def test_a_burst_of_starts_for_a_new_setup_makes_at_most_spawn_servers_templates():
     # Starts that find the templates busy queue on them: one template per start would run the
     # setup code 48 times, one after another (~15 starts/s).
-    setup = "import time\nPREPARED_AT = time.time()"
+    setup = "import os\nPREPARED_BY = os.getpid()"  # the template's pid: one value per template
     async with LocalSandbox(prewarm=0, spawn_servers=2) as sb:
         base = psutil.Process(sb.server_pid)
         before = len(base.children())
@@ -146,7 +146,7 @@ async def test_a_burst_of_starts_for_a_new_setup_makes_at_most_spawn_servers_tem
                 tg.start_soon(start)
         templates = len(base.children()) - before
         assert 1 <= templates <= 2, f"{templates} templates for one setup"
-        values = {(await s.run("PREPARED_AT")).value for s in sessions}
+        values = {(await s.run("PREPARED_BY")).value for s in sessions}
         assert len(values) == templates  # every session forked one of them
         for s in sessions:
             await s.aclose()

@@ -225,9 +225,9 @@ async def test_the_openai_engine_sleeps_and_wakes_the_server(model_dir, tmp_path
     pytest.importorskip("vllm")
     from agentenv.engines.openai import OpenAIEngine
 
-    from ..engines.test_openai import _free_port, start_server, stop_server
+    from ..engines.test_openai import start_on_a_free_port, stop_server
 
-    proc = start_server(model_dir, port := _free_port(), tmp_path / "server.log")
+    proc, port = start_on_a_free_port(model_dir, tmp_path / "server.log")
     try:
         eng = await OpenAIEngine.create(f"http://127.0.0.1:{port}", model_dir, block_size=32)
         async with eng:

@@ -23,15 +23,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_view(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def launch(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """``agentenv view ARGS`` and the first line it prints (the server listens before it says where)."""
     proc = subprocess.Popen([sys.executable, "-m", "agentenv.cli", "view", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
                             # as from a terminal: a test run started in the background (``cmd &``)
                             # ignores SIGINT, and the child would inherit that and never see the Ctrl-C
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    line = proc.stdout.readline()  # the server listens before it says where
+    return proc, proc.stdout.readline()
+
+
+def start_view(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    proc, line = launch(*args, env=env)
     assert "agentenv view:" in line, proc.stderr.read() if proc.poll() is not None else line
     return proc, line.split(" at ", 1)[1].split()[0]
+
+
+def start_on_a_free_port(*args: str, env: dict[str, str]) -> tuple[subprocess.Popen, str, int]:
+    """``agentenv view ARGS --port N`` on a port free a moment before; another process on the
+    machine (a second test run) may take it in between, so a port found busy is tried again."""
+    for _ in range(5):
+        port = free_port()
+        proc, line = launch(*args, "--port", str(port), env=env)
+        if "agentenv view:" in line:
+            return proc, line.split(" at ", 1)[1].split()[0], port
+        err = proc.communicate(timeout=30)[1]
+        assert "--port 0 takes any free port" in err, err  # only a busy port is tried again
+    raise AssertionError("five free ports were each taken before the view could listen on them")
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -50,8 +68,7 @@ def opener(tmp_path):
 
 def test_view_serves_the_trajectory_texts_on_the_port_given_without_a_browser(rollout, opener):
     env, opened = opener
-    port = free_port()
-    proc, url = start_view(str(rollout), "--port", str(port), "--no-browser", env=env)
+    proc, url, port = start_on_a_free_port(str(rollout), "--no-browser", env=env)
     try:
         assert url == f"http://127.0.0.1:{port}/"
         with urllib.request.urlopen(url, timeout=30) as r:
