@@ -16,11 +16,12 @@ import anyio
 import psutil
 import pytest
 
+from agentenv.sandboxes.local import LocalSandbox
 from agentenv.sandboxes.local.control import _Control, _ServerGone
 from agentenv.sandboxes.local.frames import FrameReader
 
 from ..waiting import until
-from .hostile import FORGE, FRAME, check_sibling, hostile
+from .hostile import FORGE, FRAME, LIMITS, check_sibling, hostile
 from .pools import fork_servers, gone
 from .stalls import ALARM_LOOP, HOLDS_GIL, STOPS_READING, TRICKLE, alarm_pending, request
 
@@ -71,19 +72,22 @@ async def test_a_signal_handler_that_never_returns_to_the_reader_times_out(sandb
     await until(lambda: gone(pid), "the stalled worker was killed")
 
 
-async def test_the_slot_of_a_stalled_session_is_freed(sandbox):
-    # Up to max_workers sessions at once: every stalled one handed its slot back, so a new
-    # session is handed out at once (a leaked slot would make this wait for good).
-    for _ in range(sandbox.max_workers + 1):
-        res, _, _ = await stalled_call(sandbox, STOPS_READING, 1 << 20)
-        assert res.status == "timeout"
-    with anyio.fail_after(30):
-        fresh = await sandbox.session()
-    try:
-        assert (await fresh.run("1 + 1")).value == "2"
-    finally:
-        await fresh.aclose()
-    await check_sibling(sandbox)
+async def test_the_slot_of_a_stalled_session_is_freed():
+    # One slot: every stalled session hands it back (its worker killed at the deadline), so
+    # the next session is handed out at once; a leaked slot would make it wait for good.
+    async with LocalSandbox(limits=LIMITS, max_workers=1, prewarm=0, kill_grace=0.3) as sb:
+        sb.spawned = set()  # type: ignore[attr-defined]
+        for stall in (STOPS_READING, HOLDS_GIL, TRICKLE):
+            with anyio.fail_after(60):
+                res, _, pid = await stalled_call(sb, stall, 1 << 20)
+            assert res.status == "timeout" and res.state_lost
+            await until(lambda: gone(pid), "the stalled worker was killed")
+        with anyio.fail_after(30):
+            fresh = await sb.session()
+        try:
+            assert (await fresh.run("1 + 1")).value == "2"
+        finally:
+            await fresh.aclose()
 
 
 async def test_a_healthy_session_takes_a_16mb_request_within_its_deadline(sandbox):
