@@ -210,6 +210,24 @@ async def test_the_sweep_does_not_use_the_os_functions_user_code_replaced(sandbo
         await s.aclose()
 
 
+async def test_a_thread_forking_during_the_sweep_does_not_hold_the_answer(sandbox):
+    # The sweep kills every process and reaps them; a thread of the code forking all the while
+    # must not keep it waiting on a child forked after its kill (each round kills again).
+    s = await sandbox.session()
+    try:
+        code = ("import os, threading, time\ndef loop():\n    while True:\n        try:\n"
+                "            if os.fork() == 0:\n                time.sleep(10**6)\n"
+                "        except OSError:\n            time.sleep(0.001)\n"
+                "threading.Thread(target=loop, daemon=True).start()\ntime.sleep(0.05)\n'forking'")
+        assert (await s.run(code, timeout=20)).value == "'forking'"
+        for _ in range(5):
+            r = await s.run("6 * 7", timeout=20)
+            assert r.value == "42" and not r.state_lost, r
+    finally:
+        await s.aclose()
+    await check_sibling(sandbox)
+
+
 # -- 3. a stale frame is dropped, not fatal ------------------------------------------------
 async def test_a_duplicate_answer_is_dropped_and_the_session_keeps_its_state(sandbox):
     s = await sandbox.session()

@@ -89,11 +89,11 @@ def _end_background(_waitpid=os.waitpid, _kill=os.kill, _nohang=os.WNOHANG, _sig
             pass  # children running
     except ChildProcessError:
         return
-    try:
-        _kill(-1, _sigkill)
-    except OSError:
-        pass  # ESRCH: the only child was a zombie, now reaped
-    while True:
+    while True:  # a thread of the code may fork while this runs: each round kills them too
+        try:
+            _kill(-1, _sigkill)
+        except OSError:
+            pass  # ESRCH: the only child was a zombie, now reaped
         try:
             _waitpid(-1, 0)
         except ChildProcessError:
