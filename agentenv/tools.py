@@ -67,7 +67,7 @@ def replayable(calls: list[Any], name: str) -> list[Any]:
     with no ``code`` argument (a tool built on :class:`PythonTool` that runs code of its own,
     like the trace workload's) has nothing to run again."""
     return [c for c in calls if c.name == name and isinstance(c.arguments.get("code"), str)
-            and (c.status == "ok" or (c.status == "error" and c.error == "error"))]
+            and (c.status == "ok" or (c.status == "error" and c.error != "crashed"))]
 
 
 async def replay(session: "Session", calls: list[Any], timeout: float) -> dict[str, Any]:
@@ -83,6 +83,20 @@ async def replay(session: "Session", calls: list[Any], timeout: float) -> dict[s
         res.state_lost = False  # the first replayed call starts the new worker: expected
         mismatches += res.render() != call.output
     return {"replayed_calls": done, "replay_mismatches": mismatches, "complete": True}
+
+
+#: Characters of an exception's line kept in a tool call's ``error``.
+ERROR_LINE_CAP = 300
+
+
+def call_error(res: Any) -> str:
+    """A failed call's ``error`` field: ``crashed`` when the interpreter died, else the
+    exception's type and message, the last line of its traceback (``SyntaxError: invalid
+    syntax``, ``TimeoutError: execution exceeded 5s and was killed``)."""
+    if res.status == "crashed":
+        return "crashed"
+    lines = [ln for ln in (res.error or "").splitlines() if ln.strip()]
+    return lines[-1].strip()[:ERROR_LINE_CAP] if lines else res.status
 
 
 def needs_sandbox(env: Any) -> bool:
@@ -128,7 +142,7 @@ class PythonTool(Tool):
         if res.state_lost and res.status != "ok" and self.restore and ctx.trajectory is not None:
             restored = await replay(ctx.session, replayable(ctx.trajectory.tool_calls, self.name), ctx.timeout)
         text = res.render(restored=None if restored is None else restored["replayed_calls"])
-        return ToolOutput(text, status, None if status == "ok" else res.status, restored)
+        return ToolOutput(text, status, None if status == "ok" else call_error(res), restored)
 
 
 class FunctionTool(Tool):

@@ -93,3 +93,24 @@ def test_only_calls_that_ran_code_are_replayed():
              ToolCall(3, "python", {}, "", "ok", 0.1),
              ToolCall(4, "other", {"code": "y = 2"}, "", "ok", 0.1)]
     assert [c.turn for c in replayable(calls, "python")] == [0, 1]
+
+
+async def test_a_failed_call_records_the_exception_line_and_shows_no_host_path():
+    tool, traj = PythonTool(), trajectory()
+    async with LocalSandbox(prewarm=0) as sb:
+        s = await sb.session()
+        out = await call(tool, s, traj, "print(864 + 29855) * 39206 87)")
+        assert (out.status, out.error) == ("error", "SyntaxError: unmatched ')'")
+        assert 'File "<code>", line 1' in out.text and "^" in out.text and ".py" not in out.text, out.text
+        out = await call(tool, s, traj, "import json\njson.loads('{')")
+        assert out.error.startswith("json.decoder.JSONDecodeError: Expecting property name"), out.error
+        assert "json/" not in out.text and "decoder.py" not in out.text, out.text
+        assert [c.turn for c in replayable(traj.tool_calls, "python")] == [0, 1]  # raised in the code
+        await s.aclose()
+
+
+def test_calls_recorded_before_the_error_line_are_still_replayed():
+    calls = [ToolCall(0, "python", {"code": "1/0"}, "ZeroDivisionError", "error", 0.1, "error"),
+             ToolCall(1, "python", {"code": "1/0"}, "", "error", 0.1, "ZeroDivisionError: division by zero"),
+             ToolCall(2, "python", {"code": "import os; os._exit(1)"}, "", "error", 0.1, "crashed")]
+    assert [c.turn for c in replayable(calls, "python")] == [0, 1]

@@ -193,18 +193,18 @@ async def test_unix_and_inet_sockets_still_work(sandbox):
 
 async def test_a_forged_result_never_shifts_later_calls(sandbox):
     # Code can make its own call return what it likes (it could print it, too); the genuine
-    # answer that follows is caught at the next call (it carries the old call's number), the
-    # session killed and that call an error: no call ever gets another call's result.
+    # answer that follows carries the old call's number and is dropped at the next call
+    # (issue 48: stale, not fatal): no call ever gets another call's result.
     s = await sandbox.session()
     try:
         r1 = await s.run(FORGE + "forge(seq)\n'genuine-1'")
         assert r1.stdout in ("FORGED", "") and len(r1.stdout) <= sandbox.max_output
         r2 = await s.run("'genuine-2'")
-        assert r2.status == "error" and r2.state_lost and "SandboxError" in r2.error and r2.value is None
+        assert r2.status == "ok" and r2.value == "'genuine-2'" and not r2.state_lost, r2
         assert (await s.run("'genuine-3'")).value == "'genuine-3'"
     finally:
         await s.aclose()
-    await hostile(sandbox, FORGE + "forge(seq)", session_survives=False)
+    await hostile(sandbox, FORGE + "forge(seq)")
 
 
 async def test_a_huge_forged_frame_is_refused_by_size(sandbox):

@@ -12,6 +12,10 @@ import anyio
 
 from agentenv.errors import SandboxError
 
+#: How long a request to a fork server may wait for its answer (a start takes milliseconds;
+#: queued behind others on a loaded host, well under a second).
+CONTROL_TIMEOUT = 30.0
+
 
 class _ServerGone(SandboxError):
     """A fork server died (killed, crashed): the pool starts a new one."""
@@ -35,43 +39,61 @@ class _Control:
     oldest request; a request whose caller was cancelled has its answer read and dropped
     (its file descriptors closed) all the same."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, timeout: float = CONTROL_TIMEOUT) -> None:
         sock.setblocking(False)
         self.sock = sock
+        self.timeout = timeout  # how long a request may wait for its answer, queueing included
         self.pending = 0  # requests not answered yet
         self._answers: deque[_Answer] = deque()  # sent, in order
         self._sending = anyio.Lock()
         self._reading = anyio.Lock()
 
-    async def request(self, req: dict, fds: list[int] = ()) -> tuple[dict, list[int]]:  # type: ignore[assignment]
+    async def request(self, req: dict, fds: list[int] = (), timeout: float | None = None  # type: ignore[assignment]
+                      ) -> tuple[dict, list[int]]:
+        """The server's answer to ``req``. A server that takes longer than ``timeout``
+        (default :attr:`timeout`) to take the request or answer it is stuck: the channel is
+        closed, so this request and every other waiting on it end with ``_ServerGone``, and
+        the pool replaces the server as it would a dead one."""
         data = json.dumps(req).encode()
         mine = _Answer()
+        limit = self.timeout if timeout is None else timeout
         self.pending += 1
         try:
-            async with self._sending:
-                while True:
-                    try:
-                        socket.send_fds(self.sock, [data], list(fds))
-                        break
-                    except BlockingIOError:
-                        await anyio.wait_writable(self.sock)
-                self._answers.append(mine)
-            while not mine.done:
-                async with self._reading:
-                    if not mine.done:
-                        await self._read_one()
+            with anyio.move_on_after(limit) as deadline:
+                async with self._sending:
+                    while True:
+                        try:
+                            socket.send_fds(self.sock, [data], list(fds))
+                            break
+                        except BlockingIOError:
+                            await anyio.wait_writable(self.sock)
+                    self._answers.append(mine)
+                while not mine.done:
+                    async with self._reading:
+                        if not mine.done:
+                            await self._read_one()
         except (OSError, anyio.ClosedResourceError) as exc:
             raise _ServerGone(f"the sandbox fork server is gone: {exc!r}") from exc
         except BaseException:
-            mine.abandoned = True
-            for fd in mine.fds:
-                os.close(fd)
+            self._abandon(mine)
             raise
         finally:
             self.pending -= 1
+        if deadline.cancelled_caught and not mine.done:
+            self._abandon(mine)
+            self.close()
+            raise _ServerGone(f"the sandbox fork server did not answer within {limit:g}s; its channel was closed")
         if not mine.msg:
             raise _ServerGone("the sandbox fork server is gone")
         return json.loads(mine.msg), mine.fds
+
+    @staticmethod
+    def _abandon(mine: _Answer) -> None:
+        """Its caller stopped waiting: the answer, when it comes, is read and dropped."""
+        mine.abandoned = True
+        for fd in mine.fds:
+            os.close(fd)
+        mine.fds = []
 
     async def _read_one(self) -> None:
         while True:

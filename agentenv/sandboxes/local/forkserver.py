@@ -77,23 +77,25 @@ for _mod in ("math", "json", "re", "itertools", "functools", "collections", "fra
         pass
 
 
-def _end_background() -> None:
+def _end_background(_waitpid=os.waitpid, _kill=os.kill, _nohang=os.WNOHANG, _sigkill=signal.SIGKILL) -> None:
     """After a call, in the worker (pid 1 of its namespace): kill every other process in the
     namespace, wherever it hid (setsid, double fork), and reap them. Every process there
     descends from the worker and orphans are re-parented to it, so no child means nothing
-    else runs: the common case costs one syscall."""
+    else runs: the common case costs one syscall. The syscalls are the ones captured when
+    this module loaded: user code that replaces ``os.kill``, ``os.waitpid`` or their flags
+    does not reach them."""
     try:
-        if os.waitpid(-1, os.WNOHANG) == (0, 0):
+        if _waitpid(-1, _nohang) == (0, 0):
             pass  # children running
     except ChildProcessError:
         return
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass  # ESRCH: the only child was a zombie, now reaped
-    while True:
+    while True:  # a thread of the code may fork while this runs: each round kills them too
         try:
-            os.waitpid(-1, 0)
+            _kill(-1, _sigkill)
+        except OSError:
+            pass  # ESRCH: the only child was a zombie, now reaped
+        try:
+            _waitpid(-1, 0)
         except ChildProcessError:
             return
         except InterruptedError:

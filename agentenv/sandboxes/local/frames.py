@@ -1,14 +1,16 @@
 """The host's reader of a session's answer frames (``protocol.py`` has the framing).
 
 The session's code can write to the session socket, so every byte that arrives is untrusted
-data. ``read_frame`` never raises for what it reads: it returns the answer as a dict of
+data. ``FrameReader.read`` never raises for what it reads: it returns the answer as a dict of
 exactly the expected keys and types, ``"eof"`` when the session is gone, or a sentence saying
-how the frame was wrong (the caller kills the session and reports the call as an error).
+how the frame was wrong (the caller kills the session and reports the call as an error). A
+frame numbered for one of the session's earlier calls is dropped, not refused.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 import anyio
 from anyio.abc import SocketStream
@@ -21,27 +23,52 @@ TEXT_FIELDS = ("stdout", "stderr", "value", "error")
 MALFORMED = "the session sent a malformed result"
 
 
-async def _read_exact(stream: SocketStream, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        buf += await stream.receive(n - len(buf))
-    return bytes(buf)
+class FrameReader:
+    """Reads one session's frames. What arrived but was not used yet stays buffered here, so a
+    read cancelled part-way (the call's deadline) loses nothing: the next read, in the grace
+    after the interrupt or at the next call, goes on from the same byte."""
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self._buf = bytearray()
+
+    async def _peek(self, n: int) -> bytes:
+        """The next ``n`` bytes, left in the buffer."""
+        while len(self._buf) < n:
+            self._buf += await self.stream.receive(max(n - len(self._buf), 1 << 16))
+        return bytes(self._buf[:n])
+
+    async def _take(self, n: int) -> bytes:
+        """The next ``n`` bytes, consumed only once all of them arrived."""
+        out = await self._peek(n)
+        del self._buf[:n]
+        return out
+
+    async def read(self, seq: int, cap: int, stale: Collection[int] = ()) -> dict | str:
+        """The answer to call ``seq`` (payload at most ``cap`` bytes). A frame numbered for one
+        of this session's earlier calls (``stale``: an answer the host stopped waiting for, or
+        the genuine answer behind one the code forged) is read and dropped: it can never be
+        taken for this call's answer, and the session keeps its state. Every other number is
+        refused. The caller bounds the whole read with the call's deadline."""
+        try:
+            while True:
+                n, got = HEADER.unpack(await self._peek(HEADER.size))
+                if got == VIOLATION and n <= VIOLATION_CAP:
+                    return decode_violation((await self._take(HEADER.size + n))[HEADER.size:])
+                if got != seq and got not in stale:
+                    return f"the session answered call {got} during call {seq}"
+                if n > cap:
+                    return f"the session sent a {n}-byte result (at most {cap})"
+                frame = await self._take(HEADER.size + n)  # all of it or (cancelled) none
+                if got == seq:
+                    return decode_answer(frame[HEADER.size:])
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return "eof"
 
 
 async def read_frame(stream: SocketStream, seq: int, cap: int) -> dict | str:
-    """The answer to call ``seq`` (payload at most ``cap`` bytes)."""
-    try:
-        n, got = HEADER.unpack(await _read_exact(stream, HEADER.size))
-        if got == VIOLATION and n <= VIOLATION_CAP:
-            return decode_violation(await _read_exact(stream, n))
-        if got != seq:
-            return f"the session answered call {got} during call {seq}"
-        if n > cap:
-            return f"the session sent a {n}-byte result (at most {cap})"
-        payload = await _read_exact(stream, n)
-    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-        return "eof"
-    return decode_answer(payload)
+    """The answer to call ``seq`` (payload at most ``cap`` bytes), read off ``stream``."""
+    return await FrameReader(stream).read(seq, cap)
 
 
 def _parse(payload: bytes) -> object:

@@ -31,7 +31,7 @@ from anyio.abc import Process
 from agentenv.errors import SandboxError
 
 from .cgroups import _alive, _Cgroups
-from .control import _Control, _ServerGone
+from .control import CONTROL_TIMEOUT, _Control, _ServerGone
 from .handle import _Worker
 from .limits import Limits
 from .uids import _Uids
@@ -290,7 +290,8 @@ class _ForkServers:
         assert self._control is not None
         with anyio.fail_after(self.setup_timeout):
             resp, fds = await self._control.request({"op": "template", "setup": setup_code or "",
-                                                     "isolate": self.isolate, "cgroup_root": str(self._cgroup_root)})
+                                                     "isolate": self.isolate, "cgroup_root": str(self._cgroup_root)},
+                                                    timeout=self.setup_timeout + CONTROL_TIMEOUT)  # the setup's own limit first
         if "error" in resp or not fds:
             raise SandboxError(f"environment setup code failed: {resp.get('error')}")
         return _Control(socket.socket(fileno=fds[0]))

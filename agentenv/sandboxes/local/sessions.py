@@ -16,6 +16,7 @@ import json
 import secrets
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -25,13 +26,18 @@ from anyio.abc import TaskGroup
 from agentenv.errors import SandboxError
 
 from ..base import ExecResult, Session
-from .frames import read_frame
+from .frames import FrameReader
 from .handle import _Worker
 from .protocol import ERROR_CAP, HEADER, MAX_REQUEST, VIOLATION, frame_cap
 
 #: Session starts :meth:`_SessionPool.prepare` keeps in flight (two template servers fork
 #: them; 8 at a time reach ~400 starts/s on 2 idle cores).
 PREPARE_STARTS = 8
+#: Earlier calls' numbers a session remembers: a frame carrying one is stale and dropped.
+STALE_KEPT = 1024
+#: Requests smaller than this go out with their header in one write (one pass through the
+#: event loop); larger ones in two, uncopied.
+JOIN_BELOW = 1 << 16
 
 
 class Workers(Protocol):
@@ -111,7 +117,8 @@ class LocalSession(Session):
         self._lock = anyio.Lock()  # held for a call's whole round trip, and for a start
         self._closed = False
         self._started_once = False
-        self._seq = 0
+        self._reader: FrameReader | None = None  # the worker's answers
+        self._past: deque[int] = deque(maxlen=STALE_KEPT)  # this worker's calls so far
 
     @property
     def pid(self) -> int | None:
@@ -180,57 +187,78 @@ class LocalSession(Session):
             with anyio.CancelScope(shield=True):
                 await w.stream.aclose()
             raise SandboxError("session is closed")
-        self._worker = w
+        self._worker, self._reader = w, FrameReader(w.stream)
+        self._past.clear()
 
     async def _read_frame(self, seq: int) -> dict | str:
-        assert self._worker is not None
-        return await read_frame(self._worker.stream, seq, self._settings.frame_cap)
+        if self._reader is None:  # closed meanwhile
+            return "eof"
+        return await self._reader.read(seq, self._settings.frame_cap, self._past)
 
     async def _kill(self) -> None:
-        w, self._worker = self._worker, None
+        """End the worker. Bounded: signals and cgroup writes, then closing the socket (no
+        wait on the session for anything)."""
+        w, self._worker, self._reader = self._worker, None, None
         if w is None:
             return
         self._workers.end(w)
         with anyio.CancelScope(shield=True):
             await w.stream.aclose()
 
-    async def _send(self, w: _Worker, payload: bytes) -> str | None:
-        """Thaw the worker and send it the call; why the call cannot be made, or None."""
+    async def _send(self, w: _Worker, seq: int, payload: bytes) -> str | None:
+        """Thaw the worker and write it the call; why the call cannot be made, or None. The
+        caller bounds this with the call's deadline: a session that does not read its socket
+        blocks the write once the request outgrows the socket buffer."""
         if not self._workers.thaw(w):
             return "the session could not be thawed"
+        header = HEADER.pack(len(payload), seq)
         try:
-            await w.stream.send(HEADER.pack(len(payload), self._seq) + payload)
+            if len(payload) < JOIN_BELOW:
+                await w.stream.send(header + payload)
+            else:  # not joined: no copy of a large request
+                await w.stream.send(header)
+                await w.stream.send(payload)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return "eof"
         return None
 
+    def _timed_out(self, timeout: float, start: float, why: str) -> ExecResult:
+        return ExecResult("timeout", error=f"TimeoutError: execution exceeded {timeout:g}s and {why}",
+                          duration_s=time.perf_counter() - start, state_lost=True)
+
     async def _call(self, code: str, timeout: float) -> ExecResult:
         w = self._worker
         assert w is not None
-        # A fresh random number per call: code cannot answer a call before it was sent, and a
-        # stale or forged answer waiting in the stream never matches the next call.
-        self._seq = secrets.randbelow(VIOLATION)
+        start = time.perf_counter()  # the deadline counts from here, serialising included
         cap = self._settings.max_output
         payload = json.dumps({"code": code, "max_output": cap}).encode()
         if len(payload) > MAX_REQUEST:
             return ExecResult("error", error=f"SandboxError: code of {len(payload)} bytes exceeds the "
                               f"{MAX_REQUEST}-byte request limit")
-        start = time.perf_counter()
-        late = False
-        resp: dict | str | None = await self._send(w, payload)
-        if resp is None:
-            with anyio.move_on_after(timeout):
-                resp = await self._read_frame(self._seq)
-            if resp is None:  # deadline: interrupt the code, give it a moment to unwind
-                late = True
-                if self._worker is not None:  # not closed meanwhile (its pidfd is closed then)
-                    self._worker.signal(signal.SIGINT)
-                with anyio.move_on_after(self._settings.kill_grace):
-                    resp = await self._read_frame(self._seq)
-                if not isinstance(resp, dict):
-                    await self._kill()
-                    return ExecResult("timeout", error=f"TimeoutError: execution exceeded {timeout:g}s and was "
-                                      "killed", duration_s=time.perf_counter() - start, state_lost=True)
+        # A fresh random number per call: code cannot answer a call before it was sent, and a
+        # forged answer never matches a later call. Frames of this worker's earlier calls are
+        # stale: dropped when found (``FrameReader.read``).
+        seq = secrets.randbelow(VIOLATION)
+        self._past.append(seq)
+        late, sent = False, False
+        resp: dict | str | None = None
+        with anyio.move_on_after(timeout - (time.perf_counter() - start)):  # bounds the write and the read
+            resp = await self._send(w, seq, payload)
+            if resp is None:
+                sent = True
+                resp = await self._read_frame(seq)
+        if resp is None and not sent:  # it did not take the request in time: nothing ran
+            await self._kill()
+            return self._timed_out(timeout, start, "the session did not read the call; it was killed")
+        if resp is None:  # deadline: interrupt the code, give it a moment to unwind
+            late = True
+            if self._worker is not None:  # not closed meanwhile (its pidfd is closed then)
+                self._worker.signal(signal.SIGINT)
+            with anyio.move_on_after(self._settings.kill_grace):
+                resp = await self._read_frame(seq)
+            if not isinstance(resp, dict):
+                await self._kill()
+                return self._timed_out(timeout, start, "was killed")
         elapsed = time.perf_counter() - start
         if resp == "eof":
             await self._kill()

@@ -79,14 +79,26 @@ class _Interrupted:
         raise KeyboardInterrupt
 
 
+def _code_frames_only(te: traceback.TracebackException, seen: set[int]) -> None:
+    """Keep only the frames of the user's code (``<code>``) in ``te`` and every exception
+    chained to it: the worker's own frames and the libraries' (e.g. ``ast.py`` for a
+    ``SyntaxError``) would show host paths to the model."""
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack = traceback.StackSummary.from_list([f for f in te.stack if f.filename == "<code>"])
+    for other in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
+        if other is not None:
+            _code_frames_only(other, seen)
+
+
 def _short_traceback(exc: BaseException) -> str:
-    """The traceback of the user's code only (our own frames dropped), capped in length.
+    """The traceback of the user's code only (``<code>`` frames), capped in length.
     Formatting runs the exception's own ``__str__``: that is user code too."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
     try:
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+        _code_frames_only(te, set())
+        text = "".join(te.format())
     except BaseException:  # noqa: BLE001 - a hostile __str__/__repr__, or the deadline
         text = f"{type(exc).__name__}: <the exception could not be formatted>"
     if len(text) > ERROR_CAP // 2:
@@ -137,25 +149,38 @@ def execute(code: str, ns: dict, max_output: int) -> dict:
 
 
 def _read_exact(f, n: int) -> bytes:
-    buf = b""
+    buf = bytearray()
     while len(buf) < n:
         chunk = f.read(n - len(buf))
         if not chunk:
             raise EOFError
         buf += chunk
-    return buf
+    return bytes(buf)
 
 
-def serve(rf, wf, ns: dict, after_call=None) -> None:
+def _write_all(fd: int, data: bytes, _write=os.write) -> None:
+    """Write ``data`` to ``fd`` with the ``os.write`` captured when this module loaded, before
+    any user code ran: nothing user code can hook runs between the sweep and the answer."""
+    view = memoryview(data)
+    while view:
+        view = view[_write(fd, view):]
+
+
+def serve(rf, wf, ns: dict, after_call=None, _dumps=json.dumps, _pack=HEADER.pack) -> None:
     """Answer framed requests on (rf, wf) until EOF. ``after_call`` runs after each call's
-    code and before its answer (the sandbox uses it to end the call's background processes)."""
+    code, once its answer is serialised and just before it is written (the sandbox uses it to
+    end the call's background processes): code hooked into the serialisation (a wrapped
+    ``json.dumps``, an exception's ``__repr__``) runs before the sweep, never after it. The
+    serialiser, header packer and writer are the ones this module captured at import."""
     signal.signal(signal.SIGINT, _Interrupted.handler)
-    me = os.getpid()
+    me, out = os.getpid(), wf.fileno()
     while True:
         try:
             n, seq = HEADER.unpack(_read_exact(rf, HEADER.size))
             req = json.loads(_read_exact(rf, n))
             resp = execute(req["code"], ns, int(req.get("max_output", 4000)))
+            payload = _dumps(resp, ensure_ascii=True).encode()
+            frame = _pack(len(payload), seq) + payload
         except KeyboardInterrupt:  # a late timeout signal between calls: ignore it
             continue
         except (EOFError, OSError):
@@ -164,9 +189,8 @@ def serve(rf, wf, ns: dict, after_call=None) -> None:
             os._exit(0)
         if after_call is not None:
             after_call()
-        payload = json.dumps(resp, ensure_ascii=True).encode()
         try:
-            wf.write(HEADER.pack(len(payload), seq) + payload)
+            _write_all(out, frame)
         except (OSError, KeyboardInterrupt):
             break
 
