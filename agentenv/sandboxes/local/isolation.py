@@ -153,6 +153,26 @@ def _private_dev(dev: str) -> None:
     os.mkdir(f"{dev}/shm")
 
 
+def _unescape(field: str) -> str:
+    """A mountinfo path field (spaces, tabs, newlines and backslashes octal-escaped)."""
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def _drop_file_binds(root: str) -> None:
+    """Detach the single files bound into the new root's system dirs from elsewhere (a
+    container's /etc/hosts, /etc/resolv.conf, /etc/hostname): mountinfo would name their host
+    source paths. The file underneath shows instead."""
+    with open("/proc/self/mountinfo") as f:
+        lines = [line.split() for line in f]
+    for fields in reversed(lines):  # submounts of submounts first
+        source_root, point = _unescape(fields[3]), _unescape(fields[4])
+        inside = point[len(root):] if point.startswith(root + "/") else None
+        if inside is None or not any(inside.startswith(d + "/") for d in SYSTEM_DIRS):
+            continue
+        if source_root not in ("/", inside) and os.path.isfile(point):
+            libc.umount2(point.encode(), MNT_DETACH)  # best effort: what stays is still read-only
+
+
 def _pivot(root: str) -> None:
     """Make ``root`` this mount namespace's root and detach the old one entirely."""
     nr = SYS_PIVOT_ROOT.get(platform.machine())
@@ -189,6 +209,7 @@ def enter_template_view() -> None:
             continue
         os.makedirs(root + path, 0o755, exist_ok=True)
         _attach(src, root + path)
+    _drop_file_binds(root)
     for f in HIDE_FILES:
         if os.path.isfile(root + f):
             _mount(root + "/dev/null", root + f, None, MS_BIND)
