@@ -340,6 +340,32 @@ async def test_the_x32_abi_is_no_way_around_the_filter(sandbox):
     assert r.value != "768", r  # 3 << 8: the call ran
 
 
+# The kernel reads an int argument from the low half of its register; a filter sees all 64
+# bits. A high bit set on a denied value must not carry it past the filter.
+HIGH = 1 << 32
+HIGH_BITS = {
+    "fcntl F_NOTIFY": "fd = os.open('/tmp', os.O_RDONLY)\nargs = (72, fd, HIGH | 1026, 0x80000001)",
+    "fcntl F_SETLEASE": "fd = os.open('/tmp/x', os.O_RDONLY | os.O_CREAT)\nargs = (72, fd, HIGH | 1024, 0)",
+    "getsockopt SO_PEERCRED": "import socket\na, b = socket.socketpair()\nbuf = ctypes.create_string_buffer(64)\n"
+                              "n = ctypes.c_uint32(64)\nargs = (55, a.fileno(), HIGH | 1, HIGH | 17, buf, ctypes.byref(n))",
+    "setsockopt SO_PASSCRED": "import socket\na, b = socket.socketpair()\none = ctypes.c_int(1)\n"
+                              "args = (54, a.fileno(), 1, HIGH | 16, ctypes.byref(one), 4)",
+    "madvise MADV_PAGEOUT": "libc.mmap.restype = ctypes.c_void_p\nfd = os.open('/usr/bin/env', os.O_RDONLY)\n"
+                            "args = (28, ctypes.c_void_p(libc.mmap(None, 4096, 1, 2, fd, 0)), 4096, HIGH | 21)",
+    "socket AF_NETLINK": "args = (41, HIGH | 16, 3, 0)",
+}
+
+
+@x86_64
+@pytest.mark.parametrize("setup", list(HIGH_BITS.values()), ids=list(HIGH_BITS))
+async def test_a_high_bit_on_an_int_argument_does_not_pass_the_filter(sandbox, setup):
+    code = (LIBC + f"HIGH = {HIGH}\n" + setup +
+            "\nargs = [ctypes.c_ulong(a) if isinstance(a, int) and a >= 0 else a for a in args]\n"
+            "ctypes.set_errno(0)\n(libc.syscall(*args), ctypes.get_errno())")
+    r = await hostile(sandbox, code)
+    assert r.value in (f"(-1, {errno.EPERM})", f"(-1, {errno.EAFNOSUPPORT})"), r
+
+
 ORDINARY = {
     "numpy": "import numpy as np\nint(np.linalg.solve(np.eye(3) * 2, np.ones(3)).sum() * 2)",
     "sympy": "import sympy\nstr(sympy.integrate(sympy.Symbol('x') ** 2, sympy.Symbol('x')))",

@@ -125,6 +125,11 @@ MADV_MAX = 1 << 32  # advice is an int: anything at or above this is denied too
 # drop pages of a shared host file from the page cache.
 FADVISE_MAX = 3
 RWF_NOWAIT = 0x8  # preadv2/pwritev2: a read that fails unless cached shows what others read
+# The kernel reads an ``int`` argument from the low 32 bits of its register, while a filter
+# sees all 64: an equality on an int argument compares the low half only, or a caller setting
+# a high bit (fcntl(fd, 1 << 32 | F_NOTIFY)) would pass the filter and still reach the call.
+# Ranges (GT, GE) need no mask: any high bit makes the value large, which they deny.
+LOW32 = 0xFFFFFFFF
 NAMESPACE_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
                    0x40000000)
 
@@ -159,7 +164,7 @@ def arg_rules() -> list[tuple[int, str, list]]:
     for flag in NAMESPACE_FLAGS:
         rules.append((errno.EPERM, "clone", [(0, "MASKED_EQ", flag, flag)]))
     for cmd in FCNTL_DENY:
-        rules.append((errno.EPERM, "fcntl", [(1, "EQ", cmd)]))
+        rules.append((errno.EPERM, "fcntl", [(1, "MASKED_EQ", LOW32, cmd)]))
     for call in ("socket", "socketpair"):
         for family in range(max(ALLOWED_FAMILIES)):
             if family not in ALLOWED_FAMILIES:
@@ -167,7 +172,7 @@ def arg_rules() -> list[tuple[int, str, list]]:
         rules.append((errno.EAFNOSUPPORT, call, [(0, "GT", max(ALLOWED_FAMILIES))]))
     for call, names in (("getsockopt", PEER_GETSOCKOPT), ("setsockopt", PEER_SETSOCKOPT)):
         for opt in names:
-            rules.append((errno.EPERM, call, [(1, "EQ", SOL_SOCKET), (2, "EQ", opt)]))
+            rules.append((errno.EPERM, call, [(1, "MASKED_EQ", LOW32, SOL_SOCKET), (2, "MASKED_EQ", LOW32, opt)]))
     for lo, hi in _denied_ranges(MADV_ALLOWED, MADV_MAX):
         for mask, value in _blocks(lo, hi):
             rules.append((errno.EPERM, "madvise", [(2, "MASKED_EQ", mask, value)]))
