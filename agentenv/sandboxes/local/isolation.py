@@ -66,6 +66,9 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "
 # Kernel interfaces under the (already read-only) /proc that leak host state: read as empty.
 PROC_MASKS = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/kallsyms",
               "/proc/sysrq-trigger", "/proc/latency_stats")
+# Those this kernel has, looked up once (the fork server imports this module before any
+# session): a session's /proc is of the same kernel.
+PROC_MASKS_PRESENT = tuple(p for p in PROC_MASKS if os.path.exists(p))
 
 SIGPENDING = 1024  # queued signals per session (the host's default is ~1/16 of its memory pages)
 
@@ -133,7 +136,7 @@ def _sources() -> dict[str, int | str]:
     for k in _keep_paths():
         if not any(under(k, d) for d in kept):
             out[k] = _clone_tree(k)
-    for d in SYS_KEEP + ("/proc",):  # /proc: the template's own; each session mounts a fresh one
+    for d in SYS_KEEP:
         if os.path.isdir(d):
             out[d] = _clone_tree(d)
     return out
@@ -199,6 +202,10 @@ def enter_template_view() -> None:
     for d in ("/dev", "/sys", "/proc", "/tmp"):
         os.mkdir(root + d, 0o755)
     _private_dev(root + "/dev")
+    # The template's own /proc (it reads its memory map later); each session mounts a fresh
+    # one over it. Detaching this one in each session instead would cost the session an RCU
+    # grace period (milliseconds on a busy machine).
+    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _mount("tmpfs", root + "/sys", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755")
     for d in SYS_DIRS:
         os.makedirs(root + d, 0o555)
@@ -243,13 +250,11 @@ def leave_pid_namespace(own_ns_fd: int) -> None:
 def mount_proc() -> None:
     """In the session's pid 1: a fresh, read-only /proc that shows only the session's processes;
     /proc/sys, sysrq-trigger and every other kernel knob under it are therefore read-only, and
-    the files that leak host state read as empty. The template's /proc (the host's pids) is
-    detached first: it is not even beneath this one."""
-    _check(libc.umount2(b"/proc", MNT_DETACH), "umount2(/proc)")
+    the files that leak host state read as empty. It covers the template's own /proc, which
+    nothing in the session can reach."""
     _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for path in PROC_MASKS:
-        if os.path.exists(path):
-            _mount("/dev/null", path, None, MS_BIND)
+    for path in PROC_MASKS_PRESENT:
+        _mount("/dev/null", path, None, MS_BIND)
 
 
 def lock_capabilities() -> None:

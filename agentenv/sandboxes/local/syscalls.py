@@ -1,20 +1,22 @@
-"""The session's system-call policy: an allow-list, and a deny filter for the arguments.
+"""The session's system-call policy: an allow-list, and a filter for dangerous arguments.
 
 Two seccomp filters, both loaded in every isolated session (``isolation.apply_seccomp``):
 
-* the *allow-list* (``ALLOWED``: each call with the reason a session needs it) fails every
-  other call with ENOSYS, so a syscall the kernel adds later, or a newer variant of a denied
-  one (``quotactl_fd``, ``open_tree_attr``, ``*_fd``, ``*_attr``, ``*2``, ``*at2``), is denied
-  without anyone naming it, and libc falls back where it can (``clone3`` to ``clone``);
-* the *deny filter* fails with EPERM the calls in ``DENIED`` (named so that their error is
-  the clear one, and checked by the tests: none of them may be allowed), and the dangerous
-  arguments of allowed calls (``ARG_RULES``): namespace flags of ``clone``, socket families,
-  peer credentials and pidfds of a socket's peer, advice that drops shared page cache, reads
-  that do not wait, file watches and leases.
+* the *allow-list* (``ALLOWED``: each call with the reason a session needs it) fails the
+  calls in ``DENIED`` with EPERM (named so that their error is the clear one; the tests check
+  none of them is allowed) and every other call with ENOSYS, so a syscall the kernel adds
+  later, or a newer variant of a denied one (``quotactl_fd``, ``open_tree_attr``, ``*_fd``,
+  ``*_attr``, ``*2``, ``*at2``), is denied without anyone naming it, and libc falls back where
+  it can (``clone3`` to ``clone``);
+* the *argument filter* (``arg_rules``) fails the dangerous arguments of allowed calls:
+  namespace flags of ``clone``, socket families, peer credentials and pidfds of a socket's
+  peer, advice that drops shared page cache, reads that do not wait, file watches and leases.
 
-When both filters fail a call the deny filter's errno wins (the kernel keeps the most recently
-loaded filter's answer among equals). Allowed calls that take no argument rule are answered
-from the kernel's per-filter cache without running either program.
+Two programs because libseccomp cannot hold both in one: a call's unconditional rule
+overrides its conditional ones. Neither program runs for an allowed call without an argument
+rule: the kernel answers those from its per-filter cache. Loading costs a session about
+0.4 us per instruction, so the allow-list is a plain chain (it only runs for calls it denies)
+and the argument filter a tree (fcntl and madvise run it).
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ PEER_SETSOCKOPT = {16: "SO_PASSCRED", 34: "SO_PASSSEC", 76: "SO_PASSPIDFD"}
 # a shared file's page cache), the poisoning ones (100, 101), and any advice added later.
 # MADV_DONTNEED (4) only unmaps: a file's pages stay in the page cache.
 MADV_ALLOWED = (0, 1, 2, 3, 4, 8, 10, 11, 13, 14, 15, 16, 17, 18, 19, 22, 23, 24, 102, 103)
-MADV_MAX = 1 << 32  # advice is an int: anything at or above this is denied too
+MADV_TOP = 104  # every advice above the last allowed one is denied (high bits included)
 # posix_fadvise: NORMAL, RANDOM, SEQUENTIAL, WILLNEED; DONTNEED (4) and NOREUSE (5) would
 # drop pages of a shared host file from the page cache.
 FADVISE_MAX = 3
@@ -158,7 +160,7 @@ def _denied_ranges(allowed: tuple[int, ...], top: int) -> list[tuple[int, int]]:
 
 
 def arg_rules() -> list[tuple[int, str, list]]:
-    """The deny filter's argument rules: (errno, call, [(arg, op, datum[, value])...]), as
+    """The argument filter's rules: (errno, call, [(arg, op, datum[, value])...]), as
     libseccomp reads them (MASKED_EQ: arg & datum == value)."""
     rules: list[tuple[int, str, list]] = []
     for flag in NAMESPACE_FLAGS:
@@ -173,10 +175,10 @@ def arg_rules() -> list[tuple[int, str, list]]:
     for call, names in (("getsockopt", PEER_GETSOCKOPT), ("setsockopt", PEER_SETSOCKOPT)):
         for opt in names:
             rules.append((errno.EPERM, call, [(1, "MASKED_EQ", LOW32, SOL_SOCKET), (2, "MASKED_EQ", LOW32, opt)]))
-    for lo, hi in _denied_ranges(MADV_ALLOWED, MADV_MAX):
+    for lo, hi in _denied_ranges(MADV_ALLOWED, MADV_TOP):
         for mask, value in _blocks(lo, hi):
             rules.append((errno.EPERM, "madvise", [(2, "MASKED_EQ", mask, value)]))
-    rules.append((errno.EPERM, "madvise", [(2, "GE", MADV_MAX)]))
+    rules.append((errno.EPERM, "madvise", [(2, "GE", MADV_TOP)]))
     rules.append((errno.EPERM, "fadvise64", [(3, "GT", FADVISE_MAX)]))
     for call in ("preadv2", "pwritev2"):
         rules.append((errno.EPERM, call, [(5, "MASKED_EQ", RWF_NOWAIT, RWF_NOWAIT)]))
@@ -202,22 +204,21 @@ def _known(name: str) -> bool:
 
 
 def compile_filters() -> tuple[bytes, bytes]:
-    """The allow-list and the deny filter as classic BPF programs, in the order to load them
-    (libseccomp compiles them: milliseconds, so the fork server does it once)."""
+    """The allow-list and the argument filter as classic BPF programs, in the order to load
+    them (libseccomp compiles them: milliseconds, so the fork server does it once)."""
     if pyseccomp is None:
         raise OSError(errno.ENOSYS, "pyseccomp/libseccomp is not available")
     allow = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.ENOSYS))
-    allow.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)  # a binary tree of calls, not a chain
+    allow.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
     for name in ALLOWED:
         if _known(name):
             allow.add_rule(pyseccomp.ALLOW, name)
-    deny = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    deny.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)
     for name in DENIED:
         if _known(name):
-            deny.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
-    deny.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")  # flags behind a pointer: libc falls back to clone
-    for err, call, args in arg_rules():
-        deny.add_rule(pyseccomp.ERRNO(err), call,
-                      *(pyseccomp.Arg(a[0], getattr(pyseccomp, a[1]), *a[2:]) for a in args))
-    return _export(allow), _export(deny)
+            allow.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    args = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    args.set_attr(pyseccomp.Attr.CTL_OPTIMIZE, 2)  # a binary tree of calls, not a chain
+    for err, call, conditions in arg_rules():
+        args.add_rule(pyseccomp.ERRNO(err), call,
+                      *(pyseccomp.Arg(c[0], getattr(pyseccomp, c[1]), *c[2:]) for c in conditions))
+    return _export(allow), _export(args)
