@@ -376,8 +376,11 @@ ORDINARY = {
     "files": "import shutil, tempfile, pathlib, threading\nd = tempfile.mkdtemp()\np = pathlib.Path(d, 'a')\n"
              "p.write_text('hi')\nshutil.copy2(p, pathlib.Path(d, 'b'))\nt = threading.Thread(target=lambda: None)\n"
              "t.start()\nt.join()\npathlib.Path(d, 'b').read_text()",
+    "a new interpreter": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import json, numpy; print(7)'], "
+                         "capture_output=True, text=True).stdout.strip()",
 }
-EXPECTED = {"numpy": "3", "sympy": "'x**3/3'", "multiprocessing": "25", "subprocess": "0", "files": "'hi'"}
+EXPECTED = {"numpy": "3", "sympy": "'x**3/3'", "multiprocessing": "25", "subprocess": "0", "files": "'hi'",
+            "a new interpreter": "'7'"}
 
 
 @pytest.mark.parametrize("what", list(ORDINARY))
