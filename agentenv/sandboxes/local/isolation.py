@@ -144,7 +144,9 @@ def _sources() -> dict[str, int | str]:
 
 def _private_dev(dev: str) -> None:
     """``dev``: a tmpfs of device nodes made here with the host's device numbers, the
-    ``/proc/self/fd`` links and a mount point for the session's ``/dev/shm``."""
+    ``/proc/self/fd`` links and a mount point for the session's ``/dev/shm``. Not ``nodev``
+    (its nodes must open); no other node can appear: the view is read-only and no session
+    has CAP_MKNOD."""
     _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for name in DEVICES:
         host = f"/dev/{name}"
