@@ -291,27 +291,37 @@ def drop_privileges(uid: int, gid: int) -> None:
         _check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
 
 
-def compile_seccomp() -> tuple[bytes, bytes]:
-    """The session's seccomp filters as classic BPF (``syscalls.compile_filters``: an
-    allow-list, then a filter that denies by name and by argument); the fork server compiles
-    them once and each session only loads them."""
-    return syscalls.compile_filters()
-
-
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def apply_seccomp(programs: tuple[bytes, ...]) -> None:
+class SeccompFilters:
+    """Compiled filters with the structures the kernel reads built once, in the fork server:
+    a session only hands each to ``prctl`` (no allocation, no copy, fewer pages touched)."""
+
+    def __init__(self, programs: tuple[bytes, ...]) -> None:
+        self.programs = programs
+        self._buffers, self.fprogs = [], []
+        for bpf in programs:
+            if not bpf or len(bpf) % 8:
+                raise OSError(errno.EINVAL, "empty or malformed seccomp program")
+            buf = ctypes.create_string_buffer(bpf, len(bpf))
+            self._buffers.append(buf)
+            self.fprogs.append(ctypes.byref(_SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))))
+
+
+def compile_seccomp() -> SeccompFilters:
+    """The session's seccomp filters (``syscalls.compile_filters``: the allow-list, then the
+    argument filter); the fork server compiles them once and each session only loads them."""
+    return SeccompFilters(syscalls.compile_filters())
+
+
+def apply_seccomp(filters: SeccompFilters) -> None:
     """Load the filters from ``compile_seccomp``, in order, on this (single-threaded)
     process; needs no_new_privs (``drop_privileges`` sets it). Inherited by every process it
     starts."""
-    for bpf in programs:
-        if not bpf or len(bpf) % 8:
-            raise OSError(errno.EINVAL, "empty or malformed seccomp program")
-        buf = ctypes.create_string_buffer(bpf, len(bpf))
-        prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
-        _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+    for fprog in filters.fprogs:
+        _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fprog, 0, 0), "seccomp")
 
 
 def apply_session_rlimits(limits: dict) -> None:
