@@ -73,8 +73,13 @@ async def test_the_hosts_cgroup_tree_is_hidden(sandbox):
     other sessions') and show their memory and CPU use."""
     if not os.listdir("/sys/fs/cgroup"):
         pytest.skip("the host has no cgroup tree to hide")
-    mine = (await hostile(sandbox, "open('/proc/self/cgroup').read()")).value
-    assert "agentenv-" in mine  # the session is in its own cgroups all the same
+    s = await sandbox.session()
+    try:
+        assert (await s.run("1")).value == "1"
+        with open(f"/proc/{s.pid}/cgroup") as f:
+            assert "agentenv-" in f.read()  # the session is in its own cgroups all the same
+    finally:
+        await s.aclose()
     code = ("import glob, os\n(os.listdir('/sys/fs/cgroup'), "
             "glob.glob('/sys/fs/cgroup/**/cgroup.procs', recursive=True)[:3])")
     r = await hostile(sandbox, code)

@@ -134,7 +134,10 @@ async def test_host_tmp_is_not_the_sandbox_tmp(sandbox):
 
 
 async def test_reading_private_host_files(sandbox):
-    r = await hostile(sandbox, "import os\n(open('/etc/shadow').read(), os.listdir('/root'), os.listdir('/home'))")
+    # A hidden directory is absent from the session's root; /root holds only what the Python
+    # installation needs where it lives there.
+    r = await hostile(sandbox, "import os\nls = lambda d: os.listdir(d) if os.path.isdir(d) else []\n"
+                               "(open('/etc/shadow').read(), ls('/root'), ls('/home'))")
     assert r.status == "ok"
     shadow, root, home = eval(r.value)
     assert shadow == "" and root in ([], [".pyenv"]) and home == []
