@@ -347,11 +347,11 @@ def _plot(opts: PlotConfig) -> int:
 
 
 def _envs(opts: EnvsConfig) -> int:
-    """Print :func:`agentenv.envs.listing.listing`, wrapped to the terminal's width on a
+    """Print :func:`agentenv.listing.listing`, wrapped to the terminal's width on a
     terminal and whole lines elsewhere."""
     import shutil
 
-    from .envs.listing import listing
+    from .listing import listing
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     sys.stdout.write(listing(width))

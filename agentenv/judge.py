@@ -48,6 +48,7 @@ import anyio
 
 from .env import Environment
 from .errors import ConfigError, EngineError, PromptTooLongError
+from .formats import final_text
 from .retry import retry_async
 
 if TYPE_CHECKING:
@@ -378,8 +379,6 @@ def _transient(exc: BaseException) -> bool:
 
 
 def _answer_of(trajectory: "Trajectory") -> str:
-    from .rewards import final_text
-
     return final_text(trajectory.text).strip()
 
 
@@ -663,9 +662,7 @@ def judged(env: Environment, judge: Judge, *, weight: float = 1.0, group: bool =
     """``env`` with ``judge``'s score added to its reward, ``weight`` x the score, as the
     component ``judge.name``; ``group=True``: the judge ranks each group in one call instead
     (a group reward). Closing the result closes the judge too."""
-    from .writer import has_group_reward
-
-    if group or has_group_reward(env):
+    if group or env.has_group_reward():
         wrapped = JudgedGroupsEnv(env, judge, weight)
         wrapped.rank_groups = group
         return wrapped
