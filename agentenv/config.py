@@ -27,6 +27,8 @@ from .options import NON_NEGATIVE, POSITIVE, UNIT, Check, option, validate
 class RolloutConfig:
     """How a run's programs go: their limits, how they are scheduled, how tokens are sampled."""
 
+    GROUP: ClassVar[str] = "rollout"
+
     max_turns: int | None = option(
         None, "model turns per program (a turn = one generation request; default: the env's max_turns)",
         check=POSITIVE, resume=True)
@@ -48,10 +50,11 @@ class RolloutConfig:
     tool_timeout: float | None = option(None, "seconds per tool call (default: the env's tool_timeout)",
                                         check=POSITIVE, resume=True)
     reward_timeout: float = option(60.0, "seconds per reward computation", check=POSITIVE)
-    temperature: float = option(1.0, "sampling temperature", check=NON_NEGATIVE, resume=True)
-    top_p: float = option(1.0, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True)
+    temperature: float = option(1.0, "sampling temperature", check=NON_NEGATIVE, resume=True, group="sampling")
+    top_p: float = option(1.0, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True,
+                          group="sampling")
     top_k: int = option(0, "sample among the k most likely tokens (default {default}; 0: off)", check=NON_NEGATIVE,
-                        resume=True)
+                        resume=True, group="sampling")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -105,6 +108,8 @@ ENGINE_ARG_HELP = ("engine setting, repeatable; VALUE is parsed as JSON when it 
 class EnvModules:
     """Modules that register environments, imported before any environment is named."""
 
+    GROUP: ClassVar[str] = "env"
+
     env_modules: list[str] = option(
         factory=list, flag="--env-module", metavar="MODULE", convert=_load_modules,
         help="a module or path/to/file.py to import first, so the environments it register()s can be named by id; "
@@ -114,6 +119,8 @@ class EnvModules:
 @dataclass(frozen=True)
 class EnvOptions:
     """Which environment, made with which constructor arguments."""
+
+    GROUP: ClassVar[str] = "env"
 
     env: str = option("retool-math", "environment: a registered id, package.module:Class or path/to/file.py[:Class] "
                                      "(default {default}; `agentenv envs` lists them)", resume=True)
@@ -126,6 +133,8 @@ class EnvOptions:
 @dataclass(frozen=True)
 class EngineOptions:
     """Which engine serves which model."""
+
+    GROUP: ClassVar[str] = "engine"
 
     engine: Literal["embedded", "vllm", "openai"] = option(
         "embedded", "embedded (CPU), vllm (in-process AsyncLLM), openai (HTTP server)")
@@ -159,6 +168,8 @@ def _check_url(url: str) -> None:
 class SandboxOptions:
     """Where tool calls run."""
 
+    GROUP: ClassVar[str] = "sandbox"
+
     sandbox: Literal["local", "e2b"] = option(
         "local", "tool sandbox: the isolated local pool or E2B (E2B_API_KEY)")
 
@@ -169,6 +180,8 @@ class SandboxOptions:
 @dataclass(frozen=True)
 class RunOptions:
     """What a rollout run samples."""
+
+    GROUP: ClassVar[str] = "rollout"
 
     tasks: int = option(32, "number of tasks", check=POSITIVE, resume=True)
     group_size: int = option(4, "samples per task, a GRPO group", check=POSITIVE, resume=True)
@@ -181,6 +194,8 @@ class RunOptions:
 @dataclass(frozen=True)
 class OutputOptions:
     """Where a rollout run writes, and what it does with an earlier run there."""
+
+    GROUP: ClassVar[str] = "output"
 
     out: Path = option(Path("rollouts.jsonl"), "output JSONL file of trajectories; its event log is written beside "
                                                "it as OUT.log (default {default})")
@@ -197,6 +212,8 @@ class OutputOptions:
 @dataclass(frozen=True)
 class ClusterOptions:
     """Where a rollout run's workers run."""
+
+    GROUP: ClassVar[str] = "cluster"
 
     cluster: Literal["none", "ray"] = option(
         "none", "none: this process; ray: rollout workers as Ray actors (RAY_ADDRESS, or a local cluster "
@@ -225,6 +242,8 @@ class ClusterOptions:
 class EvalOptions:
     """How an evaluation scores and reports its samples."""
 
+    GROUP: ClassVar[str] = "evaluation"
+
     pass_threshold: float = option(1.0, "a sample passes when its reward is at least this")
     report: Path | None = option(None, "JSON report: overall and per-task pass@k and components "
                                        "(default: beside --out, its .jsonl replaced by .report.json: "
@@ -240,6 +259,8 @@ JUDGE_SPEC = Check(lambda v: v == "policy" or v.startswith(("embedded", "vllm:",
 class JudgeOptions:
     """A model that grades each program's answer, a reward component named ``judge``
     (``agentenv.judge``)."""
+
+    GROUP: ClassVar[str] = "judge"
 
     judge: str | None = option(
         None, "grade each answer with a model: policy (the run's own engine), embedded[:MODEL_DIR] or "
@@ -264,6 +285,26 @@ class JudgeOptions:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag}{'' if isinstance(value, bool) else f' {value:g}'} needs --judge (without "
                                   "it no judge grades the answers)")
+
+
+#: The concerns ``--help`` groups the flags by, in the order it lists them (the common first),
+#: with their headings; every option belongs to one (its own ``group`` or its config's ``GROUP``).
+HELP_GROUPS: dict[str, str] = {
+    "env": "environment (which one, with which arguments)",
+    "engine": "engine (which model, served how)",
+    "rollout": "rollout (tasks, samples, limits and scheduling of each program)",
+    "sampling": "sampling",
+    "output": "output",
+    "evaluation": "evaluation",
+    "checkpoints": "checkpoints",
+    "staleness": "staleness (how generation and training overlap)",
+    "optimiser": "optimiser (steps, batches, precision, LoRA)",
+    "loss": "loss (GRPO clipping, importance weights, KL)",
+    "tracking": "tracking",
+    "sandbox": "sandbox (where tool calls run, and their limits)",
+    "judge": "judge (a model grading each answer)",
+    "cluster": "cluster (Ray)",
+}
 
 
 def _default(cls: type, name: str) -> Any:
@@ -317,5 +358,5 @@ class EvalRunConfig(RolloutRunConfig):
         return Path(f"{out}.report.json") if out.suffix != ".jsonl" else out.with_suffix(".report.json")
 
 
-__all__ = ["ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions", "EvalRunConfig",
+__all__ = ["HELP_GROUPS", "ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions", "EvalRunConfig",
            "JudgeOptions", "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions", "SandboxOptions", "engine_args"]

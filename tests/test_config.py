@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from agentenv.cli import TrainRunConfig, build_parser
-from agentenv.config import EvalRunConfig, RolloutConfig, RolloutRunConfig
+from agentenv.config import HELP_GROUPS, EvalRunConfig, RolloutConfig, RolloutRunConfig
 from agentenv.errors import ConfigError
-from agentenv.options import add_options, build, flag_of, option, option_of, resume_keys, resume_settings, walk
+from agentenv.options import (add_options, build, flag_of, groups_of, option, option_of, resume_keys, resume_settings,
+                              walk)
 from agentenv.registry import describe
 from agentenv.train.config import TrainConfig
 
@@ -45,6 +46,45 @@ def test_every_flag_is_a_config_field_and_every_field_a_flag(name):
     inner = {"rollout": (RolloutConfig, "rollout."), "eval": (RolloutConfig, "rollout."),
              "train": (TrainConfig, "config.")}[name]
     assert {f"{inner[1]}{f.name}" for f in fields(inner[0])} <= set(got)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_flag_is_under_its_fields_group_in_the_groups_order(name):
+    """``--help`` lists each flag under its field's concern (the option's ``group`` or its
+    config's ``GROUP``), the groups in :data:`HELP_GROUPS`'s order, none of 15 flags or more."""
+    parser = subparser(name)
+    declared = groups_of(COMMANDS[name])
+    assert None not in declared.values()
+    got = {a.dest: g.title for g in parser._action_groups for a in g._group_actions if a.dest != "help"}
+    assert got == {path: HELP_GROUPS[group] for path, group in declared.items()}
+    shown = [g.title for g in parser._action_groups if g.title in HELP_GROUPS.values()]
+    assert shown == [t for t in HELP_GROUPS.values() if t in shown]
+    assert max(len(g._group_actions) for g in parser._action_groups) < 15
+
+
+@pytest.mark.parametrize(("name", "first"), [
+    ("rollout", ["--env", "--model", "--tasks", "--group-size", "--out"]),
+    ("eval", ["--env", "--model", "--tasks", "--k", "--out"]),
+    ("train", ["--env", "--model", "--steps", "--groups-per-step", "--out-dir"])])
+def test_the_usage_line_names_the_options_a_first_run_needs(name, first, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    usage = subparser(name).format_usage()
+    assert usage.startswith(f"usage: agentenv {name} [{first[0]} ") and usage.rstrip().endswith("[options]")
+    assert [w.strip("[") for w in usage.split() if w.startswith("[--")] == first
+    assert len(usage.splitlines()) <= 2
+
+
+def test_an_option_outside_every_group_is_refused_when_help_is_grouped():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Loose:
+        grouped: int = option(1, "an option", group="rollout")
+        stray: int = option(2, "another")
+
+    with pytest.raises(ConfigError, match=r"Loose: options in groups \['None'\] that have no heading"):
+        add_options(argparse.ArgumentParser(), Loose, groups=HELP_GROUPS)
+    add_options(argparse.ArgumentParser(), Loose)  # ungrouped help takes it
 
 
 def other_value(path: str, f, shape) -> tuple[list[str], object]:
