@@ -45,8 +45,8 @@ class RolloutConfig:
         None, "programs admitted at once, paused ones included (bounds open sandbox sessions) under --scheduling "
               "program or lockstep (default 8 x concurrency, at most the sandbox's 256 sessions; the engine's KV "
               "capacity bounds it too)", check=POSITIVE)
-    env_lookahead: int = option(16, "with --scheduling program: queued programs whose sandbox session is "
-                                    "prepared ahead", check=NON_NEGATIVE)
+    session_lookahead: int = option(16, "with --scheduling program: queued programs whose sandbox session is "
+                                        "prepared ahead", check=NON_NEGATIVE, former=("--env-lookahead",))
     tool_timeout: float | None = option(None, "seconds per tool call (default: the env's tool_timeout)",
                                         check=POSITIVE, resume=True)
     reward_timeout: float = option(60.0, "seconds per reward computation", check=POSITIVE)
@@ -58,6 +58,11 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def env_lookahead(self) -> int:
+        """The former name of :attr:`session_lookahead` (deprecated: "env" is the Environment)."""
+        return self.session_lookahead
 
     def for_env(self, env: object) -> "RolloutConfig":
         """The limits left as None filled in from the environment's (``max_turns``,
@@ -164,17 +169,65 @@ def _check_url(url: str) -> None:
                           "e.g. http://127.0.0.1:8000")
 
 
+#: The local sandbox's per-session limits the command line sets: option -> ``Limits`` field.
+SANDBOX_LIMITS = {"sandbox_memory_mb": "memory_mb", "sandbox_cpus": "cpus", "sandbox_cpu_s": "cpu_s",
+                  "sandbox_pids": "pids", "sandbox_tmp_mb": "tmp_mb"}
+
+
 @dataclass(frozen=True)
 class SandboxOptions:
-    """Where tool calls run."""
+    """Where tool calls run, and what one local sandbox session may use: the fields of
+    ``agentenv.sandboxes.local.Limits`` (None keeps the sandbox's own default, stated there
+    once) and the time its setup code may take."""
 
     GROUP: ClassVar[str] = "sandbox"
 
     sandbox: Literal["local", "e2b"] = option(
         "local", "tool sandbox: the isolated local pool or E2B (E2B_API_KEY)")
+    sandbox_memory_mb: int | None = option(
+        None, "MB of memory per session: address space per process and the session's cgroup memory "
+              "(default: the local sandbox's own)", check=POSITIVE)
+    sandbox_cpus: float | None = option(
+        None, "a hard CPU cap per session, in CPUs (default: none, each session an equal share)", check=POSITIVE)
+    sandbox_cpu_s: int | None = option(
+        None, "CPU seconds per session worker over its life (default: the local sandbox's own)", check=POSITIVE)
+    sandbox_pids: int | None = option(
+        None, "processes and threads per session (default: the local sandbox's own)", check=POSITIVE)
+    sandbox_tmp_mb: int | None = option(
+        None, "MB of a session's private /tmp (default: the local sandbox's own)", check=POSITIVE)
+    sandbox_setup_timeout: float | None = option(
+        None, "seconds the environment's sandbox_setup code may take in a new session (default: the local "
+              "sandbox's own)", check=POSITIVE)
 
     def __post_init__(self) -> None:
         validate(self)
+        given = [n for n in (*SANDBOX_LIMITS, "sandbox_setup_timeout") if getattr(self, n) is not None]
+        if given and self.sandbox != "local":
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{flag} sets a limit of the local sandbox; --sandbox {self.sandbox} has its own "
+                              "(leave it out, or use --sandbox local)")
+
+    def sandbox_kwargs(self) -> dict[str, Any]:
+        """The sandbox's constructor arguments: the limits given over ``Limits``' defaults, the
+        setup timeout if given."""
+        limits = {f: getattr(self, o) for o, f in SANDBOX_LIMITS.items() if getattr(self, o) is not None}
+        out: dict[str, Any] = {}
+        if limits:
+            from .sandboxes.local.limits import Limits
+
+            out["limits"] = Limits(**limits)
+        if self.sandbox_setup_timeout is not None:
+            out["setup_timeout"] = self.sandbox_setup_timeout
+        return out
+
+
+def open_sandbox(spec: "SandboxOptions | str") -> Any:
+    """The sandbox ``spec`` describes (unopened: ``async with`` it): a :class:`SandboxOptions`,
+    or just its kind, ``local`` or ``e2b``, with the default limits."""
+    from .sandboxes import default_sandbox
+
+    options = SandboxOptions(sandbox=spec) if isinstance(spec, str) else spec  # type: ignore[arg-type]
+    return default_sandbox(options.sandbox, **options.sandbox_kwargs())
 
 
 @dataclass(frozen=True)
@@ -358,5 +411,6 @@ class EvalRunConfig(RolloutRunConfig):
         return Path(f"{out}.report.json") if out.suffix != ".jsonl" else out.with_suffix(".report.json")
 
 
-__all__ = ["HELP_GROUPS", "ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions", "EvalRunConfig",
-           "JudgeOptions", "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions", "SandboxOptions", "engine_args"]
+__all__ = ["HELP_GROUPS", "SANDBOX_LIMITS", "ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions",
+           "EvalRunConfig", "JudgeOptions", "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions",
+           "SandboxOptions", "engine_args", "open_sandbox"]

@@ -84,6 +84,8 @@ class Option:
     resume: bool | str = False
     #: The concern ``--help`` lists it under (default: its config's ``GROUP``).
     group: str | None = None
+    #: Former flags still taken (deprecated), not shown in ``--help``.
+    former: tuple[str, ...] = ()
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
@@ -272,6 +274,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: Mapping
         else:
             kind = _value_parser(shape.kind, opt.check) if shape.kind in (int, float) else shape.kind
             parser_.add_argument(flag, type=kind, default=default, **kw)
+            for former in opt.former:
+                parser_.add_argument(former, type=kind, default=default, dest=path, help=argparse.SUPPRESS)
 
 
 def build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:

@@ -163,12 +163,12 @@ def source_of(job: RolloutJob) -> GroupSource:
 
     o = job.options
     if o.cluster.cluster == "ray":
-        return RayGroups(job.env, o.env.env_kwargs, job.engine_spec, o.sandbox.sandbox, job.config, job.log,
+        return RayGroups(job.env, o.env.env_kwargs, job.engine_spec, o.sandbox, job.config, job.log,
                          out=job.out, workers=o.cluster.workers, engines=o.cluster.engines,
                          engine_gpus=o.cluster.engine_gpus)
     # The programs left to run (a resumed run's done ones are not): the sessions worth preparing.
     left = {(t.id, i) for t in job.tasks for i in range(job.group_size)} - (job.resume.done if job.resume else set())
-    return LocalGroups(job.env, job.engine_spec, o.sandbox.sandbox, job.config, job.log,
+    return LocalGroups(job.env, job.engine_spec, o.sandbox, job.config, job.log,
                        programs=len(left), out=job.out, by_group=job.env.has_group_reward())
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentenv.cli import TrainRunConfig, build_parser
-from agentenv.config import HELP_GROUPS, EvalRunConfig, RolloutConfig, RolloutRunConfig
+from agentenv.config import (HELP_GROUPS, SANDBOX_LIMITS, EvalRunConfig, RolloutConfig, RolloutRunConfig, SandboxOptions,
+                             open_sandbox)
 from agentenv.errors import ConfigError
 from agentenv.options import (add_options, build, flag_of, groups_of, option, option_of, resume_keys, resume_settings,
                               walk)
@@ -28,7 +29,7 @@ def subparser(name: str, argv: list[str] | None = None) -> argparse.ArgumentPars
 
 def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
     """dest -> flag of every option the parser takes (``--help`` aside)."""
-    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest != "help"}
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest != "help" and a.help != argparse.SUPPRESS}
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -99,6 +100,8 @@ def other_value(path: str, f, shape) -> tuple[list[str], object]:
         "env": (["--env", "agentenv.envs.retool_math:RetoolMathEnv"], "agentenv.envs.retool_math:RetoolMathEnv"),
         "judge": (["--judge", "http://127.0.0.1:1/v1"], "http://127.0.0.1:1/v1"),
         "device": (["--device", "cpu"], "cpu"),  # a device name is checked: auto, cpu, cuda or cuda:N
+        # The limits below are the local sandbox's (--sandbox e2b with them is refused: below).
+        "sandbox": (["--sandbox", "local"], "local"),
     }
     name = path.rsplit(".", 1)[-1]
     if name in special:
@@ -196,3 +199,45 @@ def test_a_field_without_an_option_declaration_is_refused():
 
     with pytest.raises(ConfigError, match="Loose.bare is not declared with option"):
         add_options(argparse.ArgumentParser(), Loose)
+
+
+def parsed(cls: type, argv: list[str]):
+    values = vars(build_parser(argv).parse_args(argv))
+    values.pop("command")
+    return build(cls, values)
+
+
+def test_each_sandbox_limit_flag_is_a_field_of_the_sandboxs_limits():
+    from dataclasses import fields as fields_of
+
+    from agentenv.sandboxes.local.limits import Limits
+
+    assert set(SANDBOX_LIMITS.values()) <= {f.name for f in fields_of(Limits)}
+    assert set(SANDBOX_LIMITS) | {"sandbox", "sandbox_setup_timeout"} == {f.name for f in fields_of(SandboxOptions)}
+    assert SandboxOptions().sandbox_kwargs() == {}  # none given: the sandbox's own defaults, stated in Limits only
+    kwargs = SandboxOptions(sandbox_pids=9, sandbox_setup_timeout=4.0).sandbox_kwargs()
+    assert kwargs == {"limits": Limits(pids=9), "setup_timeout": 4.0}
+
+
+@pytest.mark.anyio
+async def test_sandbox_limits_given_on_the_command_line_hold_in_a_session():
+    """``rollout --sandbox-memory-mb 700 --sandbox-pids 40``: a session of the sandbox the run
+    opens has that address space and process limit."""
+    options = parsed(RolloutRunConfig, ["rollout", "--sandbox-memory-mb", "700", "--sandbox-pids", "40"]).sandbox
+    async with open_sandbox(options) as sandbox:
+        session = await sandbox.session()
+        result = await session.run("import resource as r\n(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NPROC)[0])")
+        await session.aclose()
+    assert result.value == repr((700 * 1024 * 1024, 40)), result
+
+
+def test_train_takes_the_same_sandbox_limits():
+    config = parsed(TrainRunConfig, ["train", "--sandbox-cpus", "0.5", "--sandbox-tmp-mb", "32"]).config
+    assert config.sandbox_options() == SandboxOptions(sandbox_cpus=0.5, sandbox_tmp_mb=32)
+
+
+@pytest.mark.parametrize("name", ["rollout", "train"])
+def test_a_sandbox_limit_with_e2b_is_refused_naming_the_flag(name):
+    cls = COMMANDS[name]
+    with pytest.raises(ConfigError, match="^--sandbox-pids sets a limit of the local sandbox; --sandbox e2b"):
+        parsed(cls, [name, "--sandbox", "e2b", "--sandbox-pids", "8"])

@@ -29,6 +29,12 @@ class TrainConfig:
     engine_kwargs: dict[str, Any] = same_as(EngineOptions, "engine_kwargs")
     base_urls: list[str] | None = same_as(EngineOptions, "base_urls")
     sandbox: Literal["local", "e2b"] = same_as(SandboxOptions, "sandbox")
+    sandbox_memory_mb: int | None = same_as(SandboxOptions, "sandbox_memory_mb")
+    sandbox_cpus: float | None = same_as(SandboxOptions, "sandbox_cpus")
+    sandbox_cpu_s: int | None = same_as(SandboxOptions, "sandbox_cpu_s")
+    sandbox_pids: int | None = same_as(SandboxOptions, "sandbox_pids")
+    sandbox_tmp_mb: int | None = same_as(SandboxOptions, "sandbox_tmp_mb")
+    sandbox_setup_timeout: float | None = same_as(SandboxOptions, "sandbox_setup_timeout")
     mode: Literal["async", "sync", "colocated"] = option(
         "async", "async: generation and training overlap; sync: generate, train, sync in turn; colocated: as sync, "
                  "and the engine sleeps (frees its KV cache, offloads or drops its weights: --sleep-level) while the "
@@ -152,6 +158,7 @@ class TrainConfig:
                               "not sent); leave weight_sync at 'auto'")
         if self.engines and self.cluster != "ray":
             raise ConfigError(f"engines (engine actors) need cluster='ray', got engines={self.engines}")
+        self.sandbox_options()  # the limits given suit the sandbox
 
     @classmethod
     def for_env(cls, env: str = "retool-math", **settings: Any) -> "TrainConfig":
@@ -161,6 +168,10 @@ class TrainConfig:
         merged = {**defaults, **settings, "env": env}
         merged["env_kwargs"] = {**defaults.get("env_kwargs", {}), **settings.get("env_kwargs", {})}
         return cls(**merged)
+
+    def sandbox_options(self) -> SandboxOptions:
+        """The sandbox's settings: its kind and the limits given (``sandbox_*``)."""
+        return SandboxOptions(**{f.name: getattr(self, f.name) for f in fields(SandboxOptions)})
 
     def engine_args(self) -> dict[str, Any]:
         """The engine's constructor arguments: ``--engine-arg``'s, over ``weight_sync`` for the

@@ -72,9 +72,8 @@ class Trainer:
 
     # -- setup -------------------------------------------------------------------------------
     async def _open(self, stack: AsyncExitStack, sampling_seed: int) -> None:
-        from agentenv.sandboxes import default_sandbox
-
         from ..checker import check_env
+        from ..config import open_sandbox
         from ..engines.spec import EngineSpec
         from ..engines.embedded import check_model_dir
         from ..models import default_model
@@ -100,7 +99,7 @@ class Trainer:
             stack.push_async_callback(self._judge.aclose)
             self._env = judged(self._env, self._judge, weight=cfg.judge_weight, group=cfg.judge_group)
         if self._sandbox is None:
-            self._sandbox = await stack.enter_async_context(default_sandbox(cfg.sandbox))
+            self._sandbox = await stack.enter_async_context(open_sandbox(cfg.sandbox_options()))
         # The first steps' sessions start while the model loads (see ``prepare_sessions``).
         await prepare_sessions(self._env, self._sandbox, RolloutConfig(concurrency=cfg.concurrency,
                                                                        scheduling=cfg.scheduling),
