@@ -195,9 +195,8 @@ class RayRollouts:
                 from .models import default_model
 
                 model = str(default_model())
-            c = self.config
-            engine = EngineSpec(engine, str(model), dict(engine_kwargs or {}), list(base_urls or []) or None,
-                                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed)
+            engine = EngineSpec.sampling_as(self.config, engine, model, kwargs=engine_kwargs, base_urls=base_urls,
+                                            seed=seed)
         # An instance: the workers make its class, under its id; a user's one-file module goes
         # with it, for workers on nodes without the file. The workers' sys.path is extended
         # with this one's, so what this process imports, a worker on this machine does too.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from .engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from .errors import ConfigError
 from .options import NON_NEGATIVE, POSITIVE, UNIT, Check, option, validate
 
@@ -50,11 +51,12 @@ class RolloutConfig:
     tool_timeout: float | None = option(None, "seconds per tool call (default: the env's tool_timeout)",
                                         check=POSITIVE, resume=True)
     reward_timeout: float = option(60.0, "seconds per reward computation", check=POSITIVE)
-    temperature: float = option(1.0, "sampling temperature", check=NON_NEGATIVE, resume=True, group="sampling")
-    top_p: float = option(1.0, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True,
+    temperature: float = option(DEFAULT_TEMPERATURE, "sampling temperature", check=NON_NEGATIVE, resume=True,
+                                group="sampling")
+    top_p: float = option(DEFAULT_TOP_P, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True,
                           group="sampling")
-    top_k: int = option(0, "sample among the k most likely tokens (default {default}; 0: off)", check=NON_NEGATIVE,
-                        resume=True, group="sampling")
+    top_k: int = option(DEFAULT_TOP_K, "sample among the k most likely tokens (default {default}; 0: off)",
+                        check=NON_NEGATIVE, resume=True, group="sampling")
 
     def __post_init__(self) -> None:
         validate(self)

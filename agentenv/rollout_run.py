@@ -63,9 +63,9 @@ class RolloutJob:
         """The engine to open: ``--engine`` serving the model, sampling as the config says."""
         from .engines.spec import EngineSpec
 
-        e, c = self.options.engine, self.config
-        return EngineSpec(e.engine, str(self.model), dict(e.engine_kwargs), e.base_urls, temperature=c.temperature,
-                          top_p=c.top_p, top_k=c.top_k, seed=self.options.run.seed)
+        e = self.options.engine
+        return EngineSpec.sampling_as(self.config, e.engine, self.model, kwargs=e.engine_kwargs, base_urls=e.base_urls,
+                                      seed=self.options.run.seed)
 
     @classmethod
     def open(cls, options: RolloutRunConfig, env: Environment, *, command: str = "rollout",

@@ -106,8 +106,8 @@ class Trainer:
                                cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1))
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
-            spec = EngineSpec(cfg.engine, str(model), engine_kwargs(cfg, cfg.engine_args()), cfg.base_urls,
-                              temperature=cfg.temperature, seed=sampling_seed)
+            spec = EngineSpec.sampling_as(cfg, cfg.engine, model, kwargs=engine_kwargs(cfg, cfg.engine_args()),
+                                          base_urls=cfg.base_urls, seed=sampling_seed)
             if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
                 from ..engines.actors import RayEngine
 
