@@ -186,7 +186,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for c in _commands(argv):
         s = sub.add_parser(c.name, help=c.help, description=c.description, allow_abbrev=False)
-        add_options(s, c.options, defaults=c.defaults, changes=c.changes, groups=HELP_GROUPS if c.first else None)
+        add_options(s, c.options, defaults=c.defaults, changes=c.changes, groups=HELP_GROUPS if c.first else None,
+                    first=c.first)
         if c.first:
             s.usage = first_usage(s, c.first)
     return p

@@ -39,7 +39,7 @@ import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -241,14 +241,15 @@ def _sections(parser: argparse.ArgumentParser, cls: type,
 
 def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: Mapping[str, Any] | None = None,
                 changes: Mapping[str, Mapping[str, Any]] | None = None,
-                groups: Mapping[str, str] | None = None) -> None:
+                groups: Mapping[str, str] | None = None, first: Sequence[str] = ()) -> None:
     """A flag for every option of ``cls`` (nested configs included). ``defaults`` (dotted path
     -> value) replaces fields' defaults (an environment's training defaults); ``changes``
     (dotted path -> :class:`Option` settings) re-declares an option for one command (``eval``
     calls the group size ``--k``); ``groups`` (group -> heading, in order) lists each flag
-    under its concern's heading, every option's group named there."""
+    under its concern's heading, every option's group named there; ``first`` (dotted paths) lists
+    those options first in their groups (the ones a first run needs)."""
     sections = _sections(parser, cls, groups)
-    for path, f, shape in walk(cls):
+    for path, f, shape in sorted(walk(cls), key=lambda item: item[0] not in first):  # stable: the rest in order
         opt = option_of(f)
         if opt is None:
             raise ConfigError(f"{cls.__name__}.{path} is not declared with option()")

@@ -73,6 +73,13 @@ def test_the_usage_line_names_the_options_a_first_run_needs(name, first, monkeyp
     assert usage.startswith(f"usage: agentenv {name} [{first[0]} ") and usage.rstrip().endswith("[options]")
     assert [w.strip("[") for w in usage.split() if w.startswith("[--")] == first
     assert len(usage.splitlines()) <= 2
+    # In its group each of them comes before the rest: --env is the first flag --help lists.
+    for group in subparser(name)._action_groups:
+        listed = [a.option_strings[0] for a in group._group_actions if a.option_strings and a.dest != "help"]
+        ours = [f for f in listed if f in first]
+        assert listed[:len(ours)] == ours, group.title
+    listed = [a.option_strings[0] for g in subparser(name)._action_groups for a in g._group_actions if a.dest != "help"]
+    assert listed[0] == "--env"
 
 
 def test_an_option_outside_every_group_is_refused_when_help_is_grouped():
