@@ -27,9 +27,9 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
 
-from .config import EnvModules, EnvOptions, EvalRunConfig, RolloutRunConfig
+from .config import HELP_GROUPS, EnvModules, EnvOptions, EvalRunConfig, RolloutRunConfig
 from .errors import AgentEnvError, ConfigError
 from .extras import check_choices
 from .options import add_options, build, option, same_as
@@ -41,6 +41,8 @@ from .view.command import ViewConfig, view
 @dataclass(frozen=True)
 class TrainOutput:
     """What ``agentenv train`` does with an earlier run and how it shows progress."""
+
+    GROUP: ClassVar[str] = "output"
 
     overwrite: bool = option(False, "replace an earlier run in --out-dir")
     progress: bool = option(True, "no live status bar (step lines still print)", flag="--no-progress")
@@ -105,6 +107,9 @@ class Command:
     description: str | None = None
     changes: dict[str, dict[str, Any]] = field(default_factory=dict)
     defaults: dict[str, Any] = field(default_factory=dict)
+    #: The options a first run needs (dotted paths), shown as the usage line; given, ``--help``
+    #: lists the flags grouped by concern (:data:`~agentenv.config.HELP_GROUPS`).
+    first: tuple[str, ...] = ()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,19 +144,31 @@ def _train_command(argv: Sequence[str]) -> Command:
         shown = " ".join(f"{k}={v}" for k, v in defaults["env_kwargs"].items())
         changes["config.env_kwargs"] = {"help": f"{base} ({env}'s training defaults: {shown})"}
     return Command(
-        "train", "GRPO-train a policy on an environment (async by default)", TrainRunConfig, _train,
-        description=f"The defaults shown are {env}'s: its training defaults (agentenv envs shows them) over the "
-                    "trainer's. Options on the command line override them.",
-        changes=changes, defaults={f"config.{k}": v for k, v in defaults.items() if k != "env_kwargs"})
+        "train", TRAIN_HELP, TrainRunConfig, _train,
+        description=f"{TRAIN_DESCRIPTION} The defaults shown are {env}'s: its training defaults (agentenv envs "
+                    "shows them) over the trainer's.",
+        changes=changes, defaults={f"config.{k}": v for k, v in defaults.items() if k != "env_kwargs"},
+        first=TRAIN_FIRST)
+
+
+TRAIN_HELP = "GRPO-train a policy on an environment (async by default)"
+TRAIN_DESCRIPTION = ("Trains --model on --env's tasks for --steps optimiser steps of --groups-per-step groups, "
+                     "writing metrics and checkpoints to --out-dir. Every other option has a working default.")
+TRAIN_FIRST = ("config.env", "config.model", "config.steps", "config.groups_per_step", "config.out_dir")
 
 
 def _commands(argv: Sequence[str]) -> list[Command]:
     train = _train_command(argv[1:]) if argv[:1] == ["train"] else Command(
-        "train", "GRPO-train a policy on an environment (async by default)", TrainRunConfig, _train)
+        "train", TRAIN_HELP, TrainRunConfig, _train, description=TRAIN_DESCRIPTION, first=TRAIN_FIRST)
+    first = ("env.env", "engine.model", "run.tasks", "run.group_size", "output.out")
     return [
-        Command("rollout", "run rollouts and write trajectories as JSONL", RolloutRunConfig, _rollout),
+        Command("rollout", "run rollouts and write trajectories as JSONL", RolloutRunConfig, _rollout,
+                description="Runs --group-size samples of each of --tasks tasks of --env on --model and writes one "
+                            "trajectory per line to --out. Every other option has a working default.", first=first),
         Command("eval", "k samples per task: pass@k, reward components, a table and a JSON report", EvalRunConfig,
-                _eval, changes=EvalRunConfig.CHANGES, defaults=EvalRunConfig.DEFAULTS),
+                _eval, changes=EvalRunConfig.CHANGES, defaults=EvalRunConfig.DEFAULTS, first=first,
+                description="Runs --k samples of each of --tasks tasks of --env on --model, writes them to --out "
+                            "and reports pass@1 .. pass@k. Every other option has a working default."),
         Command("envs", "list the environments: description, tool format, limits, arguments", EnvsConfig, _envs),
         train,
         Command("check-tokenizer", "is the token bridge exact for a model's tokenizer and a tool format?",
@@ -169,8 +186,18 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for c in _commands(argv):
         s = sub.add_parser(c.name, help=c.help, description=c.description, allow_abbrev=False)
-        add_options(s, c.options, defaults=c.defaults, changes=c.changes)
+        add_options(s, c.options, defaults=c.defaults, changes=c.changes, groups=HELP_GROUPS if c.first else None,
+                    first=c.first)
+        if c.first:
+            s.usage = first_usage(s, c.first)
     return p
+
+
+def first_usage(parser: argparse.ArgumentParser, paths: Sequence[str]) -> str:
+    """A short usage line: the options ``paths`` names, then ``[options]`` for the rest."""
+    actions = {a.dest: a for a in parser._actions}
+    shown = [f"[{actions[p].option_strings[0]} {actions[p].metavar}]" for p in paths]
+    return "%(prog)s " + " ".join(shown) + " [options]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -347,11 +374,11 @@ def _plot(opts: PlotConfig) -> int:
 
 
 def _envs(opts: EnvsConfig) -> int:
-    """Print :func:`agentenv.envs.listing.listing`, wrapped to the terminal's width on a
+    """Print :func:`agentenv.listing.listing`, wrapped to the terminal's width on a
     terminal and whole lines elsewhere."""
     import shutil
 
-    from .envs.listing import listing
+    from .listing import listing
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     sys.stdout.write(listing(width))

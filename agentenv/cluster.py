@@ -48,7 +48,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, replace
 from typing import Any, AsyncIterator, Callable, Sequence
 
-from .config import RolloutConfig
+from .config import RolloutConfig, SandboxOptions
 from .engines.spec import EngineSpec
 from .env import Environment, Task
 from .errors import ConfigError, EngineError, describe
@@ -68,7 +68,7 @@ class WorkerSpec:
     env_id: str | None
     env_args: dict[str, Any]
     engine: EngineSpec
-    sandbox: str
+    sandbox: SandboxOptions | str  # its kind, or the kind with limits
     config: RolloutConfig
     workers: int  # how many share the engine actors: each keeps to 1/workers of their KV
     sys_path: list[str]
@@ -93,7 +93,7 @@ class RolloutWorker:
 
         self.spec = spec
         self.reactor: Any = None
-        self.log = InFlight()  # every program's state at its last completed turn
+        self.in_flight = InFlight()  # every program's state at its last completed turn
         self.prepared = 0  # sandbox sessions started while the engine loaded
         self._ready: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
@@ -111,8 +111,8 @@ class RolloutWorker:
 
     async def _hold(self) -> None:
         from .checker import check_env
+        from .config import open_sandbox
         from .reactor import Reactor, prepare_sessions
-        from .sandboxes import default_sandbox
 
         s = self.spec
         try:
@@ -121,7 +121,7 @@ class RolloutWorker:
                 stack.push_async_callback(env.aclose)
                 # The sandbox first: the sessions the first programs will take start while the
                 # model loads (a worker's first groups fill its decode slots: ``concurrency``).
-                sandbox = await stack.enter_async_context(default_sandbox(s.sandbox))
+                sandbox = await stack.enter_async_context(open_sandbox(s.sandbox))
                 self.prepared = await prepare_sessions(env, sandbox, s.config, s.config.concurrency)
                 if s.engine_actors:  # the driver's engine actors, shared by every worker
                     from .engines.actors import RayEngine
@@ -132,7 +132,7 @@ class RolloutWorker:
                 await stack.enter_async_context(engine)
                 check_env(env, tokenizer=engine.tokenizer)
                 self.reactor = await stack.enter_async_context(Reactor(engine, env, sandbox, s.config,
-                                                                       journal=self.log))
+                                                                       journal=self.in_flight))
                 self._ready.set()
                 await self._stop.wait()
         except Exception as exc:  # noqa: BLE001 - reported to the driver by start() and group()
@@ -151,17 +151,17 @@ class RolloutWorker:
             raise RuntimeError(self._error or "the rollout worker is not running")
         resume, finished = restore(saved) if saved else (None, ())
         for t in finished:  # in this worker's snapshots too, should it die in turn
-            self.log.finished(t)
+            self.in_flight.finished(t)
         try:
             group = await self.reactor.group(Task(**task), group_size, resume=resume, finished=finished)
         finally:
-            self.log.forget(task["id"])
+            self.in_flight.forget(task["id"])
         return [t.to_dict() for t in group.trajectories]
 
     async def snapshot(self, task_ids: list[str], have: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """The tasks' programs as of their last completed turn (see ``inflight.InFlight``); with
         ``have`` (what the driver holds), only what it lacks."""
-        return self.log.snapshot(set(task_ids), have)
+        return self.in_flight.snapshot(set(task_ids), have)
 
     async def stop(self) -> None:
         if self._stop is not None:
@@ -179,7 +179,7 @@ class RayRollouts:
     def __init__(self, env: "str | Environment", *, workers: int = 2, env_args: dict[str, Any] | None = None,
                  engine: str | EngineSpec = "embedded", model: str | None = None,
                  engine_kwargs: dict[str, Any] | None = None, base_urls: Sequence[str] | None = None,
-                 sandbox: str = "local", config: RolloutConfig | None = None, seed: int = 0,
+                 sandbox: SandboxOptions | str = "local", config: RolloutConfig | None = None, seed: int = 0,
                  groups_per_worker: int | None = None, address: str | None = None,
                  worker_options: dict[str, Any] | None = None, snapshot_interval: float | None = 1.0,
                  engines: int = 0, engine_options: dict[str, Any] | None = None) -> None:
@@ -195,9 +195,8 @@ class RayRollouts:
                 from .models import default_model
 
                 model = str(default_model())
-            c = self.config
-            engine = EngineSpec(engine, str(model), dict(engine_kwargs or {}), list(base_urls or []) or None,
-                                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed)
+            engine = EngineSpec.sampling_as(self.config, engine, model, kwargs=engine_kwargs, base_urls=base_urls,
+                                            seed=seed)
         # An instance: the workers make its class, under its id; a user's one-file module goes
         # with it, for workers on nodes without the file. The workers' sys.path is extended
         # with this one's, so what this process imports, a worker on this machine does too.

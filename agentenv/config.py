@@ -20,12 +20,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from .engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from .errors import ConfigError
 from .options import NON_NEGATIVE, POSITIVE, UNIT, Check, option, validate
 
 @dataclass(slots=True, frozen=True)
 class RolloutConfig:
     """How a run's programs go: their limits, how they are scheduled, how tokens are sampled."""
+
+    GROUP: ClassVar[str] = "rollout"
 
     max_turns: int | None = option(
         None, "model turns per program (a turn = one generation request; default: the env's max_turns)",
@@ -43,18 +46,25 @@ class RolloutConfig:
         None, "programs admitted at once, paused ones included (bounds open sandbox sessions) under --scheduling "
               "program or lockstep (default 8 x concurrency, at most the sandbox's 256 sessions; the engine's KV "
               "capacity bounds it too)", check=POSITIVE)
-    env_lookahead: int = option(16, "with --scheduling program: queued programs whose sandbox session is "
-                                    "prepared ahead", check=NON_NEGATIVE)
+    session_lookahead: int = option(16, "with --scheduling program: queued programs whose sandbox session is "
+                                        "prepared ahead", check=NON_NEGATIVE, former=("--env-lookahead",))
     tool_timeout: float | None = option(None, "seconds per tool call (default: the env's tool_timeout)",
                                         check=POSITIVE, resume=True)
     reward_timeout: float = option(60.0, "seconds per reward computation", check=POSITIVE)
-    temperature: float = option(1.0, "sampling temperature", check=NON_NEGATIVE, resume=True)
-    top_p: float = option(1.0, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True)
-    top_k: int = option(0, "sample among the k most likely tokens (default {default}; 0: off)", check=NON_NEGATIVE,
-                        resume=True)
+    temperature: float = option(DEFAULT_TEMPERATURE, "sampling temperature", check=NON_NEGATIVE, resume=True,
+                                group="sampling")
+    top_p: float = option(DEFAULT_TOP_P, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True,
+                          group="sampling")
+    top_k: int = option(DEFAULT_TOP_K, "sample among the k most likely tokens (default {default}; 0: off)",
+                        check=NON_NEGATIVE, resume=True, group="sampling")
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def env_lookahead(self) -> int:
+        """The former name of :attr:`session_lookahead` (deprecated: "env" is the Environment)."""
+        return self.session_lookahead
 
     def for_env(self, env: object) -> "RolloutConfig":
         """The limits left as None filled in from the environment's (``max_turns``,
@@ -105,6 +115,8 @@ ENGINE_ARG_HELP = ("engine setting, repeatable; VALUE is parsed as JSON when it 
 class EnvModules:
     """Modules that register environments, imported before any environment is named."""
 
+    GROUP: ClassVar[str] = "env"
+
     env_modules: list[str] = option(
         factory=list, flag="--env-module", metavar="MODULE", convert=_load_modules,
         help="a module or path/to/file.py to import first, so the environments it register()s can be named by id; "
@@ -114,6 +126,8 @@ class EnvModules:
 @dataclass(frozen=True)
 class EnvOptions:
     """Which environment, made with which constructor arguments."""
+
+    GROUP: ClassVar[str] = "env"
 
     env: str = option("retool-math", "environment: a registered id, package.module:Class or path/to/file.py[:Class] "
                                      "(default {default}; `agentenv envs` lists them)", resume=True)
@@ -126,6 +140,8 @@ class EnvOptions:
 @dataclass(frozen=True)
 class EngineOptions:
     """Which engine serves which model."""
+
+    GROUP: ClassVar[str] = "engine"
 
     engine: Literal["embedded", "vllm", "openai"] = option(
         "embedded", "embedded (CPU), vllm (in-process AsyncLLM), openai (HTTP server)")
@@ -155,20 +171,72 @@ def _check_url(url: str) -> None:
                           "e.g. http://127.0.0.1:8000")
 
 
+#: The local sandbox's per-session limits the command line sets: option -> ``Limits`` field.
+SANDBOX_LIMITS = {"sandbox_memory_mb": "memory_mb", "sandbox_cpus": "cpus", "sandbox_cpu_s": "cpu_s",
+                  "sandbox_pids": "pids", "sandbox_tmp_mb": "tmp_mb"}
+
+
 @dataclass(frozen=True)
 class SandboxOptions:
-    """Where tool calls run."""
+    """Where tool calls run, and what one local sandbox session may use: the fields of
+    ``agentenv.sandboxes.local.Limits`` (None keeps the sandbox's own default, stated there
+    once) and the time its setup code may take."""
+
+    GROUP: ClassVar[str] = "sandbox"
 
     sandbox: Literal["local", "e2b"] = option(
         "local", "tool sandbox: the isolated local pool or E2B (E2B_API_KEY)")
+    sandbox_memory_mb: int | None = option(
+        None, "MB of memory per session: address space per process and the session's cgroup memory "
+              "(default: the local sandbox's own)", check=POSITIVE)
+    sandbox_cpus: float | None = option(
+        None, "a hard CPU cap per session, in CPUs (default: none, each session an equal share)", check=POSITIVE)
+    sandbox_cpu_s: int | None = option(
+        None, "CPU seconds per session worker over its life (default: the local sandbox's own)", check=POSITIVE)
+    sandbox_pids: int | None = option(
+        None, "processes and threads per session (default: the local sandbox's own)", check=POSITIVE)
+    sandbox_tmp_mb: int | None = option(
+        None, "MB of a session's private /tmp (default: the local sandbox's own)", check=POSITIVE)
+    sandbox_setup_timeout: float | None = option(
+        None, "seconds the environment's sandbox_setup code may take in a new session (default: the local "
+              "sandbox's own)", check=POSITIVE)
 
     def __post_init__(self) -> None:
         validate(self)
+        given = [n for n in (*SANDBOX_LIMITS, "sandbox_setup_timeout") if getattr(self, n) is not None]
+        if given and self.sandbox != "local":
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{flag} sets a limit of the local sandbox; --sandbox {self.sandbox} has its own "
+                              "(leave it out, or use --sandbox local)")
+
+    def sandbox_kwargs(self) -> dict[str, Any]:
+        """The sandbox's constructor arguments: the limits given over ``Limits``' defaults, the
+        setup timeout if given."""
+        limits = {f: getattr(self, o) for o, f in SANDBOX_LIMITS.items() if getattr(self, o) is not None}
+        out: dict[str, Any] = {}
+        if limits:
+            from .sandboxes.local.limits import Limits
+
+            out["limits"] = Limits(**limits)
+        if self.sandbox_setup_timeout is not None:
+            out["setup_timeout"] = self.sandbox_setup_timeout
+        return out
+
+
+def open_sandbox(spec: "SandboxOptions | str") -> Any:
+    """The sandbox ``spec`` describes (unopened: ``async with`` it): a :class:`SandboxOptions`,
+    or just its kind, ``local`` or ``e2b``, with the default limits."""
+    from .sandboxes import default_sandbox
+
+    options = SandboxOptions(sandbox=spec) if isinstance(spec, str) else spec  # type: ignore[arg-type]
+    return default_sandbox(options.sandbox, **options.sandbox_kwargs())
 
 
 @dataclass(frozen=True)
 class RunOptions:
     """What a rollout run samples."""
+
+    GROUP: ClassVar[str] = "rollout"
 
     tasks: int = option(32, "number of tasks", check=POSITIVE, resume=True)
     group_size: int = option(4, "samples per task, a GRPO group", check=POSITIVE, resume=True)
@@ -181,6 +249,8 @@ class RunOptions:
 @dataclass(frozen=True)
 class OutputOptions:
     """Where a rollout run writes, and what it does with an earlier run there."""
+
+    GROUP: ClassVar[str] = "output"
 
     out: Path = option(Path("rollouts.jsonl"), "output JSONL file of trajectories; its event log is written beside "
                                                "it as OUT.log (default {default})")
@@ -197,6 +267,8 @@ class OutputOptions:
 @dataclass(frozen=True)
 class ClusterOptions:
     """Where a rollout run's workers run."""
+
+    GROUP: ClassVar[str] = "cluster"
 
     cluster: Literal["none", "ray"] = option(
         "none", "none: this process; ray: rollout workers as Ray actors (RAY_ADDRESS, or a local cluster "
@@ -225,6 +297,8 @@ class ClusterOptions:
 class EvalOptions:
     """How an evaluation scores and reports its samples."""
 
+    GROUP: ClassVar[str] = "evaluation"
+
     pass_threshold: float = option(1.0, "a sample passes when its reward is at least this")
     report: Path | None = option(None, "JSON report: overall and per-task pass@k and components "
                                        "(default: beside --out, its .jsonl replaced by .report.json: "
@@ -240,6 +314,8 @@ JUDGE_SPEC = Check(lambda v: v == "policy" or v.startswith(("embedded", "vllm:",
 class JudgeOptions:
     """A model that grades each program's answer, a reward component named ``judge``
     (``agentenv.judge``)."""
+
+    GROUP: ClassVar[str] = "judge"
 
     judge: str | None = option(
         None, "grade each answer with a model: policy (the run's own engine), embedded[:MODEL_DIR] or "
@@ -264,6 +340,26 @@ class JudgeOptions:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag}{'' if isinstance(value, bool) else f' {value:g}'} needs --judge (without "
                                   "it no judge grades the answers)")
+
+
+#: The concerns ``--help`` groups the flags by, in the order it lists them (the common first),
+#: with their headings; every option belongs to one (its own ``group`` or its config's ``GROUP``).
+HELP_GROUPS: dict[str, str] = {
+    "env": "environment (which one, with which arguments)",
+    "engine": "engine (which model, served how)",
+    "rollout": "rollout (tasks, samples, limits and scheduling of each program)",
+    "sampling": "sampling",
+    "output": "output",
+    "evaluation": "evaluation",
+    "checkpoints": "checkpoints",
+    "staleness": "staleness (how generation and training overlap)",
+    "optimiser": "optimiser (steps, batches, precision, LoRA)",
+    "loss": "loss (GRPO clipping, importance weights, KL)",
+    "tracking": "tracking",
+    "sandbox": "sandbox (where tool calls run, and their limits)",
+    "judge": "judge (a model grading each answer)",
+    "cluster": "cluster (Ray)",
+}
 
 
 def _default(cls: type, name: str) -> Any:
@@ -317,5 +413,6 @@ class EvalRunConfig(RolloutRunConfig):
         return Path(f"{out}.report.json") if out.suffix != ".jsonl" else out.with_suffix(".report.json")
 
 
-__all__ = ["ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions", "EvalRunConfig",
-           "JudgeOptions", "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions", "SandboxOptions", "engine_args"]
+__all__ = ["HELP_GROUPS", "SANDBOX_LIMITS", "ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions",
+           "EvalRunConfig", "JudgeOptions", "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions",
+           "SandboxOptions", "engine_args", "open_sandbox"]

@@ -114,5 +114,11 @@ class Environment:
         again (the per-sample reward is kept in ``metadata["sample_reward"]``)."""
         return None
 
+    def has_group_reward(self) -> bool:
+        """Whether this environment rewards whole groups: its class overrides
+        :meth:`group_reward` (as the checker tests overrides). Then a group's results are
+        written and judged together."""
+        return type(self).group_reward is not Environment.group_reward
+
     async def aclose(self) -> None:
         """Release anything the environment holds (called once by the runner)."""

@@ -29,6 +29,17 @@ from typing import Any, Sequence
 from .errors import ConfigError
 
 
+#: Where tool output ends in the built-in formats (retool's interpreter, Hermes' tool response).
+TOOL_OUTPUT_ENDS = ("</interpreter>", "</tool_response>")
+
+
+def final_text(text: str | None, after: Sequence[str] = TOOL_OUTPUT_ENDS) -> str:
+    """The part of a completion after the last tool output: the model's final words."""
+    text = text or ""
+    cut = max((text.rfind(m) + len(m) for m in after if m in text), default=0)
+    return text[cut:]
+
+
 @dataclass(slots=True)
 class ToolRequest:
     name: str

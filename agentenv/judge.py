@@ -48,6 +48,7 @@ import anyio
 
 from .env import Environment
 from .errors import ConfigError, EngineError, PromptTooLongError
+from .formats import final_text
 from .retry import retry_async
 
 if TYPE_CHECKING:
@@ -289,7 +290,7 @@ class _EngineBackend:
         return self.engine
 
     async def complete(self, messages: Messages, max_tokens: int, temperature: float) -> str:
-        from .engines.base import SamplingParams
+        from .engines.base import DEFAULT_TOP_K, DEFAULT_TOP_P, SamplingParams
 
         engine = await self._engine()
         tok = engine.tokenizer
@@ -301,7 +302,7 @@ class _EngineBackend:
         room = engine.max_model_len - len(ids)
         if room <= 0:
             raise PromptTooLongError(f"the judge's prompt of {len(ids)} tokens leaves no room")
-        t, p, k = engine.sampling or (temperature, 1.0, 0)
+        t, p, k = engine.sampling or (temperature, DEFAULT_TOP_P, DEFAULT_TOP_K)
         stop = tuple(i for i in {tok.eos_token_id, getattr(tok, "pad_token_id", None)} if isinstance(i, int))
         params = SamplingParams(max_tokens=min(max_tokens, room), temperature=t, top_p=p, top_k=k,
                                 stop_token_ids=stop)
@@ -378,8 +379,6 @@ def _transient(exc: BaseException) -> bool:
 
 
 def _answer_of(trajectory: "Trajectory") -> str:
-    from .rewards import final_text
-
     return final_text(trajectory.text).strip()
 
 
@@ -663,9 +662,7 @@ def judged(env: Environment, judge: Judge, *, weight: float = 1.0, group: bool =
     """``env`` with ``judge``'s score added to its reward, ``weight`` x the score, as the
     component ``judge.name``; ``group=True``: the judge ranks each group in one call instead
     (a group reward). Closing the result closes the judge too."""
-    from .writer import has_group_reward
-
-    if group or has_group_reward(env):
+    if group or env.has_group_reward():
         wrapped = JudgedGroupsEnv(env, judge, weight)
         wrapped.rank_groups = group
         return wrapped
@@ -684,8 +681,8 @@ def judge_from_spec(spec: str, *, model: str | None = None, **settings: Any) -> 
     kind, _, path = spec.partition(":")
     if kind not in ("embedded", "vllm") or not (path or model):
         raise ConfigError(f"--judge {spec!r}: policy, embedded[:MODEL_DIR], vllm:MODEL_DIR or http(s)://HOST:PORT/v1")
-    return Judge(EngineSpec(kind, str(model_dir(path)) if path else str(model),
-                            temperature=settings.get("temperature", 0.0)), **settings)
+    judge_sampling = {"temperature": settings.get("temperature", Judge.temperature)}
+    return Judge(EngineSpec.sampling_as(judge_sampling, kind, model_dir(path) if path else model), **settings)
 
 
 JUDGE_SPEC_HELP = ("grade each program's answer with a model, a reward component named judge: policy (the run's own "

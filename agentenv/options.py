@@ -21,6 +21,9 @@ default and check, and the rest is derived from the fields.
   share with the run it continues.
 * :func:`same_as` declares a field of another config as the same option (the trainer's
   ``temperature`` is the rollout's, with a stricter check).
+* Each option belongs to a concern, its help group: the option's ``group``, else its config's
+  ``GROUP`` class attribute. :func:`add_options` given ``groups`` (name -> title, in the order
+  ``--help`` shows them) puts each flag under its group's heading.
 
 Annotations decide the flag's form: ``bool`` is a switch (``--flag`` sets True; a field that
 defaults to True is turned off by its ``flag``, e.g. ``--no-progress``), ``X | None`` takes an
@@ -36,7 +39,7 @@ import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -79,6 +82,10 @@ class Option:
     convert: Callable[[list[str], dict[str, Any]], Any] | None = None
     #: A resumed run must have the same value: True, or the name it has in the run's settings.
     resume: bool | str = False
+    #: The concern ``--help`` lists it under (default: its config's ``GROUP``).
+    group: str | None = None
+    #: Former flags still taken (deprecated), not shown in ``--help``.
+    former: tuple[str, ...] = ()
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
@@ -96,6 +103,8 @@ def same_as(cls: type, name: str, **changes: Any) -> Any:
     f = cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
     default = changes.pop("default", f.default)
     spec = replace(f.metadata["option"], **changes)
+    if spec.group is None:
+        spec = replace(spec, group=getattr(cls, "GROUP", None))
     return field(default=default, default_factory=f.default_factory, metadata={"option": spec})
 
 
@@ -148,6 +157,23 @@ def walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Field, _Shape]]:
             yield f"{prefix}{f.name}", f, shape
 
 
+def groups_of(cls: type, within: str | None = None, prefix: str = "") -> dict[str, str | None]:
+    """The help group of every option of ``cls`` (dotted path -> group): the option's own, else
+    the nearest config's ``GROUP`` around it, else None."""
+    hints, own = _hints(cls), getattr(cls, "GROUP", None) or within
+    out: dict[str, str | None] = {}
+    for f in fields(cls):
+        if not f.init:
+            continue
+        shape = _shape(hints[f.name])
+        if shape.config is not None:
+            out.update(groups_of(shape.config, own, f"{prefix}{f.name}."))
+        else:
+            opt = option_of(f)
+            out[f"{prefix}{f.name}"] = (opt.group if opt is not None else None) or own
+    return out
+
+
 def flag_of(f: Field) -> str:
     """The field's flag: its option's ``flag``, or ``--`` + its name with ``-`` for ``_``."""
     opt = option_of(f)
@@ -186,37 +212,71 @@ def _help(opt: Option, default: Any, shape: _Shape) -> str:
     return text.replace("%", "%%")  # argparse %-formats help
 
 
+def _metavar(name: str, shape: _Shape) -> str:
+    """A short placeholder for a value: N for a count, X for a number, PATH for a path, else
+    the field's name (its last word where the name is long)."""
+    if shape.kind is int:
+        return "N"
+    if shape.kind is float:
+        return "SEC" if name.endswith(("timeout", "deadline")) else "X"
+    if shape.kind is Path:
+        return "PATH"
+    return (name if len(name) <= 8 else name.rsplit("_", 1)[-1]).upper()
+
+
+def _sections(parser: argparse.ArgumentParser, cls: type,
+              groups: Mapping[str, str] | None) -> dict[str, Any]:
+    """Dotted path -> where its flag goes: the argument group of its concern, in the order of
+    ``groups`` (none given: the parser itself)."""
+    if groups is None:
+        return {path: parser for path, _, _ in walk(cls)}
+    of = groups_of(cls)
+    unknown = sorted({str(g) for g in of.values() if g not in groups})
+    if unknown:
+        raise ConfigError(f"{cls.__name__}: options in groups {unknown} that have no heading (give each option a "
+                          "group, each group a heading)")
+    made = {name: parser.add_argument_group(title) for name, title in groups.items() if name in of.values()}
+    return {path: made[g] for path, g in of.items()}
+
+
 def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: Mapping[str, Any] | None = None,
-                changes: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                changes: Mapping[str, Mapping[str, Any]] | None = None,
+                groups: Mapping[str, str] | None = None, first: Sequence[str] = ()) -> None:
     """A flag for every option of ``cls`` (nested configs included). ``defaults`` (dotted path
     -> value) replaces fields' defaults (an environment's training defaults); ``changes``
     (dotted path -> :class:`Option` settings) re-declares an option for one command (``eval``
-    calls the group size ``--k``)."""
-    for path, f, shape in walk(cls):
+    calls the group size ``--k``); ``groups`` (group -> heading, in order) lists each flag
+    under its concern's heading, every option's group named there; ``first`` (dotted paths) lists
+    those options first in their groups (the ones a first run needs)."""
+    sections = _sections(parser, cls, groups)
+    for path, f, shape in sorted(walk(cls), key=lambda item: item[0] not in first):  # stable: the rest in order
         opt = option_of(f)
         if opt is None:
             raise ConfigError(f"{cls.__name__}.{path} is not declared with option()")
         opt = replace(opt, **(changes or {}).get(path, {}))
         default = (defaults or {}).get(path, _default_of(f))
         flag = opt.flag or flag_of(f)
-        kw: dict[str, Any] = {"help": _help(opt, default, shape), "metavar": opt.metavar or f.name.upper()}
+        parser_ = sections[path]
+        kw: dict[str, Any] = {"help": _help(opt, default, shape), "metavar": opt.metavar or _metavar(f.name, shape)}
         if not flag.startswith("-"):  # positional
             kind = _value_parser(shape.kind, opt.check) if shape.kind in (int, float) else shape.kind
-            parser.add_argument(path, type=kind, help=kw["help"], metavar=opt.metavar, nargs="+" if shape.repeat else None)
+            parser_.add_argument(path, type=kind, help=kw["help"], metavar=opt.metavar, nargs="+" if shape.repeat else None)
             continue
         kw["dest"] = path
         if shape.kind is bool:
             kw.pop("metavar")
-            parser.add_argument(flag, action="store_false" if default else "store_true", default=default, **kw)
+            parser_.add_argument(flag, action="store_false" if default else "store_true", default=default, **kw)
             continue
         kw["choices"] = opt.choices or shape.choices
         if kw["choices"] and not opt.metavar:
             kw["metavar"] = None  # argparse shows {a,b,c}
         if shape.repeat:  # None, not a shared list: argparse appends to its default
-            parser.add_argument(flag, action="append", default=None, **kw)
+            parser_.add_argument(flag, action="append", default=None, **kw)
         else:
             kind = _value_parser(shape.kind, opt.check) if shape.kind in (int, float) else shape.kind
-            parser.add_argument(flag, type=kind, default=default, **kw)
+            parser_.add_argument(flag, type=kind, default=default, **kw)
+            for former in opt.former:
+                parser_.add_argument(former, type=kind, default=default, dest=path, help=argparse.SUPPRESS)
 
 
 def build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
@@ -282,4 +342,4 @@ def resume_keys(cls: type) -> tuple[str, ...]:
 
 
 __all__ = ["Check", "NON_NEGATIVE", "Option", "POSITIVE", "UNIT", "add_options", "at_least", "build", "flag_of",
-           "option", "option_of", "resume_keys", "resume_settings", "same_as", "validate", "walk"]
+           "groups_of", "option", "option_of", "resume_keys", "resume_settings", "same_as", "validate", "walk"]

@@ -207,7 +207,7 @@ class Reactor:
             max_requests=c.concurrency,
             max_programs=(c.concurrency if policy == SchedulingPolicy.FIFO
                           else c.max_programs or self._default_max_programs()),
-            env_lookahead=c.env_lookahead,
+            session_lookahead=c.session_lookahead,
             turn_reserve=c.max_tokens_per_turn,
         ))
         self._slots: dict[int, _Slot] = {}
@@ -316,7 +316,7 @@ class Reactor:
                     else:
                         tokens = len(self._ctx.prompt_ids(task))
                     self._slots[pid] = slot
-                    self._sched.add(pid, tokens, group=task.id, needs_env=self._needs_env)
+                    self._sched.add(pid, tokens, group=task.id, needs_session=self._needs_env)
                     added.append(pid)
             if batch.left == 0:
                 return

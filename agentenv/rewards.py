@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, Union
 
 import anyio
 
+from .formats import TOOL_OUTPUT_ENDS, final_text  # noqa: F401 (part of this module's API)
 from .judge import Judge, JudgeParseError, Verdict, judged, parse_ranking, parse_score, score_parser  # noqa: F401
 
 if TYPE_CHECKING:
@@ -52,20 +53,10 @@ if TYPE_CHECKING:
 
 RewardFn = Callable[["Task", "Trajectory"], Union[float, Awaitable[float]]]
 
-#: Where tool output ends in the built-in formats (retool's interpreter, Hermes' tool response).
-TOOL_OUTPUT_ENDS = ("</interpreter>", "</tool_response>")
-
 _ANSWER_TAG = "answer"
 
 
 # -- extraction ---------------------------------------------------------------------------
-def final_text(text: str | None, after: Sequence[str] = TOOL_OUTPUT_ENDS) -> str:
-    """The part of a completion after the last tool output: the model's final words."""
-    text = text or ""
-    cut = max((text.rfind(m) + len(m) for m in after if m in text), default=0)
-    return text[cut:]
-
-
 def extract_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` (nested braces allowed), or None."""
     found = None

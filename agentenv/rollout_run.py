@@ -63,9 +63,9 @@ class RolloutJob:
         """The engine to open: ``--engine`` serving the model, sampling as the config says."""
         from .engines.spec import EngineSpec
 
-        e, c = self.options.engine, self.config
-        return EngineSpec(e.engine, str(self.model), dict(e.engine_kwargs), e.base_urls, temperature=c.temperature,
-                          top_p=c.top_p, top_k=c.top_k, seed=self.options.run.seed)
+        e = self.options.engine
+        return EngineSpec.sampling_as(self.config, e.engine, self.model, kwargs=e.engine_kwargs, base_urls=e.base_urls,
+                                      seed=self.options.run.seed)
 
     @classmethod
     def open(cls, options: RolloutRunConfig, env: Environment, *, command: str = "rollout",
@@ -160,17 +160,16 @@ class RunResult:
 def source_of(job: RolloutJob) -> GroupSource:
     """Where ``job``'s programs run: this process, or rollout workers on Ray."""
     from .sources import LocalGroups, RayGroups
-    from .writer import has_group_reward
 
     o = job.options
     if o.cluster.cluster == "ray":
-        return RayGroups(job.env, o.env.env_kwargs, job.engine_spec, o.sandbox.sandbox, job.config, job.log,
+        return RayGroups(job.env, o.env.env_kwargs, job.engine_spec, o.sandbox, job.config, job.log,
                          out=job.out, workers=o.cluster.workers, engines=o.cluster.engines,
                          engine_gpus=o.cluster.engine_gpus)
     # The programs left to run (a resumed run's done ones are not): the sessions worth preparing.
     left = {(t.id, i) for t in job.tasks for i in range(job.group_size)} - (job.resume.done if job.resume else set())
-    return LocalGroups(job.env, job.engine_spec, o.sandbox.sandbox, job.config, job.log,
-                       programs=len(left), out=job.out, by_group=has_group_reward(job.env))
+    return LocalGroups(job.env, job.engine_spec, o.sandbox, job.config, job.log,
+                       programs=len(left), out=job.out, by_group=job.env.has_group_reward())
 
 
 async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResult:
@@ -217,14 +216,14 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .console import on_terminal
-    from .writer import RunWriter, has_group_reward
+    from .writer import RunWriter
 
     resume, g = job.resume, job.group_size
     in_out = set(resume.done) if resume is not None else set()  # lines in the output already
     held = {k for k in (resume.held if resume is not None else ()) if k not in in_out}
     if resume is not None:
         console.print(resuming_line(len(in_out), len(resume.partial), len(held)))
-    writer = RunWriter(job.out, job.log, by_group=has_group_reward(job.env), in_out=in_out, already=held,
+    writer = RunWriter(job.out, job.log, by_group=job.env.has_group_reward(), in_out=in_out, already=held,
                        append=job.options.output.resume)
     progress = Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.fields[info]}"), console=console,

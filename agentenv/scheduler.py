@@ -7,7 +7,7 @@ engine starves. This module makes the program the unit: it holds every program's
 token count (its KV footprint) and its GRPO group, and on each event decides
 
 * which programs to **admit** (start their coroutine),
-* whose tool **environment to prepare** ahead of need (lookahead),
+* whose **sandbox session to prepare** ahead of need (lookahead),
 * which pending turns to **submit** to the engine,
 * which programs to **pause** (hold their next turn back, let the engine's LRU take their
   KV) and which to **restore**.
@@ -32,17 +32,17 @@ Policies (:class:`SchedulingPolicy`):
   before new ones are admitted, those whose prefix is likely still cached first, then nearly
   complete GRPO groups, then older programs. ``max_requests`` caps requests in flight (the
   engine's decode slots); a program on a tool holds none. Environments are prepared for
-  admitted programs and ``env_lookahead`` queued ones; a program decodes before its
-  environment is ready and waits for it only when it calls a tool.
+  admitted programs and ``session_lookahead`` queued ones; a program decodes before its
+  session is ready and waits for it only when it calls a tool.
 * ``fifo``: a per-request reactor: ``max_programs`` programs in flight, each holding its
-  slot from environment start to its end; no KV awareness.
+  slot from session start to its end; no KV awareness.
 * ``lockstep``: TRL-style: a batch of ``max_programs`` programs advances turn by turn; a
   turn is submitted only when every live program of the batch is ready for it, and then all
   of them at once (``max_requests`` does not apply: the engine gets the whole batch).
 
 Among ready programs, decode slots go in the order their turns became ready (a FIFO of
 turns, restored programs keeping their place): a program's wait for a slot is one queue's
-worth per turn, whatever else is under way. Turns of programs that will want an environment
+worth per turn, whatever else is under way. Turns of programs that will want a session
 not ready yet go after the others, so first turns follow the session preparations instead of
 all running at once and then all waiting on session starts. Ordering by "most turns done
 first" instead (with heavy-tailed turn counts a program that has taken many turns is likely
@@ -84,13 +84,16 @@ class State(enum.Enum):
     DONE = "done"
 
 
-class EnvState(enum.Enum):
-    """Where a program's tool environment (its sandbox session) is."""
+class SessionState(enum.Enum):
+    """Where a program's sandbox session is."""
 
     NONE = "none"  # needs none, or not prepared yet
     PREPARING = "preparing"
     READY = "ready"
 
+
+#: The former name of :class:`SessionState` (deprecated: "env" is the Environment).
+EnvState = SessionState
 
 RESIDENT = (State.READY, State.DECODING, State.ACTING)
 
@@ -103,9 +106,9 @@ class Program:
     group: Hashable
     order: int  # arrival order: lower is older
     tokens: int  # sequence length so far: its KV footprint once computed
-    needs_env: bool
+    needs_session: bool
     state: State = State.QUEUED
-    env: EnvState = EnvState.NONE
+    session: SessionState = SessionState.NONE
     want: int = 0  # max tokens of the turn it waits to submit (its growth reserve)
     wanting: bool = False  # a turn is pending (set by want_turn, cleared by submit)
     pause_pending: bool = False  # decoding: pause when the turn returns
@@ -146,8 +149,8 @@ class SchedulerConfig:
     max_requests: int = 64
     #: Programs admitted and not finished (paused ones included): bounds open sessions.
     max_programs: int = 256
-    #: Queued programs whose environment is prepared ahead of their admission.
-    env_lookahead: int = 16
+    #: Queued programs whose sandbox session is prepared ahead of their admission.
+    session_lookahead: int = 16
     #: Environment preparations in flight at once.
     max_preparing: int = 8
     #: Default growth reserve per turn until turn lengths have been observed.
@@ -185,9 +188,9 @@ class ProgramTable:
         self._paused: set[int] = set()
         self._ws = 0  # working set: sum of resident footprints
         self._marked: set[int] = set()  # decoding programs that pause when their turn returns
-        self._unprepared: set[int] = set()  # admitted programs whose environment is not started
+        self._unprepared: set[int] = set()  # admitted programs whose session is not started
         self._unprepared_heap: list[tuple[int, int]] = []  # (order, pid) of _unprepared, stale ones skipped
-        # (waits for its environment, ready_seq, pid) of the ready programs, in submission
+        # (waits for its session, ready_seq, pid) of the ready programs, in submission
         # order (the program policy's): entries that no longer match their program are skipped.
         self._ready_heap: list[tuple[bool, int, int]] = []
         self._clock = 0.0  # tokens allocated so far (for "is a paused prefix still cached")
@@ -249,12 +252,12 @@ class ProgramTable:
             self._paused.discard(p.pid)
 
     # -- events ------------------------------------------------------------------------------
-    def add(self, pid: int, prompt_tokens: int, group: Hashable = None, needs_env: bool = False) -> None:
+    def add(self, pid: int, prompt_tokens: int, group: Hashable = None, needs_session: bool = False) -> None:
         """Queue a program ``prompt_tokens`` long, a sample of GRPO group ``group``;
-        ``needs_env``: it will want a sandbox session."""
+        ``needs_session``: it will want a sandbox session."""
         if pid in self.programs:
             raise ValueError(f"program {pid} already added")
-        self.programs[pid] = Program(pid, group, self._arrivals, prompt_tokens, needs_env)
+        self.programs[pid] = Program(pid, group, self._arrivals, prompt_tokens, needs_session)
         self._arrivals += 1
         self._queue.append(pid)
         self._group_left[group] = self._group_left.get(group, 0) + 1
@@ -290,12 +293,12 @@ class ProgramTable:
             self._touch(p)
 
     def env_ready(self, pid: int) -> None:
-        """The program's environment is prepared, or its preparation failed: either way it
-        waits no more (a failure meets the program when it first needs the environment)."""
+        """The program's session is prepared, or its preparation failed: either way it
+        waits no more (a failure meets the program when it first needs the session)."""
         p = self.programs[pid]
-        if p.env == EnvState.PREPARING:
+        if p.session == SessionState.PREPARING:
             self.preparing -= 1
-        p.env = EnvState.READY
+        p.session = SessionState.READY
         if pid in self._ready and self.config.policy == SchedulingPolicy.PROGRAM:
             heapq.heappush(self._ready_heap, (False, p.ready_seq, pid))  # its turn no longer goes last
 
@@ -308,7 +311,7 @@ class ProgramTable:
             self.in_flight -= 1
         if p.state == State.QUEUED:
             raise ValueError(f"program {pid} finished before it was admitted")
-        if p.env == EnvState.PREPARING:
+        if p.session == SessionState.PREPARING:
             self.preparing -= 1
         p.state, p.wanting, p.pause_pending = State.DONE, False, False
         self._marked.discard(pid)
@@ -322,17 +325,17 @@ class ProgramTable:
         p = self.programs[pid]
         if p.state != State.QUEUED:
             raise ValueError(f"program {pid} is {p.state.value}, not queued")
-        if p.env == EnvState.PREPARING:
+        if p.session == SessionState.PREPARING:
             self.preparing -= 1
         self._queue.remove(pid) if pid in self._queue[self._head:] else None
         self._group_left[p.group] -= 1
         del self.programs[pid]
 
     def demand_env(self, pid: int) -> None:
-        """The program needs its environment now and none is being prepared: start it (it
+        """The program needs its session now and none is being prepared: start it (it
         counts against ``max_preparing`` like any other)."""
         p = self.programs[pid]
-        if p.env == EnvState.NONE:
+        if p.session == SessionState.NONE:
             self._start_env(p)
 
     def forget(self, pid: int) -> None:
@@ -380,7 +383,7 @@ class ProgramTable:
         p.state = State.READY
         self.admitted += 1
         self._touch(p)
-        if p.needs_env and p.env == EnvState.NONE:
+        if p.needs_session and p.session == SessionState.NONE:
             self._unprepared.add(p.pid)
             heapq.heappush(self._unprepared_heap, (p.order, p.pid))
         self._clock += p.tokens
@@ -401,7 +404,7 @@ class ProgramTable:
         d.restored.append(p.pid)
 
     def _start_env(self, p: Program) -> None:
-        p.env = EnvState.PREPARING
+        p.session = SessionState.PREPARING
         self.preparing += 1
         self._unprepared.discard(p.pid)
 
@@ -488,10 +491,10 @@ class Scheduler(ProgramTable):
     def _prepare(self, d: Decision) -> None:
         cfg = self.config
         if cfg.policy != SchedulingPolicy.PROGRAM:
-            # fifo/lockstep: an environment is started when its program is admitted.
+            # fifo/lockstep: a session is started when its program is admitted.
             for pid in d.admit:
                 p = self.programs[pid]
-                if p.needs_env and p.env == EnvState.NONE:
+                if p.needs_session and p.session == SessionState.NONE:
                     self._start_env(p)
                     d.prepare.append(pid)
             return
@@ -503,17 +506,17 @@ class Scheduler(ProgramTable):
             _, pid = heapq.heappop(heap)
             if pid in self._unprepared:
                 p = self.programs[pid]
-                if p.needs_env and p.env == EnvState.NONE:
+                if p.needs_session and p.session == SessionState.NONE:
                     self._start_env(p)
                     d.prepare.append(pid)
                 else:
                     self._unprepared.discard(pid)
         ahead = (self.programs[self._queue[i]] for i in range(self._head, min(len(self._queue),
-                                                                             self._head + cfg.env_lookahead)))
+                                                                             self._head + cfg.session_lookahead)))
         for p in ahead:
             if self.preparing >= cfg.max_preparing:
                 return
-            if p.needs_env and p.env == EnvState.NONE:
+            if p.needs_session and p.session == SessionState.NONE:
                 self._start_env(p)
                 d.prepare.append(p.pid)
 
@@ -529,12 +532,12 @@ class Scheduler(ProgramTable):
             return
         ready = [self.programs[i] for i in self._ready]
         if cfg.policy == SchedulingPolicy.FIFO:
-            # The slot is the program's: its first turn waits for its environment.
-            go = [p for p in ready if not (p.needs_env and p.env != EnvState.READY and p.turns == 0)]
+            # The slot is the program's: its first turn waits for its session.
+            go = [p for p in ready if not (p.needs_session and p.session != SessionState.READY and p.turns == 0)]
         elif cfg.policy == SchedulingPolicy.LOCKSTEP:
             if len(ready) != len(self._resident):
                 return  # the batch moves together
-            if any(p.needs_env and p.env != EnvState.READY and p.turns == 0 for p in ready):
+            if any(p.needs_session and p.session != SessionState.READY and p.turns == 0 for p in ready):
                 return
             go = ready
         go.sort(key=self._submit_key)
@@ -558,13 +561,13 @@ class Scheduler(ProgramTable):
 
     @staticmethod
     def _env_wait(p: Program) -> bool:
-        """Whether ``p`` will want an environment that is not ready yet."""
-        return p.needs_env and p.env != EnvState.READY
+        """Whether ``p`` will want a session that is not ready yet."""
+        return p.needs_session and p.session != SessionState.READY
 
     def _submit_key(self, p: Program) -> tuple:
         if self.config.policy != SchedulingPolicy.PROGRAM:
             return (p.order,)
-        # A turn whose program will want an environment that is not ready yet goes after the
+        # A turn whose program will want a session that is not ready yet goes after the
         # others: otherwise every new program's first turn runs at once and then all of them
         # wait on session starts together; this way first turns follow the preparations.
         return (self._env_wait(p), p.ready_seq)

@@ -144,7 +144,7 @@ class Simulation:
         self.sched = Scheduler(config)
         self.progs = {i: _Prog(t, t.prompt_tokens) for i, t in enumerate(traces)}
         for i, t in enumerate(traces):
-            self.sched.add(i, t.prompt_tokens, group=i // group_size, needs_env=needs_env)
+            self.sched.add(i, t.prompt_tokens, group=i // group_size, needs_session=needs_env)
         self.needs_env = needs_env
         self.env_start_s = env_start_s
         self.env_free_at = [0.0] * max(1, env_workers)
@@ -291,7 +291,7 @@ class Simulation:
             self.sched.forget(pid)  # its cached blocks stay in the LRU until evicted
         elif self.needs_env and not p.env_ready:
             p.waiting_env = True
-            if self.sched.programs[pid].env.value == "none":  # not prepared ahead: start it now
+            if self.sched.programs[pid].session.value == "none":  # not prepared ahead: start it now
                 self.sched.demand_env(pid)
                 self._start_env(pid)
         else:
@@ -383,7 +383,7 @@ def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | 
         block_size=engine.block_size,
         max_requests=concurrency,
         max_programs=concurrency if policy == SchedulingPolicy.FIFO else (max_programs or 8 * concurrency),
-        env_lookahead=env_lookahead,
+        session_lookahead=env_lookahead,
         turn_reserve=256,
     )
     return Simulation(traces, engine, cfg, needs_env=needs_env, env_start_s=env_start_s, env_workers=env_workers,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncContextManager, AsyncIterator, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from .config import RolloutConfig
+    from .config import RolloutConfig, SandboxOptions
     from .engines.spec import EngineSpec
     from .env import Environment, Task
     from .journal import Journal, LogState
@@ -63,7 +63,8 @@ class LocalGroups:
     where = ""
     startup = "model, sandbox"
 
-    def __init__(self, env: Environment, engine: EngineSpec, sandbox: str, config: RolloutConfig, log: Journal,
+    def __init__(self, env: Environment, engine: EngineSpec, sandbox: SandboxOptions | str, config: RolloutConfig,
+                 log: Journal,
                  *, programs: int, out: Path, by_group: bool) -> None:
         self.env, self.engine_spec, self.sandbox_kind, self.config, self.log = env, engine, sandbox, config, log
         self.programs, self.out, self.by_group = programs, out, by_group
@@ -73,13 +74,13 @@ class LocalGroups:
 
     async def __aenter__(self) -> "LocalGroups":
         from .checker import check_env
+        from .config import open_sandbox
         from .reactor import Reactor, prepare_sessions
-        from .sandboxes import default_sandbox
 
         async with contextlib.AsyncExitStack() as stack:
             # The sandbox first: the sessions the first programs will take start while the model
             # loads, not beside the first turns (see ``prepare_sessions``).
-            sandbox = await stack.enter_async_context(default_sandbox(self.sandbox_kind))
+            sandbox = await stack.enter_async_context(open_sandbox(self.sandbox_kind))
             self.prepared = await prepare_sessions(self.env, sandbox, self.config, self.programs)
             engine = await stack.enter_async_context(await self.engine_spec.open())
             check_env(self.env, tokenizer=engine.tokenizer)
@@ -133,7 +134,7 @@ class RayGroups:
 
     startup = "cluster, workers"
 
-    def __init__(self, env: Environment, env_args: dict[str, Any], engine: EngineSpec, sandbox: str,
+    def __init__(self, env: Environment, env_args: dict[str, Any], engine: EngineSpec, sandbox: SandboxOptions | str,
                  config: RolloutConfig, log: Journal, *, out: Path, workers: int, engines: int = 0,
                  engine_gpus: float = 0.0) -> None:
         from .stats import RunStats

@@ -28,10 +28,11 @@ Key = tuple[str, int]  # (task id, sample index)
 
 
 def has_group_reward(env: Any) -> bool:
-    """Whether ``env`` rewards whole groups (overrides ``Environment.group_reward``)."""
+    """Whether ``env`` rewards whole groups: :meth:`agentenv.env.Environment.has_group_reward`,
+    which this name is kept for (deprecated)."""
     from .env import Environment
 
-    return type(env).group_reward is not Environment.group_reward  # as the checker tests overrides
+    return Environment.has_group_reward(env)
 
 
 class RunWriter:

@@ -88,7 +88,7 @@ async def run_once(engine: InstantEngine, programs: int, total: int, turn: int, 
     its wall time, this process's CPU time, and the engine's token timeline."""
     env = trace_env(turn, sandbox is not None)
     cfg = RolloutConfig(concurrency=programs, max_programs=programs, max_turns=64, max_new_tokens=10**7,
-                        max_tokens_per_turn=4096, tool_timeout=60.0, env_lookahead=16).for_env(env)
+                        max_tokens_per_turn=4096, tool_timeout=60.0, session_lookahead=16).for_env(env)
     group = 4 if total % 4 == 0 else 1
     options = RolloutRunConfig(run=RunOptions(tasks=total // group, group_size=group),
                                output=OutputOptions(out=workdir / "out.jsonl", progress=True), rollout=cfg)

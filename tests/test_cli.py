@@ -114,8 +114,21 @@ def test_the_console_script_reports_a_bad_argument_in_one_line_and_exit_2():
 def test_help_exits_0_and_lists_every_option(capsys):
     rc, out, _ = cli(capsys, "rollout", "--help")
     assert rc == 0
-    for flag in ("--top-k", "--max-tokens-per-turn", "--env-lookahead", "--reward-timeout", "--engine-gpus"):
+    for flag in ("--top-k", "--max-tokens-per-turn", "--session-lookahead", "--reward-timeout", "--engine-gpus"):
         assert flag in out
+    assert "--env-lookahead" not in out  # the former flag, still taken, is not offered
+
+
+def test_the_former_env_lookahead_flag_still_sets_the_session_lookahead():
+    from agentenv.cli import build_parser
+    from agentenv.config import RolloutRunConfig
+    from agentenv.options import build
+
+    argv = ["rollout", "--env-lookahead", "3"]
+    values = vars(build_parser(argv).parse_args(argv))
+    values.pop("command")
+    rollout = build(RolloutRunConfig, values).rollout
+    assert rollout.session_lookahead == rollout.env_lookahead == 3
 
 
 def test_envs_lists_the_bundled_environments():

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from agentenv.cli import TrainRunConfig, build_parser
-from agentenv.config import EvalRunConfig, RolloutConfig, RolloutRunConfig
+from agentenv.config import (HELP_GROUPS, SANDBOX_LIMITS, EvalRunConfig, RolloutConfig, RolloutRunConfig, SandboxOptions,
+                             open_sandbox)
 from agentenv.errors import ConfigError
-from agentenv.options import add_options, build, flag_of, option, option_of, resume_keys, resume_settings, walk
+from agentenv.options import (add_options, build, flag_of, groups_of, option, option_of, resume_keys, resume_settings,
+                              walk)
 from agentenv.registry import describe
 from agentenv.train.config import TrainConfig
 
@@ -27,7 +29,7 @@ def subparser(name: str, argv: list[str] | None = None) -> argparse.ArgumentPars
 
 def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
     """dest -> flag of every option the parser takes (``--help`` aside)."""
-    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest != "help"}
+    return {a.dest: a.option_strings[0] for a in parser._actions if a.dest != "help" and a.help != argparse.SUPPRESS}
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -47,6 +49,52 @@ def test_every_flag_is_a_config_field_and_every_field_a_flag(name):
     assert {f"{inner[1]}{f.name}" for f in fields(inner[0])} <= set(got)
 
 
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_flag_is_under_its_fields_group_in_the_groups_order(name):
+    """``--help`` lists each flag under its field's concern (the option's ``group`` or its
+    config's ``GROUP``), the groups in :data:`HELP_GROUPS`'s order, none of 15 flags or more."""
+    parser = subparser(name)
+    declared = groups_of(COMMANDS[name])
+    assert None not in declared.values()
+    got = {a.dest: g.title for g in parser._action_groups for a in g._group_actions if a.dest != "help"}
+    assert got == {path: HELP_GROUPS[group] for path, group in declared.items()}
+    shown = [g.title for g in parser._action_groups if g.title in HELP_GROUPS.values()]
+    assert shown == [t for t in HELP_GROUPS.values() if t in shown]
+    assert max(len(g._group_actions) for g in parser._action_groups) < 15
+
+
+@pytest.mark.parametrize(("name", "first"), [
+    ("rollout", ["--env", "--model", "--tasks", "--group-size", "--out"]),
+    ("eval", ["--env", "--model", "--tasks", "--k", "--out"]),
+    ("train", ["--env", "--model", "--steps", "--groups-per-step", "--out-dir"])])
+def test_the_usage_line_names_the_options_a_first_run_needs(name, first, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    usage = subparser(name).format_usage()
+    assert usage.startswith(f"usage: agentenv {name} [{first[0]} ") and usage.rstrip().endswith("[options]")
+    assert [w.strip("[") for w in usage.split() if w.startswith("[--")] == first
+    assert len(usage.splitlines()) <= 2
+    # In its group each of them comes before the rest: --env is the first flag --help lists.
+    for group in subparser(name)._action_groups:
+        listed = [a.option_strings[0] for a in group._group_actions if a.option_strings and a.dest != "help"]
+        ours = [f for f in listed if f in first]
+        assert listed[:len(ours)] == ours, group.title
+    listed = [a.option_strings[0] for g in subparser(name)._action_groups for a in g._group_actions if a.dest != "help"]
+    assert listed[0] == "--env"
+
+
+def test_an_option_outside_every_group_is_refused_when_help_is_grouped():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Loose:
+        grouped: int = option(1, "an option", group="rollout")
+        stray: int = option(2, "another")
+
+    with pytest.raises(ConfigError, match=r"Loose: options in groups \['None'\] that have no heading"):
+        add_options(argparse.ArgumentParser(), Loose, groups=HELP_GROUPS)
+    add_options(argparse.ArgumentParser(), Loose)  # ungrouped help takes it
+
+
 def other_value(path: str, f, shape) -> tuple[list[str], object]:
     """Command-line tokens that set ``path`` to a value other than its default, and that value."""
     flag, default = flag_of(f), f.default
@@ -59,6 +107,8 @@ def other_value(path: str, f, shape) -> tuple[list[str], object]:
         "env": (["--env", "agentenv.envs.retool_math:RetoolMathEnv"], "agentenv.envs.retool_math:RetoolMathEnv"),
         "judge": (["--judge", "http://127.0.0.1:1/v1"], "http://127.0.0.1:1/v1"),
         "device": (["--device", "cpu"], "cpu"),  # a device name is checked: auto, cpu, cuda or cuda:N
+        # The limits below are the local sandbox's (--sandbox e2b with them is refused: below).
+        "sandbox": (["--sandbox", "local"], "local"),
     }
     name = path.rsplit(".", 1)[-1]
     if name in special:
@@ -156,3 +206,45 @@ def test_a_field_without_an_option_declaration_is_refused():
 
     with pytest.raises(ConfigError, match="Loose.bare is not declared with option"):
         add_options(argparse.ArgumentParser(), Loose)
+
+
+def parsed(cls: type, argv: list[str]):
+    values = vars(build_parser(argv).parse_args(argv))
+    values.pop("command")
+    return build(cls, values)
+
+
+def test_each_sandbox_limit_flag_is_a_field_of_the_sandboxs_limits():
+    from dataclasses import fields as fields_of
+
+    from agentenv.sandboxes.local.limits import Limits
+
+    assert set(SANDBOX_LIMITS.values()) <= {f.name for f in fields_of(Limits)}
+    assert set(SANDBOX_LIMITS) | {"sandbox", "sandbox_setup_timeout"} == {f.name for f in fields_of(SandboxOptions)}
+    assert SandboxOptions().sandbox_kwargs() == {}  # none given: the sandbox's own defaults, stated in Limits only
+    kwargs = SandboxOptions(sandbox_pids=9, sandbox_setup_timeout=4.0).sandbox_kwargs()
+    assert kwargs == {"limits": Limits(pids=9), "setup_timeout": 4.0}
+
+
+@pytest.mark.anyio
+async def test_sandbox_limits_given_on_the_command_line_hold_in_a_session():
+    """``rollout --sandbox-memory-mb 700 --sandbox-pids 40``: a session of the sandbox the run
+    opens has that address space and process limit."""
+    options = parsed(RolloutRunConfig, ["rollout", "--sandbox-memory-mb", "700", "--sandbox-pids", "40"]).sandbox
+    async with open_sandbox(options) as sandbox:
+        session = await sandbox.session()
+        result = await session.run("import resource as r\n(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NPROC)[0])")
+        await session.aclose()
+    assert result.value == repr((700 * 1024 * 1024, 40)), result
+
+
+def test_train_takes_the_same_sandbox_limits():
+    config = parsed(TrainRunConfig, ["train", "--sandbox-cpus", "0.5", "--sandbox-tmp-mb", "32"]).config
+    assert config.sandbox_options() == SandboxOptions(sandbox_cpus=0.5, sandbox_tmp_mb=32)
+
+
+@pytest.mark.parametrize("name", ["rollout", "train"])
+def test_a_sandbox_limit_with_e2b_is_refused_naming_the_flag(name):
+    cls = COMMANDS[name]
+    with pytest.raises(ConfigError, match="^--sandbox-pids sets a limit of the local sandbox; --sandbox e2b"):
+        parsed(cls, [name, "--sandbox", "e2b", "--sandbox-pids", "8"])

@@ -56,24 +56,110 @@ def test_the_check_catches_an_import_inside_a_method():
         "agentenv.reactor"]
 
 
-def module_imports(path: Path) -> set[str]:
-    """The agentenv modules ``path`` imports when it is imported: its top-level imports (a
-    function's imports run later; ``if TYPE_CHECKING:`` blocks never run), resolved to modules."""
+#: The package's floors, bottom first: a module imports from its own floor or the floors below,
+#: never above, at the top of the file, inside a function or under ``TYPE_CHECKING`` alike.
+#: A name is a module or a package (a package's modules share its floor unless named here).
+FLOORS: list[tuple[str, set[str]]] = [
+    ("shared", {"errors", "extras", "retry", "console", "options", "devices", "raycluster", "scheduler",
+                "trajectory", "formats", "stats", "evaluation", "_math_worker", "models"}),
+    ("io", {"engines", "sandboxes"}),
+    ("env", {"env", "tools", "program", "workload", "simulator", "summary", "journal", "inflight", "checker",
+             "registry", "config", "judge", "rewards", "envs", "bridge", "testing"}),
+    ("run", {"reactor", "writer", "sources", "cluster", "rollout_run", "integrations"}),
+    ("train", {"train"}),
+    ("top", {"", "cli", "listing", "view", "scaffold", "recipes"}),
+]
+
+
+def module_of(path: Path) -> tuple[str, bool]:
+    """``path``'s dotted module name, and whether it is a package's ``__init__``."""
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     init = path.name == "__init__.py"
-    module = ".".join(parts[:-1] if init else parts)
-    tree = ast.parse(path.read_text("utf-8"))
-    top = [n for n in tree.body if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
-    source = "\n".join(ast.unparse(n) for n in top if isinstance(n, (ast.Import, ast.ImportFrom, ast.If, ast.Try)))
-    names = imports_of(source, module, init)
+    return ".".join(parts[:-1] if init else parts), init
+
+
+def as_modules(names: set[str], module: str) -> set[str]:
+    """``names`` ("agentenv.x.Name" where Name may be a module or a name in one) as the
+    modules they are, ``module`` itself left out."""
     modules = set()
-    for name in names:  # "agentenv.x.Name" -> "agentenv.x" where Name is not a module
+    for name in names:
         while name and not (PACKAGE.parent / Path(*name.split("."))).with_suffix(".py").exists() \
                 and not (PACKAGE.parent / Path(*name.split(".")) / "__init__.py").exists():
             name = name.rpartition(".")[0]
         if name and name != module:
             modules.add(name)
     return modules
+
+
+def module_imports(path: Path) -> set[str]:
+    """The agentenv modules ``path`` imports when it is imported: its top-level imports (a
+    function's imports run later; ``if TYPE_CHECKING:`` blocks never run), resolved to modules."""
+    module, init = module_of(path)
+    tree = ast.parse(path.read_text("utf-8"))
+    top = [n for n in tree.body if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    source = "\n".join(ast.unparse(n) for n in top if isinstance(n, (ast.Import, ast.ImportFrom, ast.If, ast.Try)))
+    return as_modules(imports_of(source, module, init), module)
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every agentenv module ``path`` names in an import: at the top, inside a function (a
+    deferred import) or under ``TYPE_CHECKING``. A deferred import hides a dependency from
+    the import-time graph, not from the design, so it counts the same."""
+    module, init = module_of(path)
+    return as_modules(imports_of(path.read_text("utf-8"), module, init), module)
+
+
+def graph(reader) -> dict[str, set[str]]:
+    return {module_of(path)[0]: reader(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def floor_of(module: str) -> int | None:
+    """The index in :data:`FLOORS` of ``module``'s floor: the one naming it or the nearest
+    package above it; None where no floor names it."""
+    name = module.removeprefix("agentenv").removeprefix(".")
+    while True:
+        for i, (_, names) in enumerate(FLOORS):
+            if name in names:
+                return i
+        if not name:
+            return None
+        name = name.rpartition(".")[0]
+
+
+def upward(imports: dict[str, set[str]]) -> list[str]:
+    """Each import of ``imports`` (module -> modules) that goes to a floor above its module's."""
+    return sorted(f"{m} ({FLOORS[floor_of(m)][0]}) imports {t} ({FLOORS[floor_of(t)][0]})"
+                  for m, targets in imports.items() for t in targets if floor_of(t) > floor_of(m))
+
+
+def circles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``imports``: each group of modules that import each other, directly or
+    through others (a strongly connected component of two or more), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(imports.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(imports):
+        if node not in index:
+            visit(node)
+    return sorted(found)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -98,12 +184,33 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_module_imports_itself_through_others_at_import_time():
     """Import-time imports form no circle: each module can be understood (and imported) after
     the ones it imports."""
-    graph = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        module = ".".join(parts[:-1] if path.name == "__init__.py" else parts)
-        graph[module] = module_imports(path)
-    assert not cycles(graph), "\n".join(" -> ".join(c) for c in cycles(graph))
+    imports = graph(module_imports)
+    assert not cycles(imports), "\n".join(" -> ".join(c) for c in cycles(imports))
+
+
+def test_no_circles_with_deferred_imports_counted():
+    """Counting deferred and ``TYPE_CHECKING`` imports too, no modules import each other: a
+    function-level import that closes a circle is a circle all the same."""
+    assert circles(graph(all_imports)) == []
+
+
+def test_every_module_is_on_a_floor_and_imports_only_its_floor_and_below():
+    imports = graph(all_imports)
+    assert [m for m in imports if floor_of(m) is None] == [], "name each new module's floor in FLOORS"
+    assert upward(imports) == []
+
+
+def test_the_floor_check_counts_a_deferred_import():
+    """The upward imports this check was written for, each inside a function: an environment
+    module reaching into the trainer's config, the judge into the writer."""
+    listing = "def f():\n    from ..train.config import TrainConfig\n"
+    judge = "def f(env):\n    from .writer import has_group_reward\n"
+    found = {"agentenv.envs.listing": as_modules(imports_of(listing, "agentenv.envs.listing"), "agentenv.envs.listing"),
+             "agentenv.judge": as_modules(imports_of(judge, "agentenv.judge"), "agentenv.judge")}
+    assert upward(found) == ["agentenv.envs.listing (env) imports agentenv.train.config (train)",
+                             "agentenv.judge (env) imports agentenv.writer (run)"]
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_circle_check_finds_a_circle():

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from agentenv.scheduler import Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, State
+from agentenv.scheduler import Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, SessionState, State
 
 
 def sched(**kw) -> Scheduler:
@@ -37,7 +37,7 @@ def drive(s: Scheduler, programs: dict[int, list[tuple[int, int]]], rng: random.
     while not s.done:
         steps += 1
         assert steps < 100_000, "stuck"
-        for pid in list(d_ for d_ in s.programs if s.programs[d_].env.value == "preparing"):
+        for pid in list(d_ for d_ in s.programs if s.programs[d_].session.value == "preparing"):
             if rng.random() < 0.5:
                 s.env_ready(pid)
         choices = [("turn", p) for p in running] + [("tool", p) for p in acting]
@@ -48,7 +48,7 @@ def drive(s: Scheduler, programs: dict[int, list[tuple[int, int]]], rng: random.
                 check(s, d)
             if not (running or acting) and not d:
                 # Only environment preparation may be outstanding.
-                assert any(p.env.value == "preparing" for p in s.programs.values()), "nothing can move"
+                assert any(p.session.value == "preparing" for p in s.programs.values()), "nothing can move"
             continue
         kind, pid = rng.choice(choices)
         if kind == "turn":
@@ -73,11 +73,11 @@ def drive(s: Scheduler, programs: dict[int, list[tuple[int, int]]], rng: random.
     return {"steps": steps}
 
 
-def random_programs(s: Scheduler, n: int, rng: random.Random, group_size: int = 4, needs_env: bool = False):
+def random_programs(s: Scheduler, n: int, rng: random.Random, group_size: int = 4, needs_session: bool = False):
     progs = {}
     for pid in range(n):
         turns = [(rng.randint(8, 120), rng.randint(4, 60)) for _ in range(rng.randint(1, 8))]
-        s.add(pid, rng.randint(20, 100), group=pid // group_size, needs_env=needs_env)
+        s.add(pid, rng.randint(20, 100), group=pid // group_size, needs_session=needs_session)
         progs[pid] = turns
     return progs
 
@@ -234,9 +234,9 @@ def test_slots_go_to_turns_in_the_order_they_became_ready():
 def test_turns_whose_environment_is_not_ready_go_after_the_others():
     # Without this, every new program's first turn would run at once and all of them would
     # then wait on session starts together (retool-math: 0.29 of pure decode against 0.58).
-    s = sched(kv_capacity=None, max_requests=1, max_programs=10, max_preparing=1, env_lookahead=0)
+    s = sched(kv_capacity=None, max_requests=1, max_programs=10, max_preparing=1, session_lookahead=0)
     for pid in range(3):
-        s.add(pid, 50, needs_env=True)
+        s.add(pid, 50, needs_session=True)
     d = s.schedule()
     assert d.prepare == [0]  # one preparation at a time
     for pid in (2, 1, 0):  # 2 is ready first, 0 last
@@ -251,9 +251,9 @@ def test_turns_whose_environment_is_not_ready_go_after_the_others():
 
 
 def test_environments_are_prepared_ahead_within_the_lookahead():
-    s = sched(kv_capacity=None, max_requests=2, max_programs=2, env_lookahead=3, max_preparing=4)
+    s = sched(kv_capacity=None, max_requests=2, max_programs=2, session_lookahead=3, max_preparing=4)
     for pid in range(8):
-        s.add(pid, 10, needs_env=True)
+        s.add(pid, 10, needs_session=True)
     d = s.schedule()
     assert d.admit == [0, 1]
     assert d.prepare == [0, 1, 2, 3]  # admitted first, then the lookahead, capped by max_preparing
@@ -269,7 +269,7 @@ def test_environments_are_prepared_ahead_within_the_lookahead():
 def test_fifo_holds_the_slot_and_waits_for_the_environment():
     s = sched(policy=SchedulingPolicy.FIFO, max_programs=2)
     for pid in range(4):
-        s.add(pid, 10, needs_env=True)
+        s.add(pid, 10, needs_session=True)
     d = s.schedule()
     assert d.admit == [0, 1] and d.prepare == [0, 1]
     s.want_turn(0, 10, 5)
@@ -361,7 +361,7 @@ class SortedReference(Recorded):
         if cfg.policy != SchedulingPolicy.PROGRAM:
             for pid in d.admit:
                 p = self.programs[pid]
-                if p.needs_env and p.env == EnvState.NONE:
+                if p.needs_session and p.session == SessionState.NONE:
                     self._start_env(p)
                     d.prepare.append(pid)
             return
@@ -369,11 +369,11 @@ class SortedReference(Recorded):
             return
         candidates = sorted((self.programs[i] for i in self._unprepared), key=lambda p: p.order)
         ahead = (self.programs[self._queue[i]] for i in range(self._head, min(len(self._queue),
-                                                                             self._head + cfg.env_lookahead)))
+                                                                             self._head + cfg.session_lookahead)))
         for p in (*candidates, *ahead):
             if self.preparing >= cfg.max_preparing:
                 return
-            if p.needs_env and p.env == EnvState.NONE:
+            if p.needs_session and p.session == SessionState.NONE:
                 self._start_env(p)
                 d.prepare.append(p.pid)
 
@@ -386,11 +386,11 @@ class SortedReference(Recorded):
             return
         ready = [self.programs[i] for i in self._ready]
         if cfg.policy == SchedulingPolicy.FIFO:
-            go = [p for p in ready if not (p.needs_env and p.env != EnvState.READY and p.turns == 0)]
+            go = [p for p in ready if not (p.needs_session and p.session != SessionState.READY and p.turns == 0)]
         elif cfg.policy == SchedulingPolicy.LOCKSTEP:
             if len(ready) != len(self._resident):
                 return
-            if any(p.needs_env and p.env != EnvState.READY and p.turns == 0 for p in ready):
+            if any(p.needs_session and p.session != SessionState.READY and p.turns == 0 for p in ready):
                 return
             go = ready
         else:
@@ -441,3 +441,7 @@ def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monk
         assert mine["pauses"] > 0 and mine["restores"] > 0
     if case == "program-many-admitted":
         assert sched.rebuilds > 0
+
+
+def test_the_former_name_of_session_state_still_imports():
+    assert EnvState is SessionState  # "env" is the Environment; a program's sandbox session is its session

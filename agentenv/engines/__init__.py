@@ -1,6 +1,6 @@
 """Inference engines behind one interface (``Engine``)."""
 
-from .base import Engine, FinishReason, Generation, SamplingParams
+from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Engine, FinishReason, Generation, SamplingParams
 from .spec import EngineSpec
 
 __all__ = ["Engine", "EngineSpec", "FinishReason", "Generation", "SamplingParams", "create_engine", "open_engine"]
@@ -17,11 +17,12 @@ def create_engine(kind: str, model: str, **kwargs) -> Engine:
                       "await VLLMEngine.create(...) or await OpenAIEngine.create(...)")
 
 
-async def open_engine(kind: str, model: str, *, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+async def open_engine(kind: str, model: str, *, temperature: float = DEFAULT_TEMPERATURE, top_p: float = DEFAULT_TOP_P,
+                      seed: int = 0,
                       base_urls: list[str] | None = None, **kwargs) -> Engine:
     """Start an engine by name: ``EngineSpec(kind, model, kwargs, ...).open()`` (see
     :class:`~agentenv.engines.spec.EngineSpec`). Extra keyword arguments go to the engine."""
     from .spec import EngineSpec
 
-    return await EngineSpec(kind, str(model), kwargs, base_urls, temperature=temperature, top_p=top_p,
-                            seed=seed).open()
+    sampling = {"temperature": temperature, "top_p": top_p}
+    return await EngineSpec.sampling_as(sampling, kind, model, kwargs=kwargs, base_urls=base_urls, seed=seed).open()

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import AgentEnvError, ConfigError, EngineError, PromptTooLongError
 from ..raycluster import actor_options, died_errors, ray_module
-from .base import Engine, Generation, SamplingParams
+from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Engine, Generation, SamplingParams
 from .routing import Router
 from .spec import EngineSpec
 
@@ -162,11 +162,13 @@ class RayEngine(Engine):
 
     @classmethod
     async def start(cls, kind: str, model: str, *, replicas: int = 2, options: dict[str, Any] | None = None,
-                    temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, base_urls: list[str] | None = None,
+                    temperature: float = DEFAULT_TEMPERATURE, top_p: float = DEFAULT_TOP_P, seed: int = 0,
+                    base_urls: list[str] | None = None,
                     max_restarts: int = 3, **engine_kwargs: Any) -> "RayEngine":
         """Start ``replicas`` engine actors of ``kind`` (each ``options``: e.g. ``{"num_gpus": 1}``
         for vLLM) on the connected Ray cluster; replica ``i`` samples with seed ``seed + i``."""
-        spec = EngineSpec(kind, str(model), engine_kwargs, base_urls, temperature=temperature, top_p=top_p, seed=seed)
+        spec = EngineSpec.sampling_as({"temperature": temperature, "top_p": top_p}, kind, model, kwargs=engine_kwargs,
+                                      base_urls=base_urls, seed=seed)
         return await cls.launch(spec, replicas=replicas, options=options, max_restarts=max_restarts)
 
     @classmethod

@@ -19,12 +19,19 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length", "abort"]
 
 
+#: How tokens are sampled where nothing says otherwise, stated here once: the whole
+#: distribution at temperature 1, no nucleus (top_p) or top-k cut (0: off).
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_TOP_K = 0
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
     #: The request ends right after sampling one of these (and only these: EOS too must be
     #: listed to stop on it).
     stop_token_ids: tuple[int, ...] = ()

@@ -41,7 +41,7 @@ import torch
 from ..devices import resolve_device
 from ..errors import ConfigError, EngineError, ModelNotFoundError
 from ..models import quiet_loading
-from .base import Engine, Generation, SamplingParams
+from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Engine, Generation, SamplingParams
 from .embedded_sleep import SLEEP_LEVELS, Slumber, fall_asleep, kv_cache_bytes, wake
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,9 @@ class EmbeddedEngine(Engine):
         self,
         model: str | Path,
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_p: float = DEFAULT_TOP_P,
+        top_k: int = DEFAULT_TOP_K,
         max_model_len: int | None = None,
         page_size: int = 16,
         kv_cache_tokens: int = 65536,

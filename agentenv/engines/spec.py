@@ -9,7 +9,9 @@ rollout workers and the engine actors pass around, opened in one place (:meth:`E
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 if TYPE_CHECKING:
     from .base import Engine
@@ -31,10 +33,26 @@ class EngineSpec:
     model: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     base_urls: list[str] | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
     seed: int = 0
+
+    @classmethod
+    def sampling_as(cls, sampling: Any, kind: str, model: Any, *, kwargs: Mapping[str, Any] | None = None,
+                    base_urls: Sequence[str] | None = None, seed: int = 0) -> "EngineSpec":
+        """The engine ``kind`` serving ``model``, sampling as ``sampling`` says: a run's config
+        (``RolloutConfig``, ``TrainConfig``) or a mapping, read for ``temperature``, ``top_p`` and
+        ``top_k``; one it lacks keeps the default (a training run has no ``top_p``: it samples the
+        whole distribution it learns from). The one place a run's sampling settings become an
+        engine's."""
+        def get(name: str, default: Any) -> Any:
+            found = sampling.get(name) if isinstance(sampling, Mapping) else getattr(sampling, name, None)
+            return default if found is None else found
+
+        return cls(kind, str(model), dict(kwargs or {}), list(base_urls) if base_urls else None,
+                   temperature=get("temperature", DEFAULT_TEMPERATURE), top_p=get("top_p", DEFAULT_TOP_P),
+                   top_k=get("top_k", DEFAULT_TOP_K), seed=seed)
 
     def replica(self, index: int) -> "EngineSpec":
         """Replica ``index`` of a set of engines: the same engine, sampling with seed ``seed + index``."""

@@ -56,7 +56,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without verl
     ) from exc
 
 from ..config import RolloutConfig
-from ..engines.base import Engine, Generation, SamplingParams
+from ..engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Engine, Generation, SamplingParams
 from ..env import Environment, Task
 from ..errors import ConfigError, EngineError
 from ..formats import get_format
@@ -185,7 +185,7 @@ class _Direct:
         return self.opened
 
 
-class _Worker:
+class _VerlProcess:
     """What the loops of one verl worker process share: environments (by name and arguments)
     and one sandbox pool, open for the process's life (a task on verl's event loop owns it)."""
 
@@ -245,17 +245,18 @@ class AgentEnvAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         spec = _spec(kwargs)
-        env = _Worker.env(spec["env"], dict(spec.get("env_args") or {}))
+        env = _VerlProcess.env(spec["env"], dict(spec.get("env_args") or {}))
         task = Task(**spec["task"])
         rollout = self.rollout_config
         prompt_length, response_length = int(rollout.prompt_length), int(rollout.response_length)
         fmt = get_format(env.tool_format)
         tools = {tool.name: tool for tool in env.tools()}
         uses_sandbox = needs_sandbox(env)
-        sandbox = await _Worker.open_sandbox() if uses_sandbox else None
-        config = RolloutConfig(max_new_tokens=response_length, temperature=float(sampling_params.get("temperature", 1.0)),
-                               top_p=float(sampling_params.get("top_p", 1.0)),
-                               top_k=max(0, int(sampling_params.get("top_k", 0) or 0))).for_env(env)
+        sandbox = await _VerlProcess.open_sandbox() if uses_sandbox else None
+        temperature = float(sampling_params.get("temperature", DEFAULT_TEMPERATURE))
+        config = RolloutConfig(max_new_tokens=response_length, temperature=temperature,
+                               top_p=float(sampling_params.get("top_p", DEFAULT_TOP_P)),
+                               top_k=max(0, int(sampling_params.get("top_k", DEFAULT_TOP_K) or 0))).for_env(env)
         prompt_ids = render_prompt(self.tokenizer, env.prompt(task))
         if len(prompt_ids) > prompt_length:
             raise ConfigError(f"task {task.id}: the prompt is {len(prompt_ids)} tokens, over verl's "

@@ -4,10 +4,10 @@ Two models ship with the package, each a ~1.7M-parameter Qwen2-architecture mode
 CPU by the project's own scripts on ``retool-math`` transcripts:
 
 * ``tiny-retool`` (the default): ReTool calls, ``<code>...</code>`` answered by
-  ``<interpreter>...</interpreter>`` (:mod:`agentenv.models.tiny`);
+  ``<interpreter>...</interpreter>`` (:mod:`agentenv.recipes.tiny`);
 * ``tiny-hermes``: thinks in ``<think>...</think>``, calls ``<tool_call>{json}</tool_call>``
   and reads ``<tool_response>`` turns under its Qwen-style chat template; use it with
-  ``retool-math``'s ``format="hermes"`` (:mod:`agentenv.models.tiny_hermes`).
+  ``retool-math``'s ``format="hermes"`` (:mod:`agentenv.recipes.tiny_hermes`).
 """
 
 from collections.abc import Iterator

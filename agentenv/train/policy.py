@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..engines.base import DEFAULT_TEMPERATURE
 from ..errors import ConfigError
 from ..models import quiet_loading
 from ..models.lora import LoraSpec, inject_lora
@@ -63,7 +64,7 @@ class Policy:
     pass instead of keeping them."""
 
     def __init__(self, model_dir: str | Path, *, lr: float = 1e-4, weight_decay: float = 0.0,
-                 max_grad_norm: float = 1.0, temperature: float = 1.0, lora: LoraSpec | None = None,
+                 max_grad_norm: float = 1.0, temperature: float = DEFAULT_TEMPERATURE, lora: LoraSpec | None = None,
                  micro_batch: int = 16, micro_batch_tokens: int | None = None, loss: LossConfig = LossConfig(),
                  shard: bool = False, device: str = "auto", precision: str = "auto",
                  activation_checkpointing: bool = False, logprob_chunk: int = DEFAULT_CHUNK, pack: bool = True) -> None:

@@ -14,14 +14,21 @@ coordinates (pause, metadata through ``collective_rpc``, version stamping) and s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from ..engines.weight_group import TIMEOUT_S, HeldWeights, Meta, root_error
 
 if TYPE_CHECKING:
     import torch
 
-    from .distributed import RayPolicy
+
+class RayPolicy(Protocol):
+    """What these weights use of ``train.distributed.RayPolicy`` (which imports this module):
+    its rank actors, rank 0 first, and the call that waits for a rank's answer."""
+
+    actors: list[Any]
+
+    def _get(self, ref: Any) -> Any: ...
 
 
 async def _answer(policy: RayPolicy, ref: Any) -> Any:

@@ -72,9 +72,8 @@ class Trainer:
 
     # -- setup -------------------------------------------------------------------------------
     async def _open(self, stack: AsyncExitStack, sampling_seed: int) -> None:
-        from agentenv.sandboxes import default_sandbox
-
         from ..checker import check_env
+        from ..config import open_sandbox
         from ..engines.spec import EngineSpec
         from ..engines.embedded import check_model_dir
         from ..models import default_model
@@ -100,15 +99,15 @@ class Trainer:
             stack.push_async_callback(self._judge.aclose)
             self._env = judged(self._env, self._judge, weight=cfg.judge_weight, group=cfg.judge_group)
         if self._sandbox is None:
-            self._sandbox = await stack.enter_async_context(default_sandbox(cfg.sandbox))
+            self._sandbox = await stack.enter_async_context(open_sandbox(cfg.sandbox_options()))
         # The first steps' sessions start while the model loads (see ``prepare_sessions``).
         await prepare_sessions(self._env, self._sandbox, RolloutConfig(concurrency=cfg.concurrency,
                                                                        scheduling=cfg.scheduling),
                                cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1))
         if self._engine is None:
             # A resumed run samples a new stream (seed + step), not the first run's again.
-            spec = EngineSpec(cfg.engine, str(model), engine_kwargs(cfg, cfg.engine_args()), cfg.base_urls,
-                              temperature=cfg.temperature, seed=sampling_seed)
+            spec = EngineSpec.sampling_as(cfg, cfg.engine, model, kwargs=engine_kwargs(cfg, cfg.engine_args()),
+                                          base_urls=cfg.base_urls, seed=sampling_seed)
             if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
                 from ..engines.actors import RayEngine
 

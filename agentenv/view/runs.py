@@ -3,7 +3,7 @@
 :func:`open_run` tells the three apart by what ``path`` is:
 
 * a rollout JSONL (``agentenv rollout --out``; one trajectory per line, docs/schemas.md) with
-  its event log ``OUT.log`` beside it: a :class:`RolloutRun`;
+  its event log ``OUT.log`` beside it: a :class:`RolloutFile`;
 * an eval report (the JSON ``agentenv eval --report`` writes, holding ``per_task``): an
   :class:`EvalRun`, whose trajectories are the JSONL its ``out`` names;
 * a training run directory (``metrics.jsonl``, ``eval.jsonl``, ``summary.json``,
@@ -270,8 +270,9 @@ def _trajectory_line(line: bytes, at: int) -> _Line | None:
     return _Line(summary, at, len(line))
 
 
-class RolloutRun:
-    """A rollout JSONL and its event log, followed as they grow."""
+class RolloutFile:
+    """A rollout JSONL and its event log, followed as they grow (the viewer's model of the file;
+    the run that writes it is ``rollout_run.RolloutJob``)."""
 
     kind = "rollout"
 
@@ -388,7 +389,7 @@ class RolloutRun:
         return out
 
 
-class EvalRun(RolloutRun):
+class EvalRun(RolloutFile):
     """An eval report and the trajectories it was computed from (its ``out``)."""
 
     kind = "eval"
@@ -482,7 +483,9 @@ class TrainingRun:
                     "summary": self._json("summary.json")}
 
 
-Run = RolloutRun | EvalRun | TrainingRun
+#: The former name of :class:`RolloutFile` (deprecated: it named the file, not a run).
+RolloutRun = RolloutFile
+Run = RolloutFile | EvalRun | TrainingRun
 
 
 def open_run(path: str | Path) -> Run:
@@ -501,7 +504,7 @@ def open_run(path: str | Path) -> Run:
     if not path.is_file() and not path.with_name(path.name + ".log").is_file():
         raise ConfigError(f"{path}: no such rollout file (nor its event log {path.name}.log)")
     _check_rollout(path)
-    return RolloutRun(path)
+    return RolloutFile(path)
 
 
 def _check_rollout(path: Path) -> None:
@@ -525,4 +528,5 @@ def _check_rollout(path: Path) -> None:
                           "view takes a rollout JSONL, an eval report (.json) or a run directory")
 
 
-__all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages", "derived", "open_run", "summary_of"]
+__all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutFile", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages",
+           "derived", "open_run", "summary_of"]

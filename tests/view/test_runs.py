@@ -10,11 +10,12 @@ import pytest
 from agentenv import journal
 from agentenv.errors import ConfigError
 from agentenv.evaluation import read_jsonl, report
-from agentenv.view.runs import EvalRun, RolloutRun, Tail, TrainingRun, advantages, open_run, summary_of
+from agentenv.view.runs import EvalRun, RolloutFile, RolloutRun, Tail, TrainingRun, advantages, open_run, summary_of
 
 
 def test_open_run_tells_the_kinds_apart(rollout, eval_report, train_run, tmp_path):
-    assert type(open_run(rollout)) is RolloutRun
+    assert type(open_run(rollout)) is RolloutFile
+    assert RolloutRun is RolloutFile  # the former name, kept for code that imports it
     assert type(open_run(eval_report)) is EvalRun
     assert type(open_run(train_run)) is TrainingRun
     assert type(open_run(train_run / "metrics.jsonl")) is TrainingRun
@@ -36,9 +37,9 @@ def test_an_empty_rollout_file_is_accepted_while_its_run_writes_it(tmp_path):
     with pytest.raises(ConfigError, match="it is empty, with no event log beside it"):
         open_run(out)
     out.with_name("live.jsonl.log").write_text('{"e": "header"}\n')
-    assert type(open_run(out)) is RolloutRun
+    assert type(open_run(out)) is RolloutFile
     out.write_bytes(b'{"id": "t0-0", "task')  # the first line, half written
-    assert type(open_run(out)) is RolloutRun
+    assert type(open_run(out)) is RolloutFile
 
 
 def test_tail_reads_complete_lines_once_and_starts_over_on_a_rewritten_file(tmp_path):
@@ -94,7 +95,7 @@ def test_tail_reads_a_large_file_in_chunks(tmp_path):
 def test_rollout_rows_and_progress_follow_the_files(rollout):
     lines = rollout.read_text().splitlines(keepends=True)
     rollout.write_text("".join(lines[:2]))
-    run = RolloutRun(rollout)
+    run = RolloutFile(rollout)
     first = run.summaries()
     assert first["total"] == 2 and first["progress"]["started"] == first["progress"]["done"] == 6
     assert first["progress"]["expected"] == 6 and first["progress"]["in_flight_count"] == 0
@@ -140,7 +141,7 @@ def test_progress_is_folded_as_the_log_is_read_and_keeps_no_record(rollout):
     records, _ = journal.read(log)
     assert len(records) == len(lines) and sum(r["e"] == "turn" for r in records) > 0
     log.write_bytes(b"")
-    run = RolloutRun(rollout)
+    run = RolloutFile(rollout)
     for n in range(1, len(lines) + 1):
         with open(log, "ab") as f:
             f.write(lines[n - 1])
@@ -157,7 +158,7 @@ def test_progress_is_folded_as_the_log_is_read_and_keeps_no_record(rollout):
 
 def test_a_trajectory_has_each_tokens_text_mask_logprob_and_version(rollout):
     row = read_jsonl(rollout)[0]
-    t = RolloutRun(rollout).trajectory(row["id"])
+    t = RolloutFile(rollout).trajectory(row["id"])
     n = len(row["input_ids"])
     assert len(t["pieces"]) == len(t["loss_mask"]) == len(t["logprobs"]) == len(t["weight_versions"]) == n
     assert "".join(t["pieces"][len(row["prompt_ids"]):]) == row["text"]
@@ -166,7 +167,7 @@ def test_a_trajectory_has_each_tokens_text_mask_logprob_and_version(rollout):
     for s in t["spans"]:
         assert set(t["loss_mask"][s["start"]:s["end"]]) == {1 if s["kind"] == "model" else 0}
     assert t["tool_calls"] == row["tool_calls"] and t["reward_components"] == row["reward_components"]
-    assert RolloutRun(rollout).trajectory("no-such-id") is None
+    assert RolloutFile(rollout).trajectory("no-such-id") is None
 
 
 def test_group_advantages_are_the_trainers():
@@ -181,7 +182,7 @@ def test_group_advantages_are_the_trainers():
 def test_a_group_is_its_samples_in_order_with_advantages(rollout):
     rows = read_jsonl(rollout)
     gid = rows[0]["group_id"]
-    samples = RolloutRun(rollout).group(gid)
+    samples = RolloutFile(rollout).group(gid)
     assert [s["sample_index"] for s in samples] == sorted(r["sample_index"] for r in rows if r["group_id"] == gid)
     assert all(s["text"] for s in samples)
     assert sum(s["advantage"] for s in samples) == pytest.approx(0.0, abs=1e-6)
@@ -189,7 +190,7 @@ def test_a_group_is_its_samples_in_order_with_advantages(rollout):
 
 def test_per_task_passes_are_the_evaluation_reports(rollout, eval_report):
     expected = {t["task_id"]: (t["samples"], t["passed"]) for t in report(read_jsonl(rollout))["per_task"]}
-    for run in (RolloutRun(rollout), EvalRun(eval_report)):
+    for run in (RolloutFile(rollout), EvalRun(eval_report)):
         assert {k: (t["samples"], t["passed"]) for k, t in run.per_task().items()} == expected
     info = EvalRun(eval_report).info()
     assert info["report"]["per_task"] and info["rows"] == 6 and info["report_path"] == str(eval_report)

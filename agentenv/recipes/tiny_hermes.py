@@ -1,8 +1,8 @@
 """Build and train the bundled tiny Hermes model (Qwen2 architecture) on CPU.
 
-    python -m agentenv.models.tiny_hermes --out agentenv/models/tiny-hermes
+    python -m agentenv.recipes.tiny_hermes --out agentenv/models/tiny-hermes
 
-The recipe of :mod:`agentenv.models.tiny` in the Hermes format of ``retool-math``
+The recipe of :mod:`agentenv.recipes.tiny` in the Hermes format of ``retool-math``
 (``format="hermes"``): each model turn thinks in ``<think>...</think>`` and then calls
 ``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``; each tool output
 returns as a ``<tool_response>`` user turn rendered by the model's own chat template
@@ -31,11 +31,12 @@ import torch
 from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.formats import HermesFormat
 
-from . import model_dir
-from .tiny import _copy_drills, _render, arguments, build_model, fit, save, tokenizer_for
-from .tokenizer import HERMES_CHAT_TEMPLATE
+from agentenv.models import BUNDLED, model_dir
+from agentenv.models.tokenizer import HERMES_CHAT_TEMPLATE
 
-DEFAULT_DIR = Path(__file__).with_name("tiny-hermes")
+from .tiny import _copy_drills, _render, arguments, build_model, fit, save, tokenizer_for
+
+DEFAULT_DIR = BUNDLED["tiny-hermes"]
 #: What the model thinks before each call, by problem kind (and before a second call).
 THOUGHTS = {
     "arithmetic": ["I need the value of the expression. Python computes it exactly.",
@@ -94,7 +95,7 @@ def warm_start(model, tok, base: Path) -> None:
     it). The output head is tied to the embeddings, so it follows."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import quiet_loading
+    from agentenv.models import quiet_loading
 
     with quiet_loading():
         old, old_tok = AutoModelForCausalLM.from_pretrained(str(base)), AutoTokenizer.from_pretrained(str(base))

@@ -9,7 +9,7 @@ import pytest
 
 from agentenv import Environment, Task, registry
 from agentenv.cli import build_parser, main
-from agentenv.envs.listing import BUNDLED_MODEL_NOTE, cli_spelling, format_text, listing, plain_text, train_flags
+from agentenv.listing import BUNDLED_MODEL_NOTE, cli_spelling, format_text, listing, plain_text, train_flags
 from agentenv.formats import FORMATS, HermesFormat
 from agentenv.registry import describe, env_kwargs
 

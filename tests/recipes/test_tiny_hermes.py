@@ -1,5 +1,5 @@
 """The bundled Hermes model (``agentenv/models/tiny-hermes``, built by
-``agentenv.models.tiny_hermes``) through the Hermes path: its recipe is what was shipped, the
+``agentenv.recipes.tiny_hermes``) through the Hermes path: its recipe is what was shipped, the
 token bridge is exact under its chat template, ``--model tiny-hermes`` finds it, retool-math
 speaks its format, a call written inside ``<think>`` is not run, and its rollouts make calls
 that run, with every array aligned."""
@@ -19,7 +19,8 @@ from agentenv.engines.instant import InstantEngine
 from agentenv.envs.retool_math import HERMES_PROMPT, SYSTEM_PROMPT, RetoolMathEnv
 from agentenv.errors import ConfigError
 from agentenv.formats import HermesFormat, ToolRequest
-from agentenv.models import BUNDLED, default_model, model_dir, tiny, tiny_hermes
+from agentenv.models import BUNDLED, default_model, model_dir
+from agentenv.recipes import tiny, tiny_hermes
 from agentenv.models.tokenizer import HERMES_CHAT_TEMPLATE
 from agentenv.sandboxes.local import LocalSandbox
 

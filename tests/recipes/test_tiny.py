@@ -1,4 +1,4 @@
-"""The bundled model's recipe (``agentenv.models.tiny``): the architecture it builds is the
+"""The bundled model's recipe (``agentenv.recipes.tiny``): the architecture it builds is the
 bundled model's, transcripts are laid out with the reactor's masks, and a few training steps
 on real sandbox transcripts write a model directory the embedded engine serves."""
 
@@ -11,7 +11,8 @@ import pytest
 from transformers import AutoConfig
 
 from agentenv.engines.base import SamplingParams
-from agentenv.models import default_model, tiny
+from agentenv.models import default_model
+from agentenv.recipes import tiny
 
 
 def test_the_architecture_is_the_bundled_models(tokenizer):

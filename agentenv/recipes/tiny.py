@@ -1,6 +1,6 @@
 """Build and train the bundled tiny ReTool model (Qwen2 architecture) on CPU.
 
-    python -m agentenv.models.tiny --out agentenv/models/tiny-retool
+    python -m agentenv.recipes.tiny --out agentenv/models/tiny-retool
 
 1. Generate ``retool-math`` tasks and their reference code cells.
 2. Run every cell in a real sandbox session, so the transcripts carry real interpreter output.
@@ -29,9 +29,10 @@ import torch
 from agentenv.formats import ReToolFormat
 from agentenv.envs.retool_math import RetoolMathEnv
 
-from .tokenizer import build_tokenizer
+from agentenv.models import BUNDLED
+from agentenv.models.tokenizer import build_tokenizer
 
-DEFAULT_DIR = Path(__file__).with_name("tiny-retool")
+DEFAULT_DIR = BUNDLED["tiny-retool"]
 OPENERS = ["I will use Python.", "Let me compute this with code.", "I will write code for this."]
 SECOND = ["Now the next step.", "Next, I compute the rest."]
 

@@ -63,7 +63,7 @@ def cli_spelling(text: str) -> str:
 def format_text(tool_format: str | None) -> str:
     """A tool format's id, marked when it is the environment's own rather than one of
     :data:`agentenv.formats.FORMATS` (the ids ``--format`` and ``tool_format = "..."`` accept)."""
-    from ..formats import FORMATS
+    from .formats import FORMATS
 
     if tool_format is None:
         return "(none)"
@@ -82,8 +82,8 @@ def _flags(defaults: dict[str, Any]) -> list[str]:
     """:func:`train_flags`' words, one flag with its value each."""
     from dataclasses import MISSING, fields
 
-    from ..options import flag_of
-    from ..train.config import TrainConfig
+    from .options import flag_of
+    from .train.config import TrainConfig
 
     known = {f.name: f for f in fields(TrainConfig)}
     out: list[str] = []
@@ -128,8 +128,8 @@ def listing(width: int | None = None) -> str:
     knows (one that cannot load says why), then :data:`BUNDLED_MODEL_NOTE`. ``width`` wraps
     each line to that many columns, keeping its indent (a terminal's width); None leaves every
     line whole, for a pipe or a file."""
-    from ..errors import AgentEnvError
-    from ..registry import describe, registered
+    from .errors import AgentEnvError
+    from .registry import describe, registered
 
     blocks = []
     for name, where in registered().items():
