@@ -13,6 +13,7 @@ for good, and ends with one summary table (``agentenv.summary``).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,7 @@ def open_log(out: Path, settings: dict[str, Any], resume: bool) -> tuple[Journal
     if not resume:  # a log there (--overwrite) is replaced once the run has started, not before
         return journal.Journal.create(log, settings, staged=log.exists()), None
     if not log.exists() or log.stat().st_size == 0:
-        raise AgentEnvError(f"nothing to resume: {log} does not exist or is empty")
+        raise AgentEnvError(nothing_to_resume(out, log))
     j, state = journal.Journal.resume(log, settings)
     if out.exists():
         finished, good = journal.finished_lines(out)
@@ -135,6 +136,37 @@ def open_log(out: Path, settings: dict[str, Any], resume: bool) -> tuple[Journal
         for key in finished:
             state.partial.pop(key, None)
     return j, state
+
+
+def nothing_to_resume(out: Path, log: Path) -> str:
+    """Why ``--resume --out out`` has nothing to resume (``log`` is missing or empty), saying
+    what ``out`` is when it is no rollout output: a run's event log, an eval report, other."""
+    if not out.exists():
+        return f"nothing to resume: {out} does not exist (--resume continues the run that wrote it and {log})"
+    if not out.is_file():
+        return f"nothing to resume: {out} is not a file"
+    with open(out, "rb") as f:
+        text = f.read(1 << 20)
+    head = text.split(b"\n", 1)[0]
+    if out.name.endswith(".log") and head[8:9] == b" " and b'"e":"header"' in head:
+        return (f"nothing to resume: {out} is a run's event log, not its output: resume with "
+                f"--out {out.with_suffix('')}")
+    first, whole = _json(head), _json(text)
+    if isinstance(first, dict) and "input_ids" in first:
+        return (f"nothing to resume: {out} holds rollouts but its event log {log} does not exist or is empty "
+                "(a run is resumed from its log): pass --overwrite to run again")
+    what = ("an eval report, not a run's rollouts" if isinstance(whole, dict) and "pass@k" in whole
+            else "empty" if not text.strip() else "not a run's rollouts (JSON lines of trajectories)")
+    return (f"nothing to resume: {out} is {what}, and {log} does not exist: give --out the rollouts file of "
+            "the run to resume")
+
+
+def _json(data: bytes) -> Any:
+    """``data`` parsed as JSON, or None when it is not JSON."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
 
 
 def run(job: RolloutJob) -> int:

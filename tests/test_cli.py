@@ -104,6 +104,42 @@ def test_bad_input_is_one_clear_line(args, message, capsys, tmp_path, monkeypatc
     assert (rc, out) == (2, "") and len(lines) == 1 and message in lines[0], err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["rollout", "--model", "tiny-hermess"], "model directory not found: tiny-hermess. Did you mean 'tiny-hermes' "
+                                             "(a bundled model)?"),
+    (["eval", "--model", "tiny"], "model directory not found: tiny (the bundled models: tiny-retool, tiny-hermes)"),
+    (["rollout", "--env", "goodenv:Goood"], "'goodenv' has no attribute 'Goood'. Did you mean goodenv:Good?"),
+    (["rollout", "--env", "badenv:Bad"], "cannot import 'badenv': SyntaxError: invalid syntax ({dir}/badenv.py, "
+                                         "line 2)"),
+    (["rollout", "--env", "./badenv.py:Bad"], "cannot import ./badenv.py: SyntaxError: invalid syntax "
+                                              "({dir}/badenv.py, line 2)"),
+    (["rollout", "--resume", "--out", "random.txt"], "nothing to resume: random.txt is not a run's rollouts (JSON "
+                                                     "lines of trajectories), and random.txt.log does not exist"),
+    (["rollout", "--resume", "--out", "report.json"], "nothing to resume: report.json is an eval report, not a run's "
+                                                      "rollouts, and report.json.log does not exist"),
+    (["rollout", "--resume", "--out", "r.jsonl.log"], "nothing to resume: r.jsonl.log is a run's event log, not its "
+                                                      "output: resume with --out r.jsonl"),
+    (["eval", "--resume", "--out", "old.jsonl"], "old.jsonl holds rollouts but its event log old.jsonl.log does not "
+                                                 "exist or is empty"),
+    (["rollout", "--resume", "--out", "none.jsonl"], "nothing to resume: none.jsonl does not exist"),
+])
+def test_a_users_slip_is_one_line_naming_what_was_meant(args, message, capsys, tmp_path, monkeypatch):
+    """A misspelt bundled model or class, a syntax error in the user's module (imported by
+    name from beside the user, or by path: one line naming the file and line, no traceback),
+    and --resume given a file that is not a run's rollouts."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    (tmp_path / "badenv.py").write_text("from agentenv import Environment\nclass Bad(Environment:\n    pass\n")
+    (tmp_path / "goodenv.py").write_text("from agentenv import Environment\nclass Good(Environment):\n    pass\n")
+    (tmp_path / "random.txt").write_text("hello\n")
+    (tmp_path / "report.json").write_text(json.dumps({"env": "retool-math", "pass@k": {"1": 0.5}}, indent=2))
+    (tmp_path / "r.jsonl.log").write_text('0badc0de {"e":"header","v":1,"settings":{}}\n')
+    (tmp_path / "old.jsonl").write_text(json.dumps({"task_id": "t", "input_ids": [1, 2]}) + "\n")
+    rc, out, err = cli(capsys, *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert (rc, out) == (2, "") and len(lines) == 1 and message.format(dir=tmp_path) in lines[0], err
+
+
 def test_the_console_script_reports_a_bad_argument_in_one_line_and_exit_2():
     script = Path(sys.executable).with_name("agentenv")
     r = subprocess.run([str(script), "rollout", "--tasks", "0"], capture_output=True, text=True, timeout=120)
