@@ -386,10 +386,10 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
 
         job.log.close()
         anyio.run(job.env.aclose)
-        from .summary import counted, file_rows, summary_table
+        from .summary import counted, file_rows, summary_table, weights
 
         console().print(f"{out} is complete: {counted(done, 'trajectory', 'trajectories')}; nothing to resume")
-        console().print(summary_table(file_rows(out), 0, out, total=done))
+        console().print(summary_table(file_rows(out, weights(env)), 0, out, total=done))
         return 0
     return run(job)
 

@@ -288,7 +288,7 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
 
 def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> RunResult:
     """The summary table, a warning for failed rewards, and what was held back."""
-    from .summary import counted, over_file, summary_rows, summary_table
+    from .summary import counted, over_file, summary_rows, summary_table, weights
 
     summary = source.summary()
     if job.judge is not None:
@@ -296,7 +296,7 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
     if job.resume is not None:  # the table describes the whole file, not only this invocation's part
         summary = over_file(summary, job.out, block_size=source.stats.outcomes.block_size)
     rows = summary_rows(summary, prepared=source.prepared, startup_s=time.perf_counter() - job.t_start,
-                        startup=source.startup, extra=source.rows())
+                        startup=source.startup, extra=source.rows(), weights=weights(job.env))
     total = summary["programs"] if job.resume is not None else None
     console.print(summary_table(rows, writer.written, job.out, total=total))
     if writer.reward_errors:
