@@ -56,6 +56,46 @@ def test_site_builds_strictly_without_importing_torch(tmp_path):
     assert (site / "benchmarks" / "index.html").exists() and (site / "img" / "overview.png").exists()
 
 
+def test_the_docs_extra_names_exactly_what_mkdocs_yml_needs():
+    """``pip install -e '.[docs]' && mkdocs serve``: the ``docs`` extra holds the distributions
+    that provide mkdocs.yml's theme, plugins and handlers (found through their entry points
+    and modules, as mkdocs finds them), each needed, none missing; ``dev`` takes it whole."""
+    import tomllib
+    from importlib.metadata import entry_points, packages_distributions, requires
+
+    import yaml
+    from packaging.requirements import Requirement
+
+    class Loose(yaml.SafeLoader):  # mkdocs.yml's !ENV / !relative tags are not read here
+        pass
+
+    Loose.add_multi_constructor("!", lambda loader, tag, node: None)
+    site = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loose)
+    plugins = {ep.name: ep.dist.name for ep in entry_points(group="mkdocs.plugins")}
+    themes = {ep.name: ep.dist.name for ep in entry_points(group="mkdocs.themes")}
+    modules = packages_distributions()
+    needed = {themes[site["theme"]["name"]]}
+    for entry in site["plugins"]:
+        name = entry if isinstance(entry, str) else next(iter(entry))
+        handlers = {} if isinstance(entry, str) else (entry[name] or {}).get("handlers", {})
+        # A handler comes through the plugin's extra (mkdocstrings[python]: mkdocstrings-python).
+        needed |= {f"{plugins[name]}[{h}]" for h in handlers} or {plugins[name]}
+    needed.discard("mkdocs")  # the search plugin comes with mkdocs itself
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = [Requirement(r) for r in meta["docs"]]
+    given = {r.name + (f"[{','.join(sorted(r.extras))}]" if r.extras else "") for r in named}
+    assert needed == {"mkdocs-material", "mkdocstrings[python]"} and given == needed, (needed, given)
+    # The markdown extensions come with them (pymdown-extensions is mkdocs-material's).
+    under = {Requirement(r).name.lower() for d in ("mkdocs-material", "mkdocstrings") for r in requires(d) or ()}
+    for ext in site["markdown_extensions"]:
+        top = (ext if isinstance(ext, str) else next(iter(ext))).split(".")[0]
+        if top not in ("admonition", "attr_list", "def_list", "footnotes", "tables", "toc"):  # Markdown's own
+            assert {d.lower() for d in modules[top]} <= under, f"{ext}: {modules[top]} is not in the docs extra"
+    assert "agentenv[docs]" in meta["dev"] and not [r for r in meta["dev"] if "mkdocs" in r]
+    for page in (README, ROOT / "docs" / "install.md"):
+        assert "pip install -e '.[docs]' && mkdocs serve" in page.read_text(), page
+
+
 def test_readme_is_a_short_guide_with_a_contents_list():
     text = README.read_text()
     lines = text.splitlines()
