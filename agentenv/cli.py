@@ -34,7 +34,7 @@ from .errors import AgentEnvError, ConfigError
 from .extras import check_choices
 from .options import add_options, build, option, same_as
 from .scaffold import InitConfig, run as _init
-from .train.config import TrainConfig, env_train_defaults
+from .train.config import TrainConfig, env_train_defaults, evaluation_cost, scaled_eval_tasks
 from .view.command import ViewConfig, view
 
 
@@ -274,6 +274,11 @@ def _train(opts: TrainRunConfig) -> int:
     from_env = {k: getattr(cfg, k) for k, v in defaults.items() if k != "env_kwargs" and getattr(cfg, k) == v}
     from_env.update({f"env_arg {k}": v for k, v in defaults.get("env_kwargs", {}).items()
                      if k not in opts.config.env_kwargs})
+    scaled_from = None
+    if cfg.eval_every and cfg.eval_tasks == defaults.get("eval_tasks", TrainConfig.eval_tasks):  # not given: scaled
+        scaled_from, cfg = cfg.eval_tasks, replace(cfg, eval_tasks=scaled_eval_tasks(cfg))
+        scaled_from = scaled_from if scaled_from != cfg.eval_tasks else None
+        from_env.pop("eval_tasks", None)
     if from_env:
         print(f"agentenv train: {cfg.env}'s training defaults: " + " ".join(f"{k}={v}" for k, v in from_env.items())
               + " (options on the command line override them)", flush=True)
@@ -296,6 +301,8 @@ def _train(opts: TrainRunConfig) -> int:
           f"-> {cfg.out_dir}"
           f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
           flush=True)
+    if not cfg.resume:
+        print(f"agentenv train: {evaluation_cost(cfg, scaled_from)}", flush=True)
     try:
         summary = train(cfg, progress=opts.output.progress and sys.stderr.isatty())
     except BaseException:
