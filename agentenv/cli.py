@@ -281,7 +281,7 @@ def _train(opts: TrainRunConfig) -> int:
         from_env.pop("eval_tasks", None)
     if from_env:
         print(f"agentenv train: {cfg.env}'s training defaults: " + " ".join(f"{k}={v}" for k, v in from_env.items())
-              + " (options on the command line override them)", flush=True)
+              + " (options on the command line override them)", file=sys.stderr, flush=True)
     if opts.output.overwrite:
         import shutil
 
@@ -294,15 +294,17 @@ def _train(opts: TrainRunConfig) -> int:
     from .train.trainer import train
 
     hf_logging.disable_progress_bar()
-    where = f" cluster=ray ranks={cfg.trainer_ranks}{' fsdp' if cfg.fsdp else ''} engines={cfg.engines}"
-    print(f"agentenv train: env={cfg.env} mode={cfg.mode} steps={cfg.steps} batch={cfg.groups_per_step}x"
-          f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank}"
-          f"{where if cfg.cluster == 'ray' else ''} "
-          f"-> {cfg.out_dir}"
-          f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
-          flush=True)
+    from .console import console, phrases
+
+    con = console()
+    where = [f"cluster=ray ranks={cfg.trainer_ranks}{' fsdp' if cfg.fsdp else ''}", f"engines={cfg.engines}"]
+    reports = ", ".join(cfg.report_to if cfg.report_to is not None else default_report_to()) or "none"
+    con.print(phrases(con, "agentenv train:", f"env={cfg.env}", f"mode={cfg.mode}", f"steps={cfg.steps}",
+                      f"batch={cfg.groups_per_step}x{cfg.group_size}", f"max_staleness={cfg.staleness}",
+                      f"lr={cfg.lr}", f"lora_rank={cfg.lora_rank}", *(where if cfg.cluster == "ray" else []),
+                      f"-> {cfg.out_dir}", f"(report to: {reports})"), markup=False)
     if not cfg.resume:
-        print(f"agentenv train: {evaluation_cost(cfg, scaled_from)}", flush=True)
+        con.print(f"agentenv train: {evaluation_cost(cfg, scaled_from)}", markup=False)
     try:
         summary = train(cfg, progress=opts.output.progress and sys.stderr.isatty())
     except BaseException:

@@ -209,13 +209,14 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
     """The run: a header line, the programs from ``source`` (default :func:`source_of`) written
     as they finish (``agentenv.writer``) under a progress bar, the summary table, and what was
     held back. The event log is closed and the environment too, whatever happens."""
-    from .console import console as cli_console
+    from .console import console as cli_console, phrases
 
     console = cli_console()  # rich on a terminal, plain unfolded lines anywhere else
     source = source or source_of(job)
     group = "k" if job.command == "eval" else "group"  # eval's group size is its --k
-    console.print(f"[bold]agentenv[/] {job.command}: env={job.env.id} model={job.model} engine={job.engine_spec.kind} "
-                  f"tasks={len(job.tasks)} x {group} {job.group_size}{source.where}")
+    console.print(phrases(console, f"[bold]agentenv[/] {job.command}:", f"env={job.env.id}", f"model={job.model}",
+                          f"engine={job.engine_spec.kind}", f"tasks={len(job.tasks)} x {group} {job.group_size}",
+                          *([source.where.strip()] if source.where.strip() else [])))
     try:
         async with source:
             if job.judge is not None:

@@ -442,20 +442,24 @@ def test_train_then_resume_then_plot(tmp_path, model_dir):
               "--eval-tasks", "2", "--eval-k", "2"]
     r = agentenv("train", "--steps", "2", *common)
     assert r.returncode == 0, r.stderr
-    assert "step    1/2" in r.stdout and "step    2/2" in r.stdout
+    # One rule for the streams: people's text on stderr, data (the summary's JSON) on stdout.
+    assert "step    1/2" in r.stderr and "step    2/2" in r.stderr
+    assert len(r.stdout.strip().splitlines()) == 1 and json.loads(r.stdout)["steps"] == 2
+    assert "agentenv train: held-out evaluation: 2 x 2 tasks x 2 samples = 8 programs, beside the training's 8; " \
+           "--eval-every 0 skips them" in r.stderr
     # retool-math's training defaults fill what the command line leaves out, and only that.
-    line = next(ln for ln in r.stdout.splitlines() if "training defaults" in ln)
+    line = next(ln for ln in r.stderr.splitlines() if "training defaults" in ln)
     assert "temperature=1.6" in line and "env_arg extra_digits=1" in line and "steps=" not in line
     config = json.loads((run / "config.json").read_text())
     assert (config["temperature"], config["aggregation"], config["env_kwargs"]) == (1.6, "sequence", {"extra_digits": 1})
     assert (config["groups_per_step"], config["steps"], config["eval_every"]) == (2, 2, 2)
-    assert "eval after step 2 (v2)" in r.stdout
+    assert "eval after step 2 (v2)" in r.stderr
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 2
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["checkpoint"].endswith("step-000002")
     r = agentenv("train", "--steps", "3", "--resume", *common)
     assert r.returncode == 0, r.stderr
-    assert "step    3/3" in r.stdout and "step    1/3" not in r.stdout
+    assert "step    3/3" in r.stderr and "step    1/3" not in r.stderr
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 3
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == [1, 2, 3]
