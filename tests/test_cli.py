@@ -31,6 +31,7 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
     r = agentenv("rollout", "--tasks", "3", "--group-size", "2", "--out", str(out), "--model", model_dir,
                  "--no-progress", "--seed", "5")
     assert r.returncode == 0, r.stderr
+    assert r.stdout == ""  # the data is in --out; what the run says to people is on stderr
     lines = out.read_text().splitlines()
     assert len(lines) == 6
     rows = [json.loads(line) for line in lines]
@@ -300,7 +301,9 @@ def test_eval_on_a_dataset_file_reports_pass_at_k_consistent_with_its_trajectori
     assert rep["pass@k"]["4"] == round(sum(c > 0 for c in passed.values()) / 3, 4)
     assert set(rep["components"]) == {"correct", "has_answer", "tool_ran"}
     assert "pass@4" in r.stderr and "mean correct" in r.stderr  # the table and the rollout summary
-    assert json.loads(r.stdout.splitlines()[-1])["pass@k"] == rep["pass@k"]
+    # Data on stdout (one JSON line), people's text on stderr (docs/cli.md).
+    assert len(r.stdout.splitlines()) == 1 and json.loads(r.stdout)["pass@k"] == rep["pass@k"]
+    assert "mean has_answer (weight 0)" in r.stderr and "mean tool_ran (weight 0)" in r.stderr
 
 
 def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path, capsys):
