@@ -279,6 +279,9 @@ def _train(opts: TrainRunConfig) -> int:
         scaled_from, cfg = cfg.eval_tasks, replace(cfg, eval_tasks=scaled_eval_tasks(cfg))
         scaled_from = scaled_from if scaled_from != cfg.eval_tasks else None
         from_env.pop("eval_tasks", None)
+    from .train.checkpoints import Checkpoints
+
+    Checkpoints(out_dir, cfg).resume_point()  # a --resume with nothing to resume: one line, before the others
     if from_env:
         print(f"agentenv train: {cfg.env}'s training defaults: " + " ".join(f"{k}={v}" for k, v in from_env.items())
               + " (options on the command line override them)", file=sys.stderr, flush=True)

@@ -71,7 +71,7 @@ function show(...nodes) { $("#main").replaceChildren(...nodes.filter((n) => n !=
 function setLive(text) { $("#live").textContent = text; }
 
 function progressText(p, rows) {
-  if (!p || !p.log) return `${rows} lines`;
+  if (!p || !p.log) return counted(rows, "line", "lines");
   const of = p.expected ? ` of ${p.expected}` : "";
   return `${rows} written${of} · ${p.in_flight_count} in flight · ${p.started} started`;
 }
@@ -299,7 +299,7 @@ async function showGroup(run, gid) {
   const flat = rewards.length > 1 && rewards.every((r) => r === rewards[0]);
   show(
     h("p", {}, h("a", { href: `#/run/${run}` }, "← all trajectories")),
-    h("h2", {}, `group ${gid}`, h("span", { class: "muted" }, ` ${g.samples.length} samples`)),
+    h("h2", {}, `group ${gid}`, h("span", { class: "muted" }, ` ${counted(g.samples.length, "sample", "samples")}`)),
     flat ? h("p", { class: "warn", id: "flat" }, "every sample has the same reward: no learning signal from this group") : null,
     h("div", { class: "group", id: "group" }, g.samples.map((s) => h("div", { class: "sample", "data-id": s.id },
       h("div", {}, h("a", { href: `#/run/${run}/t/${enc(s.id)}` }, `sample ${s.sample_index}`)),
@@ -450,7 +450,7 @@ function drawCurves(run) {
     return h("div", { class: "panel" }, h("h4", {}, panel.title), g.svg, legend, readout);
   }).filter(Boolean));
   const last = c.rows[c.rows.length - 1];
-  $("#train-status").textContent = last ? `${c.rows.length} steps · last step ${last.step} at ${fmt(last.time_s, 1)} s · reward ${fmt(last.reward_mean)}` : "no step yet";
+  $("#train-status").textContent = last ? `${counted(c.rows.length, "step", "steps")} · last step ${last.step} at ${fmt(last.time_s, 1)} s · reward ${fmt(last.reward_mean)}` : "no step yet";
 }
 
 async function pollCurves(run) {
@@ -479,10 +479,10 @@ async function showTraining(run) {
     d.curves.evals.length ? h("table", { class: "small", id: "evals" }, h("tr", {}, ["step", "tasks", "samples", "pass@1", "mean reward"].map((x) => h("th", {}, x))),
       d.curves.evals.map((e) => h("tr", {}, [e.step, e.tasks, e.samples, fmt(e["pass@1"]), fmt(e.mean_reward)].map((x) => h("td", { class: "num" }, x))))) : null);
   drawCurves(run);
-  setLive(`${d.curves.rows.length} steps`);
+  setLive(counted(d.curves.rows.length, "step", "steps"));
   follow(async () => {
     if (await pollCurves(run)) drawCurves(run);
-    setLive(`${d.curves.rows.length} steps`);
+    setLive(counted(d.curves.rows.length, "step", "steps"));
   });
 }
 
