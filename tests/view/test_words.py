@@ -53,6 +53,7 @@ def server(tmp_path_factory):
         yield s
 
 
+@pytest.mark.slow  # a browser, as test_page.py's
 def test_a_group_counts_one_tool_call_in_the_singular(page, server):
     rows = list(read_jsonl(DATA / "rollout.jsonl"))
     gid = next(r["group_id"] for r in rows if [c["status"] for c in r["tool_calls"]] == ["error"])
@@ -65,6 +66,7 @@ def test_a_group_counts_one_tool_call_in_the_singular(page, server):
     assert not re.search(r"\b1 (tool calls|errors)\b", page.inner_text("body"))
 
 
+@pytest.mark.slow  # a browser, as test_page.py's
 def test_a_model_segment_that_continues_a_cut_turn_says_why(page, cut_rollout):
     rows = list(read_jsonl(cut_rollout))
     row = next(r for r in rows if any(a["kind"] == b["kind"] == "model" for a, b in zip(r["segments"],
@@ -80,6 +82,7 @@ def test_a_model_segment_that_continues_a_cut_turn_says_why(page, cut_rollout):
         assert page.locator(".seg-model:not([data-continued]) > .seg-label").first.inner_text() == "model (loss mask 1)"
 
 
+@pytest.mark.slow  # a browser, as test_page.py's
 def test_each_training_curve_has_the_colour_agentenv_plot_gives_it(page, server):
     """The viewer's legend swatches against the lines of agentenv plot's figure for the same
     run, matched by label: the generator's and trainer's idle lines were swapped."""
