@@ -370,8 +370,9 @@ def _envs(opts: EnvsConfig) -> int:
     return 0
 
 
-def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
-    """Check what can be checked before the model loads, then run (``agentenv.rollout_run``)."""
+def _rollout(opts: RolloutRunConfig, command: str = "rollout", weights: dict[str, float] | None = None) -> int:
+    """Check what can be checked before the model loads, then run (``agentenv.rollout_run``).
+    ``weights``, when given, receives the environment's reward weights (``summary.weights``)."""
     from .rollout_run import RolloutJob, check_out, run
 
     t_start = time.perf_counter()
@@ -389,6 +390,10 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
     from .registry import make
 
     env = make(opts.env.env, **opts.env.env_kwargs)
+    if weights is not None:
+        from .summary import weights as weights_of
+
+        weights.update(weights_of(env))
     job = RolloutJob.open(opts, env, command=command, t_start=t_start)
     done = _complete(job)
     if done is not None:  # nothing left: the engine is not opened
@@ -449,7 +454,8 @@ def _eval(opts: EvalRunConfig) -> int:
     path = opts.report_path
     if path.is_dir() or not path.parent.is_dir():
         raise AgentEnvError(f"--report {path}: not a file in an existing directory")
-    rc = _rollout(opts, command="eval")
+    weights: dict[str, float] = {}
+    rc = _rollout(opts, command="eval", weights=weights)
     rep = report(read_jsonl(opts.output.out), threshold=opts.evaluation.pass_threshold)
     rep = {"env": opts.env.env, "env_args": opts.env.env_kwargs, "model": str(_model_dir(opts.engine.model)),
            "seed": opts.run.seed, "temperature": opts.rollout.temperature, "out": str(opts.output.out), **rep}
@@ -458,7 +464,7 @@ def _eval(opts: EvalRunConfig) -> int:
     except OSError as exc:
         raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None
     console = cli_console()
-    console.print(table(rep, title=f"{opts.env.env}"))
+    console.print(table(rep, title=f"{opts.env.env}", weights=weights))
     console.print(f"report -> {path}")
     print(json.dumps({k: rep[k] for k in ("tasks", "samples", "pass@k", "mean_reward", "components")}), flush=True)
     return rc
