@@ -195,3 +195,12 @@ def test_the_readme_example_environment_passes_check_env_without_a_docstring_war
     exec(block.split("\nregister(", 1)[0], scope)  # the class, not registered (another test may have)
     report = check_env(scope["Multiply"]())
     assert [w for w in report.warnings if "docstring" in w] == []
+
+
+def test_the_main_job_names_the_event_log_beside_its_output():
+    """A new user meets `rollouts.jsonl.log` beside the output: the README's main job says
+    what it is where the run is described, and the CLI page states the rule for the streams."""
+    job = README.read_text().split("## The main job", 1)[1].split("\n## ", 1)[0]
+    assert "`rollouts.jsonl.log`" in job and "--resume" in job
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    assert "data on stdout, people's text on stderr" in cli
