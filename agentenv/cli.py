@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import json
 import os
 import signal
@@ -138,8 +139,11 @@ def _train_command(argv: Sequence[str]) -> Command:
         base = TrainConfig.__dataclass_fields__["env_kwargs"].metadata["option"].help
         shown = " ".join(f"{k}={v}" for k, v in defaults["env_kwargs"].items())
         changes["config.env_kwargs"] = {"help": f"{base} ({env}'s training defaults: {shown})"}
+    # --eval-tasks on the command line is used as given; otherwise it is sized to the run.
+    given = any(a == "--eval-tasks" or a.startswith("--eval-tasks=") for a in argv)
     return Command(
-        "train", "GRPO-train a policy on an environment (async by default)", TrainRunConfig, _train,
+        "train", "GRPO-train a policy on an environment (async by default)", TrainRunConfig,
+        functools.partial(_train, eval_tasks_given=given),
         description=f"The defaults shown are {env}'s: its training defaults (agentenv envs shows them) over the "
                     "trainer's. Options on the command line override them.",
         changes=changes, defaults={f"config.{k}": v for k, v in defaults.items() if k != "env_kwargs"})
@@ -257,8 +261,9 @@ def _check_e2b(sandbox: str) -> None:
         raise ConfigError("--sandbox e2b needs E2B_API_KEY in the environment")
 
 
-def _train(opts: TrainRunConfig) -> int:
-    """Refuse or clear an earlier run in ``--out-dir``, then train."""
+def _train(opts: TrainRunConfig, eval_tasks_given: bool = False) -> int:
+    """Refuse or clear an earlier run in ``--out-dir``, then train. Without ``--eval-tasks``
+    (``eval_tasks_given``) the held-out evaluations are sized to the run."""
     cfg = opts.config
     out_dir = Path(cfg.out_dir)
     fresh = not out_dir.exists()
@@ -275,7 +280,7 @@ def _train(opts: TrainRunConfig) -> int:
     from_env.update({f"env_arg {k}": v for k, v in defaults.get("env_kwargs", {}).items()
                      if k not in opts.config.env_kwargs})
     scaled_from = None
-    if cfg.eval_every and cfg.eval_tasks == defaults.get("eval_tasks", TrainConfig.eval_tasks):  # not given: scaled
+    if cfg.eval_every and not eval_tasks_given:
         scaled_from, cfg = cfg.eval_tasks, replace(cfg, eval_tasks=scaled_eval_tasks(cfg))
         scaled_from = scaled_from if scaled_from != cfg.eval_tasks else None
         from_env.pop("eval_tasks", None)

@@ -437,6 +437,19 @@ def test_a_resumed_run_prepares_sessions_for_the_programs_left_only(capsys, tmp_
         job.log.close()
 
 
+def test_train_sizes_its_evaluations_to_the_run_unless_eval_tasks_is_given():
+    """``--eval-tasks 128`` is used as given even where it equals the environment's default;
+    without the flag the evaluations are sized to the run (train.config.scaled_eval_tasks)."""
+    from agentenv.cli import _commands
+
+    def given(*args: str) -> bool:
+        (train,) = [c for c in _commands(["train", *args]) if c.name == "train"]
+        return train.run.keywords["eval_tasks_given"]
+
+    assert given("--eval-tasks", "128") and given("--eval-tasks=128") and given("--steps", "5", "--eval-tasks", "4")
+    assert not given("--steps", "5") and not given("--eval-k", "2") and not given()
+
+
 @pytest.mark.slow
 def test_train_then_resume_then_plot(tmp_path, model_dir):
     run = tmp_path / "run"
