@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ from .errors import AgentEnvError, ConfigError
 from .extras import check_choices
 from .options import add_options, build, option, same_as
 from .scaffold import InitConfig, run as _init
-from .train.config import TrainConfig, env_train_defaults
+from .train.config import TrainConfig, env_train_defaults, evaluation_cost, scaled_eval_tasks
 from .view.command import ViewConfig, view
 
 
@@ -143,10 +144,12 @@ def _train_command(argv: Sequence[str]) -> Command:
         base = TrainConfig.__dataclass_fields__["env_kwargs"].metadata["option"].help
         shown = " ".join(f"{k}={v}" for k, v in defaults["env_kwargs"].items())
         changes["config.env_kwargs"] = {"help": f"{base} ({env}'s training defaults: {shown})"}
+    # --eval-tasks on the command line is used as given; otherwise it is sized to the run.
+    given = any(a == "--eval-tasks" or a.startswith("--eval-tasks=") for a in argv)
     return Command(
-        "train", TRAIN_HELP, TrainRunConfig, _train,
+        "train", TRAIN_HELP, TrainRunConfig, functools.partial(_train, eval_tasks_given=given),
         description=f"{TRAIN_DESCRIPTION} The defaults shown are {env}'s: its training defaults (agentenv envs "
-                    "shows them) over the trainer's.",
+                    "shows them) over the trainer's. Options on the command line override them.",
         changes=changes, defaults={f"config.{k}": v for k, v in defaults.items() if k != "env_kwargs"},
         first=TRAIN_FIRST)
 
@@ -284,8 +287,9 @@ def _check_e2b(sandbox: str) -> None:
         raise ConfigError("--sandbox e2b needs E2B_API_KEY in the environment")
 
 
-def _train(opts: TrainRunConfig) -> int:
-    """Refuse or clear an earlier run in ``--out-dir``, then train."""
+def _train(opts: TrainRunConfig, eval_tasks_given: bool = False) -> int:
+    """Refuse or clear an earlier run in ``--out-dir``, then train. Without ``--eval-tasks``
+    (``eval_tasks_given``) the held-out evaluations are sized to the run."""
     cfg = opts.config
     out_dir = Path(cfg.out_dir)
     fresh = not out_dir.exists()
@@ -301,9 +305,17 @@ def _train(opts: TrainRunConfig) -> int:
     from_env = {k: getattr(cfg, k) for k, v in defaults.items() if k != "env_kwargs" and getattr(cfg, k) == v}
     from_env.update({f"env_arg {k}": v for k, v in defaults.get("env_kwargs", {}).items()
                      if k not in opts.config.env_kwargs})
+    scaled_from = None
+    if cfg.eval_every and not eval_tasks_given:
+        scaled_from, cfg = cfg.eval_tasks, replace(cfg, eval_tasks=scaled_eval_tasks(cfg))
+        scaled_from = scaled_from if scaled_from != cfg.eval_tasks else None
+        from_env.pop("eval_tasks", None)
+    from .train.checkpoints import Checkpoints
+
+    Checkpoints(out_dir, cfg).resume_point()  # a --resume with nothing to resume: one line, before the others
     if from_env:
         print(f"agentenv train: {cfg.env}'s training defaults: " + " ".join(f"{k}={v}" for k, v in from_env.items())
-              + " (options on the command line override them)", flush=True)
+              + " (options on the command line override them)", file=sys.stderr, flush=True)
     if opts.output.overwrite:
         import shutil
 
@@ -316,13 +328,17 @@ def _train(opts: TrainRunConfig) -> int:
     from .train.trainer import train
 
     hf_logging.disable_progress_bar()
-    where = f" cluster=ray ranks={cfg.trainer_ranks}{' fsdp' if cfg.fsdp else ''} engines={cfg.engines}"
-    print(f"agentenv train: env={cfg.env} mode={cfg.mode} steps={cfg.steps} batch={cfg.groups_per_step}x"
-          f"{cfg.group_size} max_staleness={cfg.staleness} lr={cfg.lr} lora_rank={cfg.lora_rank}"
-          f"{where if cfg.cluster == 'ray' else ''} "
-          f"-> {cfg.out_dir}"
-          f" (report to: {', '.join(cfg.report_to if cfg.report_to is not None else default_report_to()) or 'none'})",
-          flush=True)
+    from .console import console, phrases
+
+    con = console()
+    where = [f"cluster=ray ranks={cfg.trainer_ranks}{' fsdp' if cfg.fsdp else ''}", f"engines={cfg.engines}"]
+    reports = ", ".join(cfg.report_to if cfg.report_to is not None else default_report_to()) or "none"
+    con.print(phrases(con, "agentenv train:", f"env={cfg.env}", f"mode={cfg.mode}", f"steps={cfg.steps}",
+                      f"batch={cfg.groups_per_step}x{cfg.group_size}", f"max_staleness={cfg.staleness}",
+                      f"lr={cfg.lr}", f"lora_rank={cfg.lora_rank}", *(where if cfg.cluster == "ray" else []),
+                      f"-> {cfg.out_dir}", f"(report to: {reports})"), markup=False)
+    if not cfg.resume:
+        con.print(f"agentenv train: {evaluation_cost(cfg, scaled_from)}", markup=False)
     try:
         summary = train(cfg, progress=opts.output.progress and sys.stderr.isatty())
     except BaseException:
@@ -385,8 +401,9 @@ def _envs(opts: EnvsConfig) -> int:
     return 0
 
 
-def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
-    """Check what can be checked before the model loads, then run (``agentenv.rollout_run``)."""
+def _rollout(opts: RolloutRunConfig, command: str = "rollout", weights: dict[str, float] | None = None) -> int:
+    """Check what can be checked before the model loads, then run (``agentenv.rollout_run``).
+    ``weights``, when given, receives the environment's reward weights (``summary.weights``)."""
     from .rollout_run import RolloutJob, check_out, run
 
     t_start = time.perf_counter()
@@ -404,6 +421,10 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
     from .registry import make
 
     env = make(opts.env.env, **opts.env.env_kwargs)
+    if weights is not None:
+        from .summary import weights as weights_of
+
+        weights.update(weights_of(env))
     job = RolloutJob.open(opts, env, command=command, t_start=t_start)
     done = _complete(job)
     if done is not None:  # nothing left: the engine is not opened
@@ -413,10 +434,10 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout") -> int:
 
         job.log.close()
         anyio.run(job.env.aclose)
-        from .summary import counted, file_rows, summary_table
+        from .summary import counted, file_rows, summary_table, weights
 
         console().print(f"{out} is complete: {counted(done, 'trajectory', 'trajectories')}; nothing to resume")
-        console().print(summary_table(file_rows(out), 0, out, total=done))
+        console().print(summary_table(file_rows(out, weights(env)), 0, out, total=done))
         return 0
     return run(job)
 
@@ -464,7 +485,8 @@ def _eval(opts: EvalRunConfig) -> int:
     path = opts.report_path
     if path.is_dir() or not path.parent.is_dir():
         raise AgentEnvError(f"--report {path}: not a file in an existing directory")
-    rc = _rollout(opts, command="eval")
+    weights: dict[str, float] = {}
+    rc = _rollout(opts, command="eval", weights=weights)
     rep = report(read_jsonl(opts.output.out), threshold=opts.evaluation.pass_threshold)
     rep = {"env": opts.env.env, "env_args": opts.env.env_kwargs, "model": str(_model_dir(opts.engine.model)),
            "seed": opts.run.seed, "temperature": opts.rollout.temperature, "out": str(opts.output.out), **rep}
@@ -473,7 +495,7 @@ def _eval(opts: EvalRunConfig) -> int:
     except OSError as exc:
         raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None
     console = cli_console()
-    console.print(table(rep, title=f"{opts.env.env}"))
+    console.print(table(rep, title=f"{opts.env.env}", weights=weights))
     console.print(f"report -> {path}")
     print(json.dumps({k: rep[k] for k in ("tasks", "samples", "pass@k", "mean_reward", "components")}), flush=True)
     return rc

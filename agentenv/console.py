@@ -37,9 +37,29 @@ def console(*, stderr: bool = True) -> "Console":
                    emoji=False, soft_wrap=True, force_terminal=False, force_interactive=False)
 
 
+def phrases(con: "Console", *parts: str, indent: str = "  ") -> str:
+    """``parts`` (rich markup, each a phrase such as ``tasks=32 x group 4``) joined by spaces
+    in lines no wider than ``con``: broken between phrases only, never inside one, the lines
+    after the first indented (a phrase wider than a line stands on a line of its own). Off a
+    terminal the console is wide enough for one line."""
+    from rich.text import Text
+
+    lines: list[str] = []
+    width = 0
+    for part in parts:
+        cells = Text.from_markup(part).cell_len
+        if lines and width + 1 + cells <= con.width:
+            lines[-1] += " " + part
+            width += 1 + cells
+        else:
+            lines.append(part if not lines else indent + part)
+            width = cells + (len(indent) if len(lines) > 1 else 0)
+    return "\n".join(lines)
+
+
 def on_terminal(con: "Console") -> bool:
     """Whether ``con`` draws for a person at a terminal (a live progress bar is worth it)."""
     return con.is_terminal or con.is_jupyter
 
 
-__all__ = ["PLAIN_WIDTH", "console", "on_terminal"]
+__all__ = ["PLAIN_WIDTH", "console", "on_terminal", "phrases"]

@@ -35,10 +35,17 @@ Messages = list[dict[str, str]]
 
 @dataclass(frozen=True, slots=True)
 class Task:
+    """One problem of an environment: what the model is asked, and what the reward checks."""
+
     id: str
+    """A stable id (the same for the same task whatever the seed): rows, resumes and reports
+    are keyed by it."""
     question: str
+    """The user turn :meth:`Environment.prompt` asks (by default, after the system prompt)."""
     answer: Any = None
+    """The expected answer, for the reward (``correct_answer`` compares the final answer to it)."""
     data: dict[str, Any] = field(default_factory=dict)
+    """Anything else the environment keeps with the task (JSON-serialisable)."""
 
 
 @dataclass(slots=True)
@@ -46,47 +53,68 @@ class TurnAction:
     """What ``on_turn`` may ask for: end the program, and/or inject text (mask 0)."""
 
     stop: bool = False
+    """End the program after this turn."""
     inject: str | None = None
+    """Text spliced into the context after this turn, with loss mask 0."""
 
 
 @dataclass(frozen=True, slots=True)
 class TurnPlan:
     """What ``plan_turn`` may say about the next turn."""
 
-    #: Sampled-token cap for this turn (None: the rollout config's ``max_tokens_per_turn``).
     max_tokens: int | None = None
-    #: False: no stop token ends the turn (it runs to ``max_tokens``; EOS included).
+    """Sampled-token cap for this turn (None: the rollout config's ``max_tokens_per_turn``)."""
     stop: bool = True
-    #: The program ends after this turn (finish reason ``stop``), whatever the model wrote.
+    """False: no stop token ends the turn (it runs to ``max_tokens``; EOS included)."""
     last: bool = False
+    """The program ends after this turn (finish reason ``stop``), whatever the model wrote."""
 
 
 class Environment:
-    #: The registry id, e.g. "retool-math".
+    """The base class of an environment: subclass it, set the class attributes, and override
+    :meth:`tasks` and :meth:`reward` (required), then what else the environment needs
+    (:meth:`prompt`, :meth:`tools`, :meth:`sandbox_setup`, :meth:`on_turn`, :meth:`plan_turn`,
+    :meth:`group_reward`). The constructor's keyword arguments are the environment's
+    ``--env-arg`` options; a subclass that takes some declares them in its own ``__init__``."""
+
     id: ClassVar[str] = ""
-    #: "retool", "hermes", or a ToolFormat instance.
+    """The registry id, e.g. ``"retool-math"`` (``make(id)``, ``--env id``)."""
     tool_format: ClassVar[str | ToolFormat] = "retool"
-    #: Defaults for the program limits; the CLI/reactor may override them.
+    """How the model writes tool calls and reads their results: ``"retool"``, ``"hermes"``,
+    ``"llama3-json"``, or a :class:`~agentenv.formats.ToolFormat` instance."""
     max_turns: ClassVar[int] = 4
+    """Model turns per program by default (each may call tools); ``--max-turns`` overrides it."""
     tool_timeout: ClassVar[float] = 5.0
+    """Seconds one tool call may take by default; a call past it is a tool error."""
     system_prompt: ClassVar[str | None] = None
-    #: Training settings that make this environment learn (``TrainConfig`` field names, plus
-    #: ``env_kwargs``); ``agentenv train`` and ``TrainConfig.for_env`` use them where the user
-    #: gave no value of their own.
+    """The system message :meth:`prompt` puts first (None: no system message)."""
     train_defaults: ClassVar[dict[str, Any]] = {}
+    """Training settings that make this environment learn (``TrainConfig`` field names, plus
+    ``env_kwargs``); ``agentenv train`` and ``TrainConfig.for_env`` use them where the user
+    gave no value of their own."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.options = kwargs
+        """The keyword arguments this base class was given (a subclass that declares its
+        own in ``__init__`` keeps them as it likes)."""
 
     # -- required ------------------------------------------------------------------------
     def tasks(self, n: int, seed: int = 0) -> list[Task]:
+        """Required: ``n`` tasks drawn from ``seed`` (the same seed gives the same tasks),
+        each with a stable id."""
         raise NotImplementedError
 
     async def reward(self, task: Task, trajectory: "Trajectory") -> float | dict[str, float]:
+        """Required: the reward of a finished program, a float or a dict of named components
+        (with ``"reward"``, the total, or else summed; a :class:`~agentenv.rewards.Rubric`
+        returns one). It runs after the program ends, concurrently with programs still
+        decoding; one that raises is recorded on the trajectory (reward None), not raised."""
         raise NotImplementedError
 
     # -- optional ------------------------------------------------------------------------
     def prompt(self, task: Task) -> Messages:
+        """The chat messages the program starts from, rendered by the model's chat template:
+        by default :attr:`system_prompt` (if any), then the task's question as the user turn."""
         msgs: Messages = []
         if self.system_prompt:
             msgs.append({"role": "system", "content": self.system_prompt})
@@ -94,9 +122,13 @@ class Environment:
         return msgs
 
     def tools(self) -> list[Tool]:
+        """The tools the model may call, offered in :attr:`tool_format`: by default one
+        sandboxed ``python`` tool (:class:`~agentenv.tools.PythonTool`)."""
         return [PythonTool()]
 
     def sandbox_setup(self) -> str | None:
+        """Python run once in each program's sandbox session before the model's first turn
+        (imports, helper functions, data); None: nothing."""
         return None
 
     def plan_turn(self, task: Task, trajectory: "Trajectory", turn: int) -> TurnPlan | None:
@@ -104,6 +136,9 @@ class Environment:
         return None
 
     async def on_turn(self, task: Task, trajectory: "Trajectory", turn_text: str) -> TurnAction | None:
+        """Called after each model turn that called tools, once their output is spliced in,
+        with the turn's text: a :class:`TurnAction` ends the program or injects text (loss
+        mask 0); None: go on."""
         return None
 
     async def group_reward(

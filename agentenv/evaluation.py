@@ -115,9 +115,12 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def table(rep: Mapping[str, Any], title: str = "evaluation") -> Any:
-    """A rich Table of a report: the overall figures, then one row per component."""
+def table(rep: Mapping[str, Any], title: str = "evaluation", weights: Mapping[str, float] | None = None) -> Any:
+    """A rich Table of a report: the overall figures, then one row per component, marked with
+    its weight in the reward where that is known and not 1 (``weights``, as the run summary)."""
     from rich.table import Table
+
+    from .summary import component_rows
 
     t = Table(title=f"{title}: {rep['tasks']} tasks x {rep['samples_per_task'] or 'varying'} samples",
               show_header=True)
@@ -126,8 +129,8 @@ def table(rep: Mapping[str, Any], title: str = "evaluation") -> Any:
     for k, v in rep["pass@k"].items():
         t.add_row(f"pass@{k}", f"{v:.3f}")
     t.add_row("mean reward", "-" if rep["mean_reward"] is None else f"{rep['mean_reward']:.3f}")
-    for name, v in rep["components"].items():
-        t.add_row(f"  mean {name}", f"{v:.3f}")
+    for label, v in component_rows(rep["components"], dict(weights or {})):
+        t.add_row(label, f"{v:.3f}")
     t.add_row("tool calls per sample", str(rep["tool_calls_per_sample"]))
     t.add_row("finish reasons", ", ".join(f"{k}={v}" for k, v in rep["finish_reasons"].items()))
     if rep["reward_failures"]:

@@ -85,7 +85,7 @@ def load_module(spec: str) -> ModuleType:
             importer.loader.exec_module(module)
         except BaseException as exc:
             del sys.modules[name]
-            raise EnvNotFoundError(f"cannot import {spec}: {type(exc).__name__}: {exc}") from exc
+            raise EnvNotFoundError(f"cannot import {spec}: {_failure(exc)}") from None
         return module
     try:
         return importlib.import_module(spec)
@@ -97,11 +97,23 @@ def load_module(spec: str) -> ModuleType:
         try:
             return importlib.import_module(spec)
         except ModuleNotFoundError as exc2:
+            if exc2.name != spec.split(".")[0]:  # found beside the user; what it imports is missing
+                raise EnvNotFoundError(f"cannot import {spec!r}: {_failure(exc2)}") from None
             sys.path.remove(cwd)
             raise EnvNotFoundError(f"cannot import {spec!r}: {exc2} (looked in the installed packages "
-                                   f"and in {cwd})") from exc2
+                                   f"and in {cwd})") from None
+        except Exception as exc2:  # noqa: BLE001 - the module beside the user failed while importing
+            raise EnvNotFoundError(f"cannot import {spec!r}: {_failure(exc2)}") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
-        raise EnvNotFoundError(f"cannot import {spec!r}: {type(exc).__name__}: {exc}") from exc
+        raise EnvNotFoundError(f"cannot import {spec!r}: {_failure(exc)}") from None
+
+
+def _failure(exc: BaseException) -> str:
+    """One line for an exception a user's module raised while importing: a syntax error names
+    its file and line in full (``SyntaxError: invalid syntax (/x/env.py, line 2)``)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def class_spec(env: Any) -> str:
@@ -188,11 +200,14 @@ def load_env_modules(specs: list[str] = ()) -> None:  # type: ignore[assignment]
 def _import(path: str) -> Any:
     module, _, attr = path.rpartition(":")
     obj: Any = load_module(module)
-    try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError as exc:
-        raise EnvNotFoundError(f"cannot import environment {path!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n, v in vars(obj).items() if isinstance(v, type) and not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+            hint = f" Did you mean {path.rpartition(':')[0]}:{attr[:-len(part)]}{close[0]}?" if close else ""
+            raise EnvNotFoundError(f"cannot import environment {path!r}: {getattr(obj, '__name__', obj)!r} has "
+                                   f"no attribute {part!r}.{hint}")
+        obj = getattr(obj, part)
     return obj
 
 

@@ -13,6 +13,7 @@ for good, and ends with one summary table (``agentenv.summary``).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,7 @@ def open_log(out: Path, settings: dict[str, Any], resume: bool) -> tuple[Journal
     if not resume:  # a log there (--overwrite) is replaced once the run has started, not before
         return journal.Journal.create(log, settings, staged=log.exists()), None
     if not log.exists() or log.stat().st_size == 0:
-        raise AgentEnvError(f"nothing to resume: {log} does not exist or is empty")
+        raise AgentEnvError(nothing_to_resume(out, log))
     j, state = journal.Journal.resume(log, settings)
     if out.exists():
         finished, good = journal.finished_lines(out)
@@ -135,6 +136,37 @@ def open_log(out: Path, settings: dict[str, Any], resume: bool) -> tuple[Journal
         for key in finished:
             state.partial.pop(key, None)
     return j, state
+
+
+def nothing_to_resume(out: Path, log: Path) -> str:
+    """Why ``--resume --out out`` has nothing to resume (``log`` is missing or empty), saying
+    what ``out`` is when it is no rollout output: a run's event log, an eval report, other."""
+    if not out.exists():
+        return f"nothing to resume: {out} does not exist (--resume continues the run that wrote it and {log})"
+    if not out.is_file():
+        return f"nothing to resume: {out} is not a file"
+    with open(out, "rb") as f:
+        text = f.read(1 << 20)
+    head = text.split(b"\n", 1)[0]
+    if out.name.endswith(".log") and head[8:9] == b" " and b'"e":"header"' in head:
+        return (f"nothing to resume: {out} is a run's event log, not its output: resume with "
+                f"--out {out.with_suffix('')}")
+    first, whole = _json(head), _json(text)
+    if isinstance(first, dict) and "input_ids" in first:
+        return (f"nothing to resume: {out} holds rollouts but its event log {log} does not exist or is empty "
+                "(a run is resumed from its log): pass --overwrite to run again")
+    what = ("an eval report, not a run's rollouts" if isinstance(whole, dict) and "pass@k" in whole
+            else "empty" if not text.strip() else "not a run's rollouts (JSON lines of trajectories)")
+    return (f"nothing to resume: {out} is {what}, and {log} does not exist: give --out the rollouts file of "
+            "the run to resume")
+
+
+def _json(data: bytes) -> Any:
+    """``data`` parsed as JSON, or None when it is not JSON."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
 
 
 def run(job: RolloutJob) -> int:
@@ -176,13 +208,14 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
     """The run: a header line, the programs from ``source`` (default :func:`source_of`) written
     as they finish (``agentenv.writer``) under a progress bar, the summary table, and what was
     held back. The event log is closed and the environment too, whatever happens."""
-    from .console import console as cli_console
+    from .console import console as cli_console, phrases
 
     console = cli_console()  # rich on a terminal, plain unfolded lines anywhere else
     source = source or source_of(job)
     group = "k" if job.command == "eval" else "group"  # eval's group size is its --k
-    console.print(f"[bold]agentenv[/] {job.command}: env={job.env.id} model={job.model} engine={job.engine_spec.kind} "
-                  f"tasks={len(job.tasks)} x {group} {job.group_size}{source.where}")
+    console.print(phrases(console, f"[bold]agentenv[/] {job.command}:", f"env={job.env.id}", f"model={job.model}",
+                          f"engine={job.engine_spec.kind}", f"tasks={len(job.tasks)} x {group} {job.group_size}",
+                          *([source.where.strip()] if source.where.strip() else [])))
     try:
         async with source:
             if job.judge is not None:
@@ -255,7 +288,7 @@ async def _stream(job: RolloutJob, source: GroupSource, console: Any) -> RunResu
 
 def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> RunResult:
     """The summary table, a warning for failed rewards, and what was held back."""
-    from .summary import counted, over_file, summary_rows, summary_table
+    from .summary import counted, over_file, summary_rows, summary_table, weights
 
     summary = source.summary()
     if job.judge is not None:
@@ -263,7 +296,7 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
     if job.resume is not None:  # the table describes the whole file, not only this invocation's part
         summary = over_file(summary, job.out, block_size=source.stats.outcomes.block_size)
     rows = summary_rows(summary, prepared=source.prepared, startup_s=time.perf_counter() - job.t_start,
-                        startup=source.startup, extra=source.rows())
+                        startup=source.startup, extra=source.rows(), weights=weights(job.env))
     total = summary["programs"] if job.resume is not None else None
     console.print(summary_table(rows, writer.written, job.out, total=total))
     if writer.reward_errors:

@@ -38,9 +38,32 @@ def over_file(s: dict[str, Any], out: Path, *, block_size: int = 1) -> dict[str,
     return {**s, **{k: figures[k] for k in OUTCOMES if k in s}, "this_run": {k: s[k] for k in OUTCOMES if k in s}}
 
 
-def file_rows(out: Path) -> list[tuple[str, Any]]:
+def weights(env: Any) -> dict[str, float]:
+    """The weight of each reward component ``env`` scores with, where it says: its ``rubric``
+    (a :class:`~agentenv.rewards.Rubric`, as the bundled environments and ``agentenv init``'s
+    have), else none known."""
+    parts = getattr(getattr(env, "rubric", None), "parts", None)
+    try:
+        return {str(name): float(w) for name, _, w in parts or ()}
+    except (TypeError, ValueError):  # some other ``rubric``: its weights are not known
+        return {}
+
+
+def component_rows(components: dict[str, float], weights: dict[str, float] | None = None) -> list[tuple[str, Any]]:
+    """The rows of the mean reward components, each marked with its weight where that is not
+    1 (``mean tool_ran (weight 0)``: reported, not added to the reward), so that the
+    components visibly add up to the mean reward."""
+    def label(name: str) -> str:
+        w = (weights or {}).get(name)
+        return f"  mean {name}" if w is None or w == 1 else f"  mean {name} (weight {w:g})"
+
+    return [(label(name), value) for name, value in sorted(components.items())]
+
+
+def file_rows(out: Path, weights: dict[str, float] | None = None) -> list[tuple[str, Any]]:
     """The outcome rows (programs, turns, tool calls, tokens, rewards, finish reasons) counted
-    over every line of ``out``: what a complete run's file holds, with nothing measured now."""
+    over every line of ``out``: what a complete run's file holds, with nothing measured now.
+    ``weights``: the reward components' (:func:`weights`)."""
     from .stats import RunStats
     from .trajectory import Trajectory
 
@@ -55,7 +78,7 @@ def file_rows(out: Path) -> list[tuple[str, Any]]:
         ("programs with a tool call that ran", "programs_with_ok_tool_call"),
         ("tokens generated", "tokens_generated")) if key in s]
     rows.append(("mean reward", s["mean_reward"]))
-    rows += [(f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())]
+    rows += component_rows(s["reward_components"], weights)
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
     return rows
 
@@ -69,12 +92,14 @@ def _duration(*ms: float | None) -> str:
 
 
 def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, startup: str,
-                 extra: Iterable[tuple[str, Any]] = ()) -> list[tuple[str, Any]]:
+                 extra: Iterable[tuple[str, Any]] = (), weights: dict[str, float] | None = None
+                 ) -> list[tuple[str, Any]]:
     """The table's rows: ``s`` is a stats summary, ``prepared`` the sandbox sessions started
     while the model loaded, ``startup_s`` the run's whole time with its start-up (``startup``
     says what that was), ``extra`` the source's own rows (they come first). When ``s`` is a
     resumed run's over its whole file (:func:`over_file`), the tokens generated carry this
-    invocation's share and the figures only this invocation measured say "(this run)"."""
+    invocation's share and the figures only this invocation measured say "(this run)".
+    ``weights``: the reward components' (:func:`weights`), marked where not 1."""
     mine = s.get("this_run")
     now = "" if mine is None else " (this run)"
 
@@ -116,7 +141,7 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
         if has("judge_share_pct"):
             rows.append((f"judge share of wall time (a call in flight){now}", f"{s['judge_share_pct']}%"))
     rows.append(("mean reward", s["mean_reward"]))
-    rows += [(f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())]
+    rows += component_rows(s["reward_components"], weights)
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
     rows.append((f"wall time{now}", f"{s['wall_s']}s rollout, {startup_s:.1f}s with start-up ({startup})"))
     return rows

@@ -31,6 +31,7 @@ def test_rollout_writes_jsonl_that_datasets_loads(tmp_path, model_dir):
     r = agentenv("rollout", "--tasks", "3", "--group-size", "2", "--out", str(out), "--model", model_dir,
                  "--no-progress", "--seed", "5")
     assert r.returncode == 0, r.stderr
+    assert r.stdout == ""  # the data is in --out; what the run says to people is on stderr
     lines = out.read_text().splitlines()
     assert len(lines) == 6
     rows = [json.loads(line) for line in lines]
@@ -102,6 +103,42 @@ def test_bad_input_is_one_clear_line(args, message, capsys, tmp_path, monkeypatc
     rc, out, err = cli(capsys, *args)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert (rc, out) == (2, "") and len(lines) == 1 and message in lines[0], err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rollout", "--model", "tiny-hermess"], "model directory not found: tiny-hermess. Did you mean 'tiny-hermes' "
+                                             "(a bundled model)?"),
+    (["eval", "--model", "tiny"], "model directory not found: tiny (the bundled models: tiny-retool, tiny-hermes)"),
+    (["rollout", "--env", "goodenv:Goood"], "'goodenv' has no attribute 'Goood'. Did you mean goodenv:Good?"),
+    (["rollout", "--env", "badenv:Bad"], "cannot import 'badenv': SyntaxError: invalid syntax ({dir}/badenv.py, "
+                                         "line 2)"),
+    (["rollout", "--env", "./badenv.py:Bad"], "cannot import ./badenv.py: SyntaxError: invalid syntax "
+                                              "({dir}/badenv.py, line 2)"),
+    (["rollout", "--resume", "--out", "random.txt"], "nothing to resume: random.txt is not a run's rollouts (JSON "
+                                                     "lines of trajectories), and random.txt.log does not exist"),
+    (["rollout", "--resume", "--out", "report.json"], "nothing to resume: report.json is an eval report, not a run's "
+                                                      "rollouts, and report.json.log does not exist"),
+    (["rollout", "--resume", "--out", "r.jsonl.log"], "nothing to resume: r.jsonl.log is a run's event log, not its "
+                                                      "output: resume with --out r.jsonl"),
+    (["eval", "--resume", "--out", "old.jsonl"], "old.jsonl holds rollouts but its event log old.jsonl.log does not "
+                                                 "exist or is empty"),
+    (["rollout", "--resume", "--out", "none.jsonl"], "nothing to resume: none.jsonl does not exist"),
+])
+def test_a_users_slip_is_one_line_naming_what_was_meant(args, message, capsys, tmp_path, monkeypatch):
+    """A misspelt bundled model or class, a syntax error in the user's module (imported by
+    name from beside the user, or by path: one line naming the file and line, no traceback),
+    and --resume given a file that is not a run's rollouts."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    (tmp_path / "badenv.py").write_text("from agentenv import Environment\nclass Bad(Environment:\n    pass\n")
+    (tmp_path / "goodenv.py").write_text("from agentenv import Environment\nclass Good(Environment):\n    pass\n")
+    (tmp_path / "random.txt").write_text("hello\n")
+    (tmp_path / "report.json").write_text(json.dumps({"env": "retool-math", "pass@k": {"1": 0.5}}, indent=2))
+    (tmp_path / "r.jsonl.log").write_text('0badc0de {"e":"header","v":1,"settings":{}}\n')
+    (tmp_path / "old.jsonl").write_text(json.dumps({"task_id": "t", "input_ids": [1, 2]}) + "\n")
+    rc, out, err = cli(capsys, *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert (rc, out) == (2, "") and len(lines) == 1 and message.format(dir=tmp_path) in lines[0], err
 
 
 def test_the_console_script_reports_a_bad_argument_in_one_line_and_exit_2():
@@ -277,7 +314,9 @@ def test_eval_on_a_dataset_file_reports_pass_at_k_consistent_with_its_trajectori
     assert rep["pass@k"]["4"] == round(sum(c > 0 for c in passed.values()) / 3, 4)
     assert set(rep["components"]) == {"correct", "has_answer", "tool_ran"}
     assert "pass@4" in r.stderr and "mean correct" in r.stderr  # the table and the rollout summary
-    assert json.loads(r.stdout.splitlines()[-1])["pass@k"] == rep["pass@k"]
+    # Data on stdout (one JSON line), people's text on stderr (docs/cli.md).
+    assert len(r.stdout.splitlines()) == 1 and json.loads(r.stdout)["pass@k"] == rep["pass@k"]
+    assert "mean has_answer (weight 0)" in r.stderr and "mean tool_ran (weight 0)" in r.stderr
 
 
 def test_train_refuses_an_earlier_run_without_resume_or_overwrite(tmp_path, capsys):
@@ -411,6 +450,19 @@ def test_a_resumed_run_prepares_sessions_for_the_programs_left_only(capsys, tmp_
         job.log.close()
 
 
+def test_train_sizes_its_evaluations_to_the_run_unless_eval_tasks_is_given():
+    """``--eval-tasks 128`` is used as given even where it equals the environment's default;
+    without the flag the evaluations are sized to the run (train.config.scaled_eval_tasks)."""
+    from agentenv.cli import _commands
+
+    def given(*args: str) -> bool:
+        (train,) = [c for c in _commands(["train", *args]) if c.name == "train"]
+        return train.run.keywords["eval_tasks_given"]
+
+    assert given("--eval-tasks", "128") and given("--eval-tasks=128") and given("--steps", "5", "--eval-tasks", "4")
+    assert not given("--steps", "5") and not given("--eval-k", "2") and not given()
+
+
 @pytest.mark.slow
 def test_train_then_resume_then_plot(tmp_path, model_dir):
     run = tmp_path / "run"
@@ -419,20 +471,24 @@ def test_train_then_resume_then_plot(tmp_path, model_dir):
               "--eval-tasks", "2", "--eval-k", "2"]
     r = agentenv("train", "--steps", "2", *common)
     assert r.returncode == 0, r.stderr
-    assert "step    1/2" in r.stdout and "step    2/2" in r.stdout
+    # One rule for the streams: people's text on stderr, data (the summary's JSON) on stdout.
+    assert "step    1/2" in r.stderr and "step    2/2" in r.stderr
+    assert len(r.stdout.strip().splitlines()) == 1 and json.loads(r.stdout)["steps"] == 2
+    assert "agentenv train: held-out evaluation: 2 x 2 tasks x 2 samples = 8 programs, beside the training's 8; " \
+           "--eval-every 0 skips them" in r.stderr
     # retool-math's training defaults fill what the command line leaves out, and only that.
-    line = next(ln for ln in r.stdout.splitlines() if "training defaults" in ln)
+    line = next(ln for ln in r.stderr.splitlines() if "training defaults" in ln)
     assert "temperature=1.6" in line and "env_arg extra_digits=1" in line and "steps=" not in line
     config = json.loads((run / "config.json").read_text())
     assert (config["temperature"], config["aggregation"], config["env_kwargs"]) == (1.6, "sequence", {"extra_digits": 1})
     assert (config["groups_per_step"], config["steps"], config["eval_every"]) == (2, 2, 2)
-    assert "eval after step 2 (v2)" in r.stdout
+    assert "eval after step 2 (v2)" in r.stderr
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 2
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["checkpoint"].endswith("step-000002")
     r = agentenv("train", "--steps", "3", "--resume", *common)
     assert r.returncode == 0, r.stderr
-    assert "step    3/3" in r.stdout and "step    1/3" not in r.stdout
+    assert "step    3/3" in r.stderr and "step    1/3" not in r.stderr
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 3
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == [1, 2, 3]

@@ -11,7 +11,7 @@ import pytest
 from rich.table import Table
 
 from agentenv.cli import main
-from agentenv.console import PLAIN_WIDTH, console, on_terminal
+from agentenv.console import PLAIN_WIDTH, console, on_terminal, phrases
 
 LONG = "agentenv rollout: env=retool-math model=/a/rather/long/path/to/a/model/directory engine=embedded tasks=32"
 ROW = "engine under half its decode slots (the run's tail, mostly)"
@@ -50,6 +50,27 @@ def test_on_a_terminal_it_is_rich(monkeypatch, narrow):
         monkeypatch.setenv("TERM", "xterm-256color")
         con = console()
         assert on_terminal(con) and con.color_system is not None and con.width == 40
+
+
+def test_on_an_80_column_terminal_the_header_breaks_between_phrases_only():
+    """Rich folds a long line at any space ("tasks=32 x" / "group 4"): the run's header is
+    packed into lines of whole phrases, each within the width; off a terminal it is one line."""
+    import io
+
+    from rich.console import Console
+
+    parts = ["[bold]agentenv[/] rollout:", "env=retool-math", "model=/a/rather/long/path/to/a/model/directory/x",
+             "engine=embedded", "tasks=32 x group 4", "on Ray, 2 workers, 1 engine actors"]
+    buf = io.StringIO()
+    con = Console(file=buf, width=80, force_terminal=True, color_system=None)
+    con.print(phrases(con, *parts))
+    lines = buf.getvalue().splitlines()
+    plain = [p.replace("[bold]", "").replace("[/]", "") for p in parts]
+    assert len(lines) > 1 and all(len(line) <= 80 for line in lines)
+    assert lines == ["agentenv rollout: env=retool-math", "  " + " ".join(plain[2:4]),
+                     "  " + " ".join(plain[4:])]  # whole phrases, the lines after the first indented
+    wide = Console(file=io.StringIO(), width=PLAIN_WIDTH)
+    assert phrases(wide, *parts).count("\n") == 0
 
 
 @pytest.mark.slow

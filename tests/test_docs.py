@@ -32,6 +32,25 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+#: What a user's Environment subclass overrides or sets (docs/environments.md).
+OVERRIDABLE = ("tasks", "reward", "prompt", "tools", "sandbox_setup", "on_turn", "plan_turn", "group_reward", "aclose")
+CLASS_ATTRIBUTES = ("id", "tool_format", "max_turns", "tool_timeout", "system_prompt", "train_defaults")
+
+
+def test_every_member_a_user_overrides_has_a_docstring_the_reference_shows():
+    """mkdocstrings leaves out a member without a docstring (and ``#:`` comments are not
+    docstrings to griffe): each overridable method and class attribute of ``Environment``,
+    and each field of the types it returns, has one, read from the source as the site does."""
+    import griffe
+
+    module = griffe.load("agentenv.env", search_paths=[str(ROOT)], allow_inspection=False)
+    env = module["Environment"]
+    assert env.docstring and set(OVERRIDABLE) | set(CLASS_ATTRIBUTES) <= set(env.members)
+    bare = [f"{cls}.{name}" for cls in ("Environment", "Task", "TurnAction", "TurnPlan")
+            for name, member in module[cls].members.items() if not name.startswith("_") and not member.docstring]
+    assert bare == [], f"members with no docstring (left out of the API reference): {bare}"
+
+
 def test_site_builds_strictly_without_importing_torch(tmp_path):
     """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav or an API
     reference to a name that does not exist fails it. The API reference is read from the
@@ -53,7 +72,49 @@ def test_site_builds_strictly_without_importing_torch(tmp_path):
     env_page = (site / "reference" / "env" / "index.html").read_text()
     assert "agentenv.env.Environment" in env_page and "The Environment base class users subclass" in env_page
     assert ":class:<code>" not in env_page and "<code>Task</code>" in env_page  # docs/hooks.py dropped the roles
+    for member in (*OVERRIDABLE, *CLASS_ATTRIBUTES):  # what a user overrides is in the reference
+        assert f'id="agentenv.env.Environment.{member}"' in env_page, member
     assert (site / "benchmarks" / "index.html").exists() and (site / "img" / "overview.png").exists()
+
+
+def test_the_docs_extra_names_exactly_what_mkdocs_yml_needs():
+    """``pip install -e '.[docs]' && mkdocs serve``: the ``docs`` extra holds the distributions
+    that provide mkdocs.yml's theme, plugins and handlers (found through their entry points
+    and modules, as mkdocs finds them), each needed, none missing; ``dev`` takes it whole."""
+    import tomllib
+    from importlib.metadata import entry_points, packages_distributions, requires
+
+    import yaml
+    from packaging.requirements import Requirement
+
+    class Loose(yaml.SafeLoader):  # mkdocs.yml's !ENV / !relative tags are not read here
+        pass
+
+    Loose.add_multi_constructor("!", lambda loader, tag, node: None)
+    site = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loose)
+    plugins = {ep.name: ep.dist.name for ep in entry_points(group="mkdocs.plugins")}
+    themes = {ep.name: ep.dist.name for ep in entry_points(group="mkdocs.themes")}
+    modules = packages_distributions()
+    needed = {themes[site["theme"]["name"]]}
+    for entry in site["plugins"]:
+        name = entry if isinstance(entry, str) else next(iter(entry))
+        handlers = {} if isinstance(entry, str) else (entry[name] or {}).get("handlers", {})
+        # A handler comes through the plugin's extra (mkdocstrings[python]: mkdocstrings-python).
+        needed |= {f"{plugins[name]}[{h}]" for h in handlers} or {plugins[name]}
+    needed.discard("mkdocs")  # the search plugin comes with mkdocs itself
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = [Requirement(r) for r in meta["docs"]]
+    given = {r.name + (f"[{','.join(sorted(r.extras))}]" if r.extras else "") for r in named}
+    assert needed == {"mkdocs-material", "mkdocstrings[python]"} and given == needed, (needed, given)
+    # The markdown extensions come with them (pymdown-extensions is mkdocs-material's).
+    under = {Requirement(r).name.lower() for d in ("mkdocs-material", "mkdocstrings") for r in requires(d) or ()}
+    for ext in site["markdown_extensions"]:
+        top = (ext if isinstance(ext, str) else next(iter(ext))).split(".")[0]
+        if top not in ("admonition", "attr_list", "def_list", "footnotes", "tables", "toc"):  # Markdown's own
+            assert {d.lower() for d in modules[top]} <= under, f"{ext}: {modules[top]} is not in the docs extra"
+    assert "agentenv[docs]" in meta["dev"] and not [r for r in meta["dev"] if "mkdocs" in r]
+    for page in (README, ROOT / "docs" / "install.md"):
+        assert "pip install -e '.[docs]' && mkdocs serve" in page.read_text(), page
 
 
 def test_readme_is_a_short_guide_with_a_contents_list():
@@ -134,3 +195,12 @@ def test_the_readme_example_environment_passes_check_env_without_a_docstring_war
     exec(block.split("\nregister(", 1)[0], scope)  # the class, not registered (another test may have)
     report = check_env(scope["Multiply"]())
     assert [w for w in report.warnings if "docstring" in w] == []
+
+
+def test_the_main_job_names_the_event_log_beside_its_output():
+    """A new user meets `rollouts.jsonl.log` beside the output: the README's main job says
+    what it is where the run is described, and the CLI page states the rule for the streams."""
+    job = README.read_text().split("## The main job", 1)[1].split("\n## ", 1)[0]
+    assert "`rollouts.jsonl.log`" in job and "--resume" in job
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    assert "data on stdout, people's text on stderr" in cli

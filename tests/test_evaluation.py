@@ -46,3 +46,16 @@ def test_report_on_a_fixed_set():
         report(rows, ks=[5])
     with pytest.raises(ConfigError, match="no trajectories"):
         report([])
+
+
+def test_the_table_marks_a_component_whose_weight_is_not_1():
+    """eval's table, as the run summary: ``mean tool_ran (weight 0)``, so the components add up."""
+    from agentenv import make
+    from agentenv.evaluation import table
+    from agentenv.summary import weights
+
+    rows = [line("a", 1.0, {"correct": 1.0, "tool_ran": 1.0}), line("a", 0.0, {"correct": 0.0, "tool_ran": 1.0})]
+    t = table(report(rows), weights=weights(make("retool-math")))
+    labels = list(t.columns[0].cells)
+    assert "  mean correct" in labels and "  mean tool_ran (weight 0)" in labels and "  mean tool_ran" not in labels
+    assert "  mean tool_ran" in list(table(report(rows)).columns[0].cells)  # weights unknown: bare names

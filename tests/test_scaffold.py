@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -66,6 +67,37 @@ def test_init_writes_a_project_whose_package_imports_from_its_folder(tmp_path):
     assert sorted(i for i in ids if "@" not in i) == [f"demo/{k}" for k in range(8)]  # every problem, once
     assert all(i.endswith("@1") for i in ids[8:])  # then a second pass
     assert len(answers) == 8
+
+
+def test_init_says_how_to_install_what_its_tests_need(capsys, tmp_path):
+    """``python -m pytest`` needs pytest: the next steps install the project with its ``test``
+    extra, which holds it, and that command resolves (pip's dry run, no index needed here)."""
+    rc, out, _ = cli(capsys, "init", "demo", "--dir", str(tmp_path))
+    project = tmp_path / "demo"
+    steps = out.split("next:\n", 1)[1].splitlines()
+    install = [ln.split("#")[0].strip() for ln in steps if "pip install" in ln]
+    assert rc == 0 and install == [scaffold.INSTALL] == ["pip install -e '.[test]'"], out
+    assert steps.index(next(ln for ln in steps if "pip install" in ln)) < \
+        steps.index(next(ln for ln in steps if "python -m pytest" in ln))  # installed before the tests run
+    extras = tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("pytest") for r in extras["test"])
+    assert scaffold.INSTALL in (project / "README.md").read_text()
+    r = python("-m", "pip", "install", "--dry-run", "--no-build-isolation", "-e", ".[test]", cwd=project, timeout=300)
+    assert r.returncode == 0 and "Would install demo-0.1.0" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert re.search(r"^Requirement already satisfied: pytest>=8", r.stdout, re.M), r.stdout[-3000:]
+
+
+def test_the_starter_check_skips_itself_once_the_tasks_are_the_users(capsys, tmp_path):
+    """The generated test compares the module's PROBLEMS and SYSTEM_PROMPT with the digest init
+    wrote: equal as written, different once customised as the docs say."""
+    assert cli(capsys, "init", "demo", "--dir", str(tmp_path))[0] == 0
+    project = tmp_path / "demo"
+    code = "import sys; sys.path.insert(0, 'tests'); import test_env; print(test_env.starter_unchanged())"
+    r = python("-c", code, cwd=project)
+    assert (r.returncode, r.stdout.strip()) == (0, "True"), r.stderr[-2000:]
+    customise(project)
+    r = python("-c", code, cwd=project)
+    assert (r.returncode, r.stdout.strip()) == (0, "False"), r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name, says", [
@@ -145,7 +177,30 @@ def test_the_generated_project_passes_its_own_tests(capsys, tmp_path):
     assert cli(capsys, "init", "demo", "--dir", str(tmp_path))[0] == 0
     r = python("-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=tmp_path / "demo", timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "2 passed" in r.stdout
+    assert "3 passed" in r.stdout
+
+
+def customise(project: Path) -> None:
+    """What env.py's docstring and docs/cli.md tell a user to change first: the tasks and the
+    prompt (here: questions the bundled model was never trained on)."""
+    env = project / "demo" / "env.py"
+    text = env.read_text()
+    start, end = text.index("PROBLEMS: list"), text.index("#: The bundled model's own prompt")
+    text = text[:start] + ('PROBLEMS: list[tuple[str, int]] = [\n    ("How many legs have 3 spiders?", 24),\n'
+                           '    ("How many days have 2 weeks?", 14),\n]\n\n') + text[end:]
+    text = text.replace('"Solve the problem with Python.', '"Answer with Python.')
+    env.write_text(text)
+
+
+@pytest.mark.slow
+def test_the_generated_project_passes_its_own_tests_with_the_users_tasks(capsys, tmp_path):
+    """Changed as the docs say (other tasks and prompt), the tests still pass: the contract
+    ones hold, and the check that the bundled model solves the starter problems skips itself."""
+    assert cli(capsys, "init", "demo", "--dir", str(tmp_path))[0] == 0
+    customise(tmp_path / "demo")
+    r = python("-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", cwd=tmp_path / "demo", timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "2 passed, 1 skipped" in r.stdout and "PROBLEMS or SYSTEM_PROMPT changed" in r.stdout, r.stdout[-2000:]
 
 
 @pytest.mark.slow

@@ -79,3 +79,29 @@ def test_session_starts_are_shown_in_microseconds_when_under_a_millisecond():
         stats.stop()
         rows = dict(summary_rows(stats.summary(), startup_s=1.0, startup="model"))
         assert rows[label] == shown
+
+
+def test_the_summary_marks_the_components_that_are_not_added_to_the_reward():
+    """retool-math's reward is ``correct`` (weight 1) with ``tool_ran`` at weight 0: the table
+    says so beside the component, so ``mean reward 0.5, correct 0.5, tool_ran 1.0`` adds up."""
+    from agentenv import make
+    from agentenv.rewards import Rubric
+    from agentenv.summary import weights
+
+    env = make("retool-math")
+    assert weights(env) == {"correct": 1.0, "tool_ran": 0.0}
+    stats = RunStats()
+    stats.start(2)
+    for i, right in enumerate((1.0, 0.0)):
+        t = traj("a", i, right)
+        t.reward_components = {"correct": right, "tool_ran": 1.0}
+        stats.add(t)
+    stats.stop()
+    rows = dict(summary_rows(stats.summary(), startup_s=1.0, startup="model", weights=weights(env)))
+    assert rows["mean reward"] == 0.5 and rows["  mean correct"] == 0.5
+    assert rows["  mean tool_ran (weight 0)"] == 1.0 and "  mean tool_ran" not in rows
+    # Other weights are shown as they are; an environment without a rubric shows bare names.
+    env.rubric = Rubric(env.rubric.parts[0][1], (env.rubric.parts[1][1], 0.25))
+    assert "  mean tool_ran (weight 0.25)" in dict(summary_rows(stats.summary(), startup_s=1.0, startup="m",
+                                                                weights=weights(env)))
+    assert weights(object()) == {}

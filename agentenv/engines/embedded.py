@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -56,7 +57,14 @@ def load_tokenizer(path: str | Path):
 def check_model_dir(path: str | Path) -> Path:
     p = Path(path)
     if not p.is_dir():
-        raise ModelNotFoundError(f"model directory not found: {p}")
+        import difflib
+
+        from ..models import BUNDLED
+
+        close = difflib.get_close_matches(str(path), list(BUNDLED), n=1, cutoff=0.6)
+        hint = f". Did you mean {close[0]!r} (a bundled model)?" if close else \
+            f" (the bundled models: {', '.join(BUNDLED)})" if os.sep not in str(path) else ""
+        raise ModelNotFoundError(f"model directory not found: {p}{hint}")
     if not (p / "config.json").is_file():
         raise ModelNotFoundError(f"{p} is not a Hugging Face model directory (no config.json)")
     return p

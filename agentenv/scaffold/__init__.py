@@ -1,12 +1,15 @@
 """``agentenv init NAME``: a small environment package to start from.
 
-    agentenv init demo && cd demo && python -m pytest
+    agentenv init demo && cd demo && pip install -e '.[test]' && python -m pytest
 
 writes ``demo/`` with a ``pyproject.toml`` (package ``demo``, depending on agentenv, the
 environment published under the ``agentenv.envs`` entry points), the package (``demo/env.py``:
 an :class:`~agentenv.Environment` with a few arithmetic tasks in the bundled model's format, a
 ``Rubric`` reward and ``register("demo", ...)``), a README and ``tests/test_env.py`` (``check_env``
-and a 2 x 2 rollout on the embedded engine with the local sandbox), which pass as written.
+and a 2 x 2 rollout on the embedded engine with the local sandbox), which pass as written, and
+still pass once the tasks and prompt are the user's: the check that the bundled model solves
+the starter problems skips itself when they differ from the digest :func:`starter_digest`
+wrote into the test (``$starter``).
 
 The files are ``string.Template`` files under ``templates/``, laid out as the project is: a
 ``PACKAGE`` folder becomes ``NAME``, ``gitignore`` becomes ``.gitignore``, ``.tmpl`` is dropped,
@@ -15,6 +18,8 @@ and ``$name`` and ``$env_class`` are filled in.
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import importlib.util
 import keyword
 import re
@@ -28,6 +33,9 @@ from ..errors import ConfigError
 from ..options import option
 
 TEMPLATES = Path(__file__).parent / "templates"
+
+#: What the project's tests need installed, as ``init`` tells the user to install it.
+INSTALL = "pip install -e '.[test]'"
 
 #: Names the project's own layout takes (``NAME/tests`` is the test folder).
 _TAKEN = {"tests"}
@@ -79,13 +87,28 @@ def check_name(name: str, target: Path | None = None) -> None:
                           f"it or be shadowed by it; choose another name, e.g. '{name}_env'")
 
 
+def starter_digest(env_source: str) -> str:
+    """The digest of the starter ``PROBLEMS`` and ``SYSTEM_PROMPT`` in ``env_source`` (the
+    package's ``env.py``), as its tests compute it from the imported module: while the two are
+    unchanged, the tests expect the bundled model to solve the problems."""
+    values: dict[str, object] = {}
+    for node in ast.parse(env_source).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else \
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id in ("PROBLEMS", "SYSTEM_PROMPT") and node.value is not None:
+            values[target.id] = ast.literal_eval(node.value)
+    return hashlib.sha256(repr((values["PROBLEMS"], values["SYSTEM_PROMPT"])).encode()).hexdigest()[:16]
+
+
 def files(name: str) -> dict[Path, str]:
     """The project's files: path relative to the project folder -> text."""
     values = {"name": name, "env_class": class_name(name)}
     out = {}
-    for template in sorted(TEMPLATES.rglob("*.tmpl")):
+    for template in sorted(TEMPLATES.rglob("*.tmpl"), key=lambda t: ("tests" in t.parts, t)):  # env.py first
         parts = list(template.relative_to(TEMPLATES).with_suffix("").parts)
         parts = [name if p == "PACKAGE" else ".gitignore" if p == "gitignore" else p for p in parts]
+        if parts[0] == "tests":
+            values["starter"] = starter_digest(out[Path(name, "env.py")])
         out[Path(*parts)] = Template(template.read_text("utf-8")).substitute(values)
     return out
 
@@ -127,10 +150,11 @@ def run(opts: InitConfig) -> int:
     for rel in sorted(files(opts.name)):
         print(f"  {target / rel}")
     print(f"next:\n  cd {target}\n"
-          "  python -m pytest    # check_env, and a 2 x 2 rollout on the bundled model\n"
-          f"  agentenv rollout --env-module {opts.name} --env {opts.name} --out rollouts.jsonl\n"
+          f"  {INSTALL}   # the package and pytest (its test extra); --env {opts.name} then works anywhere\n"
+          "  python -m pytest           # check_env, and a 2 x 2 rollout on the bundled model\n"
+          f"  agentenv rollout --env {opts.name} --out rollouts.jsonl\n"
           f"and edit {opts.name}/env.py: its docstring says what to change first.")
     return 0
 
 
-__all__ = ["InitConfig", "check_name", "class_name", "files", "init", "run"]
+__all__ = ["INSTALL", "InitConfig", "check_name", "class_name", "files", "init", "run", "starter_digest"]

@@ -7,7 +7,7 @@ limits) are :func:`~agentenv.options.same_as` those of ``agentenv.config``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Literal
 
 from ..config import EngineOptions, EnvOptions, JudgeOptions, RolloutConfig, RunOptions, SandboxOptions
@@ -167,7 +167,8 @@ class TrainConfig:
         defaults = env_train_defaults(env)
         merged = {**defaults, **settings, "env": env}
         merged["env_kwargs"] = {**defaults.get("env_kwargs", {}), **settings.get("env_kwargs", {})}
-        return cls(**merged)
+        cfg = cls(**merged)
+        return cfg if "eval_tasks" in settings else replace(cfg, eval_tasks=scaled_eval_tasks(cfg))
 
     def sandbox_options(self) -> SandboxOptions:
         """The sandbox's settings: its kind and the limits given (``sandbox_*``)."""
@@ -185,6 +186,41 @@ class TrainConfig:
 
 
 TrainConfig.RESUME_KEYS = resume_keys(TrainConfig)
+
+
+#: The fewest held-out tasks a default evaluation scaled to a short run keeps.
+MIN_EVAL_TASKS = 8
+
+
+def evaluations(cfg: TrainConfig) -> int:
+    """How many held-out evaluations a fresh run of ``cfg`` makes: before the first step, every
+    ``eval_every`` steps in between, after the last (0 when ``eval_every`` is 0)."""
+    return 2 + (cfg.steps - 1) // cfg.eval_every if cfg.eval_every else 0
+
+
+def scaled_eval_tasks(cfg: TrainConfig) -> int:
+    """The default held-out tasks per evaluation, scaled to the run: ``cfg.eval_tasks``, but
+    no more than keeps all the evaluations' programs (tasks x ``eval_k``) within half the
+    training's (steps x groups_per_step x group_size), and at least :data:`MIN_EVAL_TASKS`.
+    A 5-step run of retool-math's defaults evaluates 10 tasks instead of 128; its 100-step
+    run keeps 128. A value the user gives is used as given."""
+    n = evaluations(cfg)
+    if not n:
+        return cfg.eval_tasks
+    trained = cfg.steps * cfg.groups_per_step * cfg.group_size
+    return min(cfg.eval_tasks, max(MIN_EVAL_TASKS, trained // (2 * n * cfg.eval_k)))
+
+
+def evaluation_cost(cfg: TrainConfig, scaled_from: int | None = None) -> str:
+    """One line saying what ``cfg``'s held-out evaluations cost against the training, and
+    the options that change them; ``scaled_from``: the tasks the default would have been."""
+    n = evaluations(cfg)
+    if not n:
+        return "held-out evaluation: none (--eval-every 0)"
+    scaled = f" (scaled to the run from {scaled_from}; --eval-tasks N sets them)" if scaled_from else ""
+    return (f"held-out evaluation: {n} x {cfg.eval_tasks} tasks x {cfg.eval_k} samples = "
+            f"{n * cfg.eval_tasks * cfg.eval_k} programs{scaled}, beside the training's "
+            f"{cfg.steps * cfg.groups_per_step * cfg.group_size}; --eval-every 0 skips them")
 
 
 def env_train_defaults(env: str) -> dict[str, Any]:

@@ -113,13 +113,14 @@ def throughput(rows: list[dict[str, Any]]) -> tuple[list[int], list[float], list
 
 def _throughput(ax: Any, c: _Curves) -> None:
     steps, rate, mean = throughput(c.rows)
-    ax.plot(steps, rate, ".-", label="generated tok/s (programs finished in the step)")
+    ax.plot(steps, rate, ".-", color="tab:blue", label="generated tok/s (programs finished in the step)")
     ax.plot(steps, mean, "-", color="tab:purple", label="generated tok/s (run mean)")
     ax.set(xlabel="step", ylabel="tokens/s", title="throughput")
     ax.set_ylim(bottom=0)
     ax2 = ax.twinx()
-    ax2.plot(c.steps, c.series("gen_idle_frac"), "g--", alpha=0.6, label="generator idle")
-    ax2.plot(c.steps, c.series("trainer_idle_frac"), "r--", alpha=0.6, label="trainer idle")
+    # The viewer's training page draws these in the same colours (its SERIES_COLORS).
+    ax2.plot(c.steps, c.series("gen_idle_frac"), "--", color="tab:green", alpha=0.6, label="generator idle")
+    ax2.plot(c.steps, c.series("trainer_idle_frac"), "--", color="tab:red", alpha=0.6, label="trainer idle")
     ax2.set(ylabel="idle fraction", ylim=(0, 1))
     _below(ax, ax2)
 

@@ -3,6 +3,8 @@ JSONL file, the trackers, stdout and the caller) and :class:`StatusBar` (the CLI
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -49,7 +51,7 @@ class RunLog:
         self.trackers.log(d, row.step)
         self.rows.append(d)
         if self.print_steps:
-            print(step_line(d, self.steps), flush=True)
+            print(step_line(d, self.steps), file=sys.stderr, flush=True)
         if self.on_step is not None:
             self.on_step(d)
         return d
@@ -63,7 +65,7 @@ class RunLog:
         self.trackers.log(d, row.step, prefix="eval")
         self.evals.append(d)
         if self.print_steps:
-            print(eval_line(d), flush=True)
+            print(eval_line(d), file=sys.stderr, flush=True)
         return d
 
     def _close_files(self) -> None:

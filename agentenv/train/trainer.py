@@ -24,6 +24,8 @@ evaluations (:mod:`~.evaluator`), the run's log and status bar (:mod:`~.status`)
 
 from __future__ import annotations
 
+import sys
+
 import json
 from contextlib import AsyncExitStack
 from dataclasses import asdict, replace
@@ -156,7 +158,7 @@ class Trainer:
                 self._engine, self._env, self._sandbox = (x if given else None for x, given in
                                                           zip((self._engine, self._env, self._sandbox), self._given))
                 print(f"agentenv train: {exc}; starting the trainer ranks again ({self.restarts}/"
-                      f"{self.cfg.rank_restarts}) from {ckpt.name if ckpt else 'the start'}", flush=True)
+                      f"{self.cfg.rank_restarts}) from {ckpt.name if ckpt else 'the start'}", file=sys.stderr, flush=True)
 
     async def _run_once(self) -> dict[str, Any]:
         checkpoints = Checkpoints(self.out, self.cfg)

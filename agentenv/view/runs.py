@@ -355,7 +355,10 @@ class RolloutFile:
         at = len(row.get("prompt_ids") or [])
         spans = [{"kind": "prompt", "start": 0, "end": at}]
         for seg in row.get("segments") or []:
-            spans.append({"kind": seg["kind"], "start": at, "end": at + len(seg["token_ids"])})
+            span = {"kind": seg["kind"], "start": at, "end": at + len(seg["token_ids"])}
+            if seg["kind"] == "model" and spans[-1]["kind"] == "model":
+                span["continued"] = True  # the turn before stopped at its token cap (docs/schemas.md)
+            spans.append(span)
             at += len(seg["token_ids"])
         keep = {k: v for k, v in row.items() if k not in ("input_ids", "prompt_ids", "segments", "loss_mask",
                                                           "logprobs", "weight_versions")}

@@ -29,7 +29,7 @@ def lines(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_each_row_reaches_the_file_the_lists_the_callback_and_stdout(tmp_path, capsys):
+def test_each_row_reaches_the_file_the_lists_the_callback_and_stderr(tmp_path, capsys):
     cfg = TrainConfig(steps=2, out_dir=str(tmp_path), eval_every=2, report_to=["none"])
     rows, evals, seen = [], [], []
     log = RunLog(tmp_path, cfg, resume_step=None, rows=rows, evals=evals, on_step=seen.append)
@@ -41,9 +41,10 @@ def test_each_row_reaches_the_file_the_lists_the_callback_and_stdout(tmp_path, c
     assert lines(tmp_path / "metrics.jsonl") == rows == seen == written
     assert written[0] == step_row(1).to_dict() and written[0]["loss"] == -0.01
     assert lines(tmp_path / "eval.jsonl") == evals == [EVAL.to_dict()]
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in out] == [["step", "1/2"], ["step", "2/2"], ["eval", "after"]]
-    assert "pass@1 0.500  pass@2 1.000" in out[2]
+    out, err = capsys.readouterr()
+    lines_ = err.splitlines()  # people's text on stderr; stdout is for data (docs/cli.md)
+    assert out == "" and [line.split()[:2] for line in lines_] == [["step", "1/2"], ["step", "2/2"], ["eval", "after"]]
+    assert "pass@1 0.500  pass@2 1.000" in lines_[2]
 
 
 def test_a_quiet_log_prints_nothing_and_a_run_without_evaluations_has_no_eval_file(tmp_path, capsys):
@@ -55,7 +56,7 @@ def test_a_quiet_log_prints_nothing_and_a_run_without_evaluations_has_no_eval_fi
             log.evaluation(EVAL)
     finally:
         log.close()
-    assert capsys.readouterr().out == "" and not (tmp_path / "eval.jsonl").exists()
+    assert capsys.readouterr() == ("", "") and not (tmp_path / "eval.jsonl").exists()
 
 
 def test_a_resumed_log_keeps_the_lines_up_to_its_checkpoint(tmp_path):

@@ -217,3 +217,18 @@ def test_a_judges_verdicts_reach_the_list_row(rollout):
         "style": {"score": 0.8, "reply": "<score>8</score>", "latency_s": 0.4, "cached": True}}
     s = summary_of(row)
     assert s["judged"] == ["judge", "style"] and s["judge_failures"] == ["deadline"]
+
+
+def test_a_model_segment_after_a_model_segment_is_marked_continued(cut_rollout):
+    """A turn cut at --max-tokens-per-turn without a tool call is followed by another model
+    turn with nothing inserted: the viewer's span says "continued" (docs/schemas.md)."""
+    run = RolloutRun(cut_rollout)
+    seen = 0
+    for row in read_jsonl(cut_rollout):
+        spans = run.trajectory(row["id"])["spans"]
+        kinds = [s["kind"] for s in spans]
+        assert kinds == ["prompt"] + [s["kind"] for s in row["segments"]]
+        for before, span in zip(spans, spans[1:]):
+            assert span.get("continued", False) == (before["kind"] == span["kind"] == "model")
+            seen += bool(span.get("continued"))
+    assert seen, "the cap of 8 tokens per turn cut no turn"

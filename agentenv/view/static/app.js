@@ -31,6 +31,7 @@ async function api(path) {
   return body;
 }
 
+const counted = (n, one, many) => `${n} ${n === 1 ? one : many}`;  // "1 tool call", "2 tool calls"
 const fmt = (v, d = 3) => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(d)) : String(v));
 const pct = (v) => (v === null || v === undefined ? "–" : (100 * v).toFixed(1) + " %");
 const enc = encodeURIComponent;
@@ -70,7 +71,7 @@ function show(...nodes) { $("#main").replaceChildren(...nodes.filter((n) => n !=
 function setLive(text) { $("#live").textContent = text; }
 
 function progressText(p, rows) {
-  if (!p || !p.log) return `${rows} lines`;
+  if (!p || !p.log) return counted(rows, "line", "lines");
   const of = p.expected ? ` of ${p.expected}` : "";
   return `${rows} written${of} · ${p.in_flight_count} in flight · ${p.started} started`;
 }
@@ -198,8 +199,12 @@ function heatColor(lp) {  // probability of the sampled token: low is red, high 
 function tokenSpans(t) {
   const frag = [];
   for (const s of t.spans) {
-    const seg = h("div", { class: `seg seg-${s.kind}`, "data-kind": s.kind });
-    seg.append(h("span", { class: "seg-label" }, s.kind === "model" ? "model (loss mask 1)" : s.kind === "env" ? "inserted (loss mask 0)" : "prompt"));
+    const seg = h("div", { class: `seg seg-${s.kind}`, "data-kind": s.kind, "data-continued": s.continued ? "1" : null });
+    // A model segment right after another: the turn before stopped at its token cap
+    // (--max-tokens-per-turn) without a tool call, and the model went on in a new turn.
+    seg.append(h("span", { class: "seg-label" }, s.kind === "model" ? (s.continued
+      ? "model, continued (loss mask 1): the turn before stopped at its token cap (--max-tokens-per-turn) without a tool call, so the model goes on in a new turn"
+      : "model (loss mask 1)") : s.kind === "env" ? "inserted (loss mask 0)" : "prompt"));
     for (let i = s.start; i < s.end; i++) {
       const m = t.loss_mask[i];
       const span = h("span", { class: `tok m${m}${s.kind === "prompt" ? " prompt" : ""}`, "data-i": i }, t.pieces[i]);
@@ -294,13 +299,13 @@ async function showGroup(run, gid) {
   const flat = rewards.length > 1 && rewards.every((r) => r === rewards[0]);
   show(
     h("p", {}, h("a", { href: `#/run/${run}` }, "← all trajectories")),
-    h("h2", {}, `group ${gid}`, h("span", { class: "muted" }, ` ${g.samples.length} samples`)),
+    h("h2", {}, `group ${gid}`, h("span", { class: "muted" }, ` ${counted(g.samples.length, "sample", "samples")}`)),
     flat ? h("p", { class: "warn", id: "flat" }, "every sample has the same reward: no learning signal from this group") : null,
     h("div", { class: "group", id: "group" }, g.samples.map((s) => h("div", { class: "sample", "data-id": s.id },
       h("div", {}, h("a", { href: `#/run/${run}/t/${enc(s.id)}` }, `sample ${s.sample_index}`)),
       h("div", {}, "reward ", h("b", { class: "reward" }, fmt(s.reward))),
       h("div", {}, "advantage ", h("b", { class: `advantage ${s.advantage > 0 ? "pos" : s.advantage < 0 ? "neg" : ""}` }, fmt(s.advantage))),
-      h("div", { class: "muted" }, `${s.finish_reason} · ${s.tool_calls} tool calls (${s.tool_errors} errors) · ${s.sampled} sampled`),
+      h("div", { class: "muted" }, `${s.finish_reason} · ${counted(s.tool_calls, "tool call", "tool calls")} (${counted(s.tool_errors, "error", "errors")}) · ${s.sampled} sampled`),
       h("pre", { class: "text" }, s.text)))));
 }
 
@@ -355,6 +360,10 @@ const PANELS = [
     series: [["zero_variance_groups", "groups with no reward variance", 0], ["groups", "groups per step", 0]] },
 ];
 const COLORS = ["#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#8c564b"];
+// Series that agentenv plot draws in a colour of their own (matplotlib's tab: palette), so a
+// curve has one colour in the PNG and on this page.
+const SERIES_COLORS = { gen_tokens_per_s_measured: "#1f77b4", gen_tokens_per_s_run_mean: "#9467bd",
+  gen_idle_frac: "#2ca02c", trainer_idle_frac: "#d62728" };
 
 function points(key, rows, evals) {
   if (key === "eval_pass1") return evals.map((e) => [e.step, e["pass@1"]]);
@@ -369,7 +378,7 @@ function yRange(values, fixed) {  // an axis's extent: what it shows, and 0
 }
 
 function chart(panel, rows, evals, hidden) {
-  const series = panel.series.map(([key, label, axis, style], k) => ({ key, label, axis, style, color: COLORS[k], pts: points(key, rows, evals).filter((p) => p[1] !== null) }))
+  const series = panel.series.map(([key, label, axis, style], k) => ({ key, label, axis, style, color: SERIES_COLORS[key] || COLORS[k], pts: points(key, rows, evals).filter((p) => p[1] !== null) }))
     .filter((s) => s.pts.length);
   const twin = series.some((s) => s.axis === 1);
   const W = 420, H = 210, L = 58, R = twin ? 58 : 10, T = 10, B = 26;
@@ -441,7 +450,7 @@ function drawCurves(run) {
     return h("div", { class: "panel" }, h("h4", {}, panel.title), g.svg, legend, readout);
   }).filter(Boolean));
   const last = c.rows[c.rows.length - 1];
-  $("#train-status").textContent = last ? `${c.rows.length} steps · last step ${last.step} at ${fmt(last.time_s, 1)} s · reward ${fmt(last.reward_mean)}` : "no step yet";
+  $("#train-status").textContent = last ? `${counted(c.rows.length, "step", "steps")} · last step ${last.step} at ${fmt(last.time_s, 1)} s · reward ${fmt(last.reward_mean)}` : "no step yet";
 }
 
 async function pollCurves(run) {
@@ -470,10 +479,10 @@ async function showTraining(run) {
     d.curves.evals.length ? h("table", { class: "small", id: "evals" }, h("tr", {}, ["step", "tasks", "samples", "pass@1", "mean reward"].map((x) => h("th", {}, x))),
       d.curves.evals.map((e) => h("tr", {}, [e.step, e.tasks, e.samples, fmt(e["pass@1"]), fmt(e.mean_reward)].map((x) => h("td", { class: "num" }, x))))) : null);
   drawCurves(run);
-  setLive(`${d.curves.rows.length} steps`);
+  setLive(counted(d.curves.rows.length, "step", "steps"));
   follow(async () => {
     if (await pollCurves(run)) drawCurves(run);
-    setLive(`${d.curves.rows.length} steps`);
+    setLive(counted(d.curves.rows.length, "step", "steps"));
   });
 }
 
