@@ -57,7 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without verl
 
 from ..config import RolloutConfig
 from ..engines.base import Engine, Generation, SamplingParams
-from ..env import Environment, Task
+from ..env import Environment, Task, bind_tool_format
 from ..errors import ConfigError, EngineError
 from ..formats import get_format
 from ..program import ProgramContext, render_prompt, run_program, score_program, stop_token_ids
@@ -249,6 +249,8 @@ class AgentEnvAgentLoop(AgentLoopBase):
         task = Task(**spec["task"])
         rollout = self.rollout_config
         prompt_length, response_length = int(rollout.prompt_length), int(rollout.response_length)
+        if env.tool_format is None:  # the served model's own format
+            bind_tool_format(env, self.tokenizer)
         fmt = get_format(env.tool_format)
         tools = {tool.name: tool for tool in env.tools()}
         uses_sandbox = needs_sandbox(env)
