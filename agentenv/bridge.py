@@ -58,7 +58,8 @@ class BridgeReport:
         return self.exact
 
     def __str__(self) -> str:
-        head = (f"{self.tokenizer} with the {self.tool_format!r} format ({self.format_source}): the token bridge is "
+        why = "" if self.format_source == "given" else f" ({self.format_source})"
+        head = (f"{self.tokenizer} with the {self.tool_format!r} format{why}: the token bridge is "
                 f"{'EXACT' if self.exact else 'NOT exact'}")
         lines = [head] + [f"  [{'ok' if ok else 'FAIL'}] {name}" for name, ok in self.checks.items()]
         lines += [f"  problem: {p}" for p in self.problems] + [f"  note: {n}" for n in self.notes]

@@ -143,8 +143,20 @@ async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_ind
         traj.finish_reason, traj.error = f"error:{type(exc).__name__}", f"{type(exc).__name__}: {exc}"
     finally:
         traj.duration_s = time.perf_counter() - start
+        with anyio.CancelScope(shield=True):
+            await _end_program(ctx, traj)
     traj.text = tok.decode(traj.completion_ids, skip_special_tokens=False)
     return traj
+
+
+async def _end_program(ctx: ProgramContext, traj: Trajectory) -> None:
+    """Tell each tool the program ended (within a deadline: a stuck release is not the run's)."""
+    with anyio.move_on_after(10):
+        for tool in {id(t): t for t in ctx.tools.values()}.values():
+            try:
+                await tool.end_program(traj)
+            except Exception:  # noqa: BLE001 - the program's result stands; the tool cleans up late
+                pass
 
 
 async def _replay(ctx: ProgramContext, traj: Trajectory, hooks: ProgramHooks) -> None:

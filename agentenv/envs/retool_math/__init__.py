@@ -47,9 +47,9 @@ FORMATS = ("retool", "hermes", "llama3-json")
 class RetoolMathEnv(Environment):
     """Arithmetic word problems the model solves by writing Python (ReTool style); reward 1
     for the right final answer in \\boxed{}. ``extra_digits`` makes the numbers longer;
-    the tool-call format is the model's own unless ``format=`` pins one ("retool", "hermes": calls
-    after a ``<think>`` block, the ``tiny-hermes`` model's; "llama3-json"), and
-    ``calls_in_think=True`` runs Hermes calls written inside that block.
+    the tool-call format is the model's own; ``format="hermes"`` asks for Hermes calls after a
+    ``<think>`` block (the ``tiny-hermes`` model's format) whatever the model (``"retool"`` and
+    ``"llama3-json"`` likewise), and ``calls_in_think=True`` runs calls written inside that block.
 
     The bundled demo environment: tasks are generated from the seed, so any count works."""
 
