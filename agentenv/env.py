@@ -75,6 +75,10 @@ class Environment:
     max_turns: ClassVar[int] = 4
     tool_timeout: ClassVar[float] = 5.0
     system_prompt: ClassVar[str | None] = None
+    #: True: the chat template lists the tools (their ``schema()``: name, description, JSON-schema
+    #: arguments) in the prompt, the way the model's own template offers tools (Qwen's
+    #: ``<tools>`` block, Llama 3.1's function list); False: the prompt says what it says.
+    tools_in_prompt: ClassVar[bool] = False
     #: Training settings that make this environment learn (``TrainConfig`` field names, plus
     #: ``env_kwargs``); ``agentenv train`` and ``TrainConfig.for_env`` use them where the user
     #: gave no value of their own.

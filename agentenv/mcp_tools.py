@@ -287,7 +287,8 @@ def result_text(result: Any) -> str:
         if kind == "text":
             parts.append(item.text)
         else:
-            parts.append(f"[{kind or type(item).__name__}{': ' + item.mimeType if getattr(item, 'mimeType', None) else ''}]")
+            mime = _field(item, "mime_type", "mimeType")
+            parts.append(f"[{kind or type(item).__name__}{': ' + mime if mime else ''}]")
     if not parts and (structured := _field(result, "structured_content", "structuredContent")) is not None:
         parts.append(json.dumps(structured))
     return "\n".join(parts)

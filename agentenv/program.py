@@ -63,7 +63,8 @@ class ProgramContext:
     def prompt_ids(self, task: Task) -> list[int]:
         ids = self.prompt_cache.get(task.id)
         if ids is None:
-            ids = render_prompt(self.tokenizer, self.env.prompt(task))
+            offered = [t.schema() for t in self.tools.values()] if getattr(self.env, "tools_in_prompt", False) else None
+            ids = render_prompt(self.tokenizer, self.env.prompt(task), offered)
             self.prompt_cache[task.id] = ids
         return list(ids)
 
@@ -81,10 +82,13 @@ class ProgramHooks(Protocol):
         """The program's sandbox session (prepared ahead; waited for only here)."""
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    """A program's prompt ids: the chat template's text (with the generation prompt), encoded
-    once, without adding special tokens (the template writes its own)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """A program's prompt ids: the chat template's text (with the generation prompt, and
+    ``tools``' JSON schemas where given, as the template lists tools), encoded once, without
+    adding special tokens (the template writes its own)."""
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

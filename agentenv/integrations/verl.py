@@ -258,7 +258,8 @@ class AgentEnvAgentLoop(AgentLoopBase):
         config = RolloutConfig(max_new_tokens=response_length, temperature=float(sampling_params.get("temperature", 1.0)),
                                top_p=float(sampling_params.get("top_p", 1.0)),
                                top_k=max(0, int(sampling_params.get("top_k", 0) or 0))).for_env(env)
-        prompt_ids = render_prompt(self.tokenizer, env.prompt(task))
+        offered = [t.schema() for t in tools.values()] if getattr(env, "tools_in_prompt", False) else None
+        prompt_ids = render_prompt(self.tokenizer, env.prompt(task), offered)
         if len(prompt_ids) > prompt_length:
             raise ConfigError(f"task {task.id}: the prompt is {len(prompt_ids)} tokens, over verl's "
                               f"rollout.prompt_length={prompt_length}; raise it (verl would cut the prompt)")
