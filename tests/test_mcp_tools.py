@@ -192,3 +192,26 @@ def test_a_server_that_cannot_start_is_named():
     with pytest.raises(ConfigError, match="cannot start it and list its tools"):
         pool.tools()
     anyio.run(pool.aclose)
+
+
+def test_tools_in_prompt_has_the_chat_template_list_the_servers_tools(faulty):
+    _, tools = faulty
+
+    class Listed(AddEnv):
+        tools_in_prompt = True
+
+        def __init__(self) -> None:
+            Environment.__init__(self)
+
+        def tools(self):
+            return [tools["add"], tools["kv_get"]]
+
+    tok = load_tokenizer(str(BUNDLED["tiny-hermes"]))
+    env = Listed()
+    reactor = Reactor(InstantEngine(tok, reply=[tok.eos_token_id], turn_tokens=1), env, None, RolloutConfig())
+    prompt = tok.decode(reactor._ctx.prompt_ids(env.tasks(1)[0]))
+    assert '"name": "add", "description": "Add two integers."' in prompt and '"required": ["a", "b"]' in prompt
+    assert "<tools>" in prompt and '"name": "kv_get"' in prompt
+    env.tools_in_prompt = False
+    assert "<tools>" not in tok.decode(Reactor(reactor.engine, env, None, RolloutConfig())._ctx.prompt_ids(
+        env.tasks(1)[0]))
