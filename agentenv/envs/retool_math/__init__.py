@@ -48,8 +48,8 @@ class RetoolMathEnv(Environment):
     """Arithmetic word problems the model solves by writing Python (ReTool style); reward 1
     for the right final answer in \\boxed{}. ``extra_digits`` makes the numbers longer;
     the tool-call format is the model's own; ``format="hermes"`` asks for Hermes calls after a
-    ``<think>`` block (the ``tiny-hermes`` model's format) whatever the model (``"retool"`` and
-    ``"llama3-json"`` likewise), and ``calls_in_think=True`` runs calls written inside that block.
+    ``<think>`` block (the ``tiny-hermes`` model's format) whatever the model (``format="retool"``
+    and ``format="llama3-json"`` likewise), and ``calls_in_think=True`` runs calls written inside that block.
 
     The bundled demo environment: tasks are generated from the seed, so any count works."""
 
