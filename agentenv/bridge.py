@@ -47,6 +47,8 @@ class BridgeReport:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     checks: dict[str, bool] = field(default_factory=dict)
+    #: Why this format: "given", or the model's own and what said so.
+    format_source: str = "given"
 
     @property
     def exact(self) -> bool:
@@ -56,7 +58,8 @@ class BridgeReport:
         return self.exact
 
     def __str__(self) -> str:
-        head = (f"{self.tokenizer} with the {self.tool_format!r} format: the token bridge is "
+        why = "" if self.format_source == "given" else f" ({self.format_source})"
+        head = (f"{self.tokenizer} with the {self.tool_format!r} format{why}: the token bridge is "
                 f"{'EXACT' if self.exact else 'NOT exact'}")
         lines = [head] + [f"  [{'ok' if ok else 'FAIL'}] {name}" for name, ok in self.checks.items()]
         lines += [f"  problem: {p}" for p in self.problems] + [f"  note: {n}" for n in self.notes]
@@ -76,13 +79,21 @@ def _where(a: str, b: str) -> tuple[int, str, str]:
     return i, a[max(0, i - 30): i + 30], b[max(0, i - 30): i + 30]
 
 
-def check_tokenizer(tokenizer: Any, tool_format: str | ToolFormat = "hermes") -> BridgeReport:
+def check_tokenizer(tokenizer: Any, tool_format: str | ToolFormat | None = None) -> BridgeReport:
     """Check the token bridge for ``tokenizer`` (a transformers tokenizer with a chat
     template) and ``tool_format`` (``"retool"``, ``"hermes"``, ``"llama3-json"`` or a
-    :class:`ToolFormat`); see the module docstring for what is checked."""
+    :class:`ToolFormat`; None: the model's own, :mod:`agentenv.models.native`, and Hermes when
+    it cannot be told); see the module docstring for what is checked."""
+    source = "given"
+    if tool_format is None:
+        from .models.native import native_format
+
+        native = native_format(tokenizer)
+        tool_format = native.name or "hermes"
+        source = f"the model's own: {native.source}" if native.name else f"hermes: {native.source}"
     fmt = get_format(tool_format)
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    rep = BridgeReport(str(name), fmt.name)
+    rep = BridgeReport(str(name), fmt.name, format_source=source)
     if not _check_turn_ends(tokenizer, fmt, rep):
         return rep
     conv = _play(tokenizer, fmt, rep)

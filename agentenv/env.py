@@ -7,6 +7,8 @@ only answers questions about its tasks. Override:
 * ``tasks(n, seed)``            -> list of :class:`Task` (seeded, each with a stable id)
 * ``prompt(task)``              -> chat messages, rendered by the tokenizer's chat template
 * ``tools()``                   -> the tools (default: one sandboxed ``python`` tool)
+* optional ``use_format(fmt)``  -> adapt the prompt to the run's tool format (the model's own
+  unless ``tool_format`` pins one; :func:`bind_tool_format`)
 * ``async reward(task, traj)``  -> float, or a dict of named components (summed)
 * optional ``async group_reward(task, trajs)`` over the G samples of one task (GRPO group)
 * optional ``async on_turn(task, traj, turn_text)`` -> :class:`TurnAction` or None
@@ -21,10 +23,11 @@ run.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .formats import ToolFormat
+from .formats import ToolFormat, get_format
 from .tools import PythonTool, Tool
 
 if TYPE_CHECKING:
@@ -79,15 +82,22 @@ class Environment:
 
     id: ClassVar[str] = ""
     """The registry id, e.g. ``"retool-math"`` (``make(id)``, ``--env id``)."""
-    tool_format: ClassVar[str | ToolFormat] = "retool"
-    """How the model writes tool calls and reads their results: ``"retool"``, ``"hermes"``,
-    ``"llama3-json"``, or a :class:`~agentenv.formats.ToolFormat` instance."""
+    tool_format: ClassVar[str | ToolFormat | None] = None
+    """How the model writes tool calls and reads their results. None (the default): the model's
+    own format (:mod:`agentenv.models.native`), given to :meth:`use_format` when a run starts.
+    An id (``"retool"``, ``"hermes"``, ``"llama3-json"``) or a
+    :class:`~agentenv.formats.ToolFormat` instance pins one: a model that speaks another gets a
+    warning line, not a switch."""
     max_turns: ClassVar[int] = 4
     """Model turns per program by default (each may call tools); ``--max-turns`` overrides it."""
     tool_timeout: ClassVar[float] = 5.0
     """Seconds one tool call may take by default; a call past it is a tool error."""
     system_prompt: ClassVar[str | None] = None
     """The system message :meth:`prompt` puts first (None: no system message)."""
+    tools_in_prompt: ClassVar[bool] = False
+    """True: the chat template lists the tools (their ``schema()``: name, description,
+    JSON-schema arguments) in the prompt, the way the model's own template offers tools (Qwen's
+    ``<tools>`` block, Llama 3.1's function list); False: the prompt says what it says."""
     train_defaults: ClassVar[dict[str, Any]] = {}
     """Training settings that make this environment learn (``TrainConfig`` field names, plus
     ``env_kwargs``); ``agentenv train`` and ``TrainConfig.for_env`` use them where the user
@@ -131,6 +141,12 @@ class Environment:
         (imports, helper functions, data); None: nothing."""
         return None
 
+    def use_format(self, fmt: ToolFormat) -> None:
+        """Take ``fmt`` as this environment's tool-call format: called once, before any prompt,
+        when ``tool_format`` is None (the run found the model's own). Override it to write the
+        prompt for the format (call ``super().use_format(fmt)``)."""
+        self.tool_format = fmt  # type: ignore[misc]  # the instance's, over the class's None
+
     def plan_turn(self, task: Task, trajectory: "Trajectory", turn: int) -> TurnPlan | None:
         """Limits for turn ``turn`` (0-based) of this program; None: the config's."""
         return None
@@ -157,3 +173,26 @@ class Environment:
 
     async def aclose(self) -> None:
         """Release anything the environment holds (called once by the runner)."""
+
+
+def bind_tool_format(env: Environment, model: Any) -> str | None:
+    """Settle ``env``'s tool format for a run on ``model`` (a model directory, a bundled
+    model's name, or a loaded tokenizer): an unpinned environment (``tool_format`` None) takes
+    the model's own (:func:`agentenv.models.native.native_format`; ``retool`` when it cannot
+    be told). Returns, for a pinned format that differs from the one the model speaks, the
+    warning line to show (naming both and how to switch), else None."""
+    from .models.native import native_format
+
+    native = native_format(model)
+    if env.tool_format is None:
+        env.use_format(get_format(native.name))
+        return None
+    pinned = get_format(env.tool_format).name
+    if native.name is None or native.name == pinned:
+        return None
+    cls = type(env).__name__
+    takes_format = "format" in inspect.signature(type(env).__init__).parameters
+    switch = (f"--env-arg format={native.name} switches to it" if takes_format else
+              f"set tool_format = None in {cls} to follow the model")
+    return (f"tool format: {env.id or cls} pins {pinned!r} but the model speaks {native.name!r} "
+            f"(from {native.source}); {switch}")

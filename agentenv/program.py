@@ -63,7 +63,8 @@ class ProgramContext:
     def prompt_ids(self, task: Task) -> list[int]:
         ids = self.prompt_cache.get(task.id)
         if ids is None:
-            ids = render_prompt(self.tokenizer, self.env.prompt(task))
+            offered = [t.schema() for t in self.tools.values()] if getattr(self.env, "tools_in_prompt", False) else None
+            ids = render_prompt(self.tokenizer, self.env.prompt(task), offered)
             self.prompt_cache[task.id] = ids
         return list(ids)
 
@@ -81,10 +82,13 @@ class ProgramHooks(Protocol):
         """The program's sandbox session (prepared ahead; waited for only here)."""
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    """A program's prompt ids: the chat template's text (with the generation prompt), encoded
-    once, without adding special tokens (the template writes its own)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """A program's prompt ids: the chat template's text (with the generation prompt, and
+    ``tools``' JSON schemas where given, as the template lists tools), encoded once, without
+    adding special tokens (the template writes its own)."""
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -143,8 +147,20 @@ async def run_program(ctx: ProgramContext, task: Task, group_id: str, sample_ind
         traj.finish_reason, traj.error = f"error:{type(exc).__name__}", f"{type(exc).__name__}: {exc}"
     finally:
         traj.duration_s = time.perf_counter() - start
+        with anyio.CancelScope(shield=True):
+            await _end_program(ctx, traj)
     traj.text = tok.decode(traj.completion_ids, skip_special_tokens=False)
     return traj
+
+
+async def _end_program(ctx: ProgramContext, traj: Trajectory) -> None:
+    """Tell each tool the program ended (within a deadline: a stuck release is not the run's)."""
+    with anyio.move_on_after(10):
+        for tool in {id(t): t for t in ctx.tools.values()}.values():
+            try:
+                await tool.end_program(traj)
+            except Exception:  # noqa: BLE001 - the program's result stands; the tool cleans up late
+                pass
 
 
 async def _replay(ctx: ProgramContext, traj: Trajectory, hooks: ProgramHooks) -> None:

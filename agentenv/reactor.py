@@ -38,7 +38,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .config import RolloutConfig
 from .engines.base import Engine
-from .env import Environment, Task
+from .env import Environment, Task, bind_tool_format
 from .errors import SandboxError
 from .formats import get_format
 from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
@@ -181,6 +181,8 @@ class Reactor:
         self.engine, self.env, self.sandbox = engine, env, sandbox
         self.config = (config or RolloutConfig()).for_env(env)  # None limits: the env's
         self.buffer_size = buffer_size
+        if env.tool_format is None:  # the model's own format (a CLI run has settled it already)
+            bind_tool_format(env, engine.tokenizer)
         fmt = get_format(env.tool_format)
         tools = {t.name: t for t in env.tools()}
         self._ctx = ProgramContext(

@@ -50,6 +50,9 @@ class RolloutJob:
     #: The files this run creates (the output, the log) that were not there before it: a run
     #: that fails before it logs a program removes them (:meth:`discard_unstarted`).
     created: tuple[Path, ...] = ()
+    #: The line saying the environment pins a tool format the model does not speak (None: it
+    #: does not; an unpinned environment took the model's own).
+    format_warning: str | None = None
 
     @property
     def out(self) -> Path:
@@ -74,11 +77,13 @@ class RolloutJob:
         """Check the model, take the tasks and open the event log; ``--resume`` refuses a log
         written with other settings (:func:`~agentenv.options.resume_settings`) at once."""
         from .engines.embedded import check_model_dir
+        from .env import bind_tool_format
         from .models import default_model
         from .options import resume_settings
 
         model = Path(options.engine.model) if options.engine.model else default_model()
         check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
+        format_warning = bind_tool_format(env, model)  # before any prompt is written
         config = options.rollout.for_env(env)
         settings = resume_settings(options, env=env.id, model=str(model.resolve()), max_turns=config.max_turns,
                                    tool_timeout=config.tool_timeout)
@@ -87,7 +92,7 @@ class RolloutJob:
         created = tuple(p for p in (options.output.out, Path(f"{options.output.out}.log")) if not p.exists())
         log, resume = open_log(options.output.out, settings, options.output.resume)
         return cls(options, command, env, model, config, tasks, log, resume,
-                   time.perf_counter() if t_start is None else t_start, judge, created)
+                   time.perf_counter() if t_start is None else t_start, judge, created, format_warning)
 
     def discard_unstarted(self) -> None:
         """After a failure before the log recorded a program (the engine or the sandbox did
@@ -216,6 +221,8 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
     console.print(phrases(console, f"[bold]agentenv[/] {job.command}:", f"env={job.env.id}", f"model={job.model}",
                           f"engine={job.engine_spec.kind}", f"tasks={len(job.tasks)} x {group} {job.group_size}",
                           *([source.where.strip()] if source.where.strip() else [])))
+    if job.format_warning:
+        console.print(f"[bold yellow]warning:[/] {job.format_warning}")
     try:
         async with source:
             if job.judge is not None:

@@ -59,6 +59,10 @@ class Tool:
     async def __call__(self, ctx: ToolContext, **arguments: Any) -> ToolOutput:  # pragma: no cover
         raise NotImplementedError
 
+    async def end_program(self, trajectory: "Trajectory") -> None:
+        """The program ``trajectory`` has ended (whatever way): release what the tool holds for
+        it (an MCP tool's per-program server). Called once per program by each tool object."""
+
 
 def replayable(calls: list[Any], name: str) -> list[Any]:
     """The earlier calls of tool ``name`` whose effects make up a session's state: those that

@@ -37,7 +37,7 @@ def test_the_defaults_a_subclass_gets():
     tools = env.tools()
     assert len(tools) == 1 and isinstance(tools[0], PythonTool) and tools[0].name == "python"
     assert env.sandbox_setup() is None and env.plan_turn(task, None, 0) is None
-    assert (env.tool_format, env.max_turns, env.tool_timeout) == ("retool", 4, 5.0)
+    assert (env.tool_format, env.max_turns, env.tool_timeout) == (None, 4, 5.0)  # None: the model's own format
     assert TurnPlan() == TurnPlan(max_tokens=None, stop=True, last=False)
     assert TurnAction() == TurnAction(stop=False, inject=None)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -49,7 +49,7 @@ def test_the_retool_math_entry_spells_its_arguments_for_the_command_line():
 def test_format_ids_are_the_ones_the_cli_accepts():
     assert [format_text(f) for f in FORMATS] == list(FORMATS)
     assert format_text("trace") == "trace (the environment's own format)"
-    assert format_text(None) == "(none)"
+    assert format_text(None) == "the model's own"
     # A format object is named by its id, not its class.
     assert describe("trace")["tool_format"] == "trace"
 

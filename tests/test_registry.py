@@ -95,7 +95,7 @@ def test_an_environment_from_a_file_path_a_module_in_the_working_directory_or_en
     with pytest.raises(agentenv.ConfigError, match="no argument 'sizes'"):
         make("file-env-c", sizes=1)
     d = registry.describe("file-env-c")
-    assert d["description"] == "An environment in a user's file." and d["tool_format"] == "retool"
+    assert d["description"] == "An environment in a user's file." and d["tool_format"] is None
     assert d["args"].startswith("size: int = 2, rate: float = 0.5, on: bool = False")
 
 

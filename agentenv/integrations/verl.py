@@ -57,7 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without verl
 
 from ..config import RolloutConfig
 from ..engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Engine, Generation, SamplingParams
-from ..env import Environment, Task
+from ..env import Environment, Task, bind_tool_format
 from ..errors import ConfigError, EngineError
 from ..formats import get_format
 from ..program import ProgramContext, render_prompt, run_program, score_program, stop_token_ids
@@ -249,6 +249,8 @@ class AgentEnvAgentLoop(AgentLoopBase):
         task = Task(**spec["task"])
         rollout = self.rollout_config
         prompt_length, response_length = int(rollout.prompt_length), int(rollout.response_length)
+        if env.tool_format is None:  # the served model's own format
+            bind_tool_format(env, self.tokenizer)
         fmt = get_format(env.tool_format)
         tools = {tool.name: tool for tool in env.tools()}
         uses_sandbox = needs_sandbox(env)
@@ -257,7 +259,8 @@ class AgentEnvAgentLoop(AgentLoopBase):
         config = RolloutConfig(max_new_tokens=response_length, temperature=temperature,
                                top_p=float(sampling_params.get("top_p", DEFAULT_TOP_P)),
                                top_k=max(0, int(sampling_params.get("top_k", DEFAULT_TOP_K) or 0))).for_env(env)
-        prompt_ids = render_prompt(self.tokenizer, env.prompt(task))
+        offered = [t.schema() for t in tools.values()] if getattr(env, "tools_in_prompt", False) else None
+        prompt_ids = render_prompt(self.tokenizer, env.prompt(task), offered)
         if len(prompt_ids) > prompt_length:
             raise ConfigError(f"task {task.id}: the prompt is {len(prompt_ids)} tokens, over verl's "
                               f"rollout.prompt_length={prompt_length}; raise it (verl would cut the prompt)")

@@ -174,7 +174,8 @@ def fit(model, tok, data: list[tuple[list[int], list[int]]], steps: int, batch: 
 
 
 def save(model, tok, out: Path, info: dict) -> None:
-    """Write model, tokenizer (with its chat template) and ``training.json`` to ``out``."""
+    """Write model, tokenizer (with its chat template), ``training.json`` and ``agentenv.json``
+    (the tool-call format it speaks: ``info["format"]``, default retool) to ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -182,6 +183,7 @@ def save(model, tok, out: Path, info: dict) -> None:
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     (out / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / "agentenv.json").write_text(json.dumps({"tool_format": info.get("format", "retool")}, indent=2) + "\n")
 
 
 def arguments(doc: str, out: Path, steps: int) -> argparse.ArgumentParser:

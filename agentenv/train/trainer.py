@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 
 import json
+import sys
 from contextlib import AsyncExitStack
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -92,6 +93,11 @@ class Trainer:
         if cfg.eval_every and cfg.eval_env_kwargs:
             self._eval_env = make(cfg.env, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
             stack.push_async_callback(self._eval_env.aclose)
+        from ..env import bind_tool_format
+
+        warnings = {bind_tool_format(e, model) for e in (self._env, self._eval_env)} - {None}
+        for line in sorted(warnings):  # type: ignore[type-var]  # a pinned format the model does not speak
+            print(f"warning: {line}", file=sys.stderr, flush=True)
         self._judge = None
         if cfg.judge:  # the training env's reward only: held-out evaluations keep the env's own
             from ..judge import judge_from_spec, judged

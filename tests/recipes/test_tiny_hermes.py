@@ -104,7 +104,7 @@ def test_bundled_models_are_found_by_name(tmp_path, monkeypatch):
 
 
 def test_retool_math_speaks_the_format_it_is_given():
-    assert RetoolMathEnv().tool_format == "retool" and RetoolMathEnv().system_prompt == SYSTEM_PROMPT
+    assert RetoolMathEnv().tool_format is None and RetoolMathEnv().system_prompt == SYSTEM_PROMPT  # the model's
     env = make("retool-math", format="hermes")
     assert isinstance(env.tool_format, HermesFormat) and not env.tool_format.calls_in_think
     assert env.prompt(env.tasks(1)[0])[0] == {"role": "system", "content": HERMES_PROMPT}

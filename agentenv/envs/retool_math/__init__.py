@@ -6,12 +6,13 @@ right final answer (``correct``: the model's last words after any tool output, c
 exactly as a number), else 0.0; the component ``tool_ran`` reports whether a tool call ran
 cleanly (weight 0: informational, not added to the reward).
 
-``format="hermes"`` (``--env-arg format=hermes``, for the bundled ``tiny-hermes`` model) asks
-for Hermes calls instead: the model thinks in ``<think>...</think>``, calls
-``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``, and reads the output
-in a ``<tool_response>`` turn rendered by its chat template; calls written inside ``<think>``
-are not run unless ``calls_in_think=True``. The format is the environment's choice (the model
-does not pick it), so rollout, eval and training all parse with the one format object it holds.
+The tool-call format follows the model (:mod:`agentenv.models.native`): with the bundled
+``tiny-hermes`` (or a Qwen model) it asks for Hermes calls instead: the model thinks in
+``<think>...</think>``, calls ``<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>``,
+and reads the output in a ``<tool_response>`` turn rendered by its chat template; calls written
+inside ``<think>`` are not run unless ``calls_in_think=True``. A Llama 3.1 model is asked for its
+JSON calls. ``format=`` (``--env-arg format=hermes``) pins one whatever the model; rollout, eval
+and training all parse with the one format object the environment holds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import random
 
 from agentenv.env import Environment, Task
-from agentenv.formats import HermesFormat
+from agentenv.formats import HermesFormat, Llama3JsonFormat, ReToolFormat, ToolFormat
 from agentenv.rewards import Rubric, correct_answer, tool_ran
 from agentenv.trajectory import Trajectory
 
@@ -35,19 +36,25 @@ HERMES_PROMPT = (
     "Its output comes back between <tool_response> and </tool_response>. "
     "Give the final answer as \\boxed{answer}."
 )
-FORMATS = ("retool", "hermes")
+LLAMA_PROMPT = (
+    "Solve the problem with Python. To run code, answer with only a JSON call: "
+    '{"name": "python", "parameters": {"code": "print(2 + 3)"}}. Its output comes back as the tool\'s message. '
+    "Give the final answer as \\boxed{answer}."
+)
+FORMATS = ("retool", "hermes", "llama3-json")
 
 
 class RetoolMathEnv(Environment):
     """Arithmetic word problems the model solves by writing Python (ReTool style); reward 1
     for the right final answer in \\boxed{}. ``extra_digits`` makes the numbers longer;
-    ``format="hermes"`` asks for Hermes calls after a ``<think>`` block (the ``tiny-hermes``
-    model's format) and ``calls_in_think=True`` runs calls written inside that block.
+    the tool-call format is the model's own; ``format="hermes"`` asks for Hermes calls after a
+    ``<think>`` block (the ``tiny-hermes`` model's format) whatever the model (``format="retool"``
+    and ``format="llama3-json"`` likewise), and ``calls_in_think=True`` runs calls written inside that block.
 
     The bundled demo environment: tasks are generated from the seed, so any count works."""
 
     id = "retool-math"
-    tool_format = "retool"
+    tool_format = None  # the model's own, unless format= pins one
     max_turns = 4
     tool_timeout = 5.0
     system_prompt = SYSTEM_PROMPT
@@ -63,17 +70,25 @@ class RetoolMathEnv(Environment):
                       "max_new_tokens": 128, "micro_batch_tokens": 1024,
                       "env_kwargs": {"extra_digits": 1}}
 
-    def __init__(self, extra_digits: int = 2, format: str = "retool", calls_in_think: bool = False) -> None:
+    def __init__(self, extra_digits: int = 2, format: str | None = None, calls_in_think: bool = False) -> None:
         super().__init__()
         if not 0 <= extra_digits <= 12:
             raise ValueError("extra_digits must be between 0 and 12")
-        if format not in FORMATS:
+        if format is not None and format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-        self.extra_digits = extra_digits
-        if format == "hermes":
-            # Instance attributes over the class's: what the reactor, checker and trainer read.
-            self.tool_format = HermesFormat(calls_in_think=calls_in_think)  # type: ignore[misc]
-            self.system_prompt = HERMES_PROMPT  # type: ignore[misc]
+        self.extra_digits, self.calls_in_think = extra_digits, calls_in_think
+        if format is not None:  # pinned: the run warns when the model speaks another
+            self.use_format(ReToolFormat() if format == "retool" else Llama3JsonFormat()
+                            if format == "llama3-json" else HermesFormat())
+
+    def use_format(self, fmt: ToolFormat) -> None:
+        """The prompt that asks for ``fmt``'s calls (instance attributes over the class's: what
+        the reactor, checker and trainer read)."""
+        if isinstance(fmt, HermesFormat) and not isinstance(fmt, Llama3JsonFormat):
+            fmt = HermesFormat(calls_in_think=self.calls_in_think)
+        super().use_format(fmt)
+        self.system_prompt = {"hermes": HERMES_PROMPT, "llama3-json": LLAMA_PROMPT}.get(  # type: ignore[misc]
+            fmt.name, SYSTEM_PROMPT)
 
     def tasks(self, n: int, seed: int = 0) -> list[Task]:
         rng = random.Random(f"retool-math:{seed}")
