@@ -78,7 +78,9 @@ def _copy_drills(n: int, seed: int) -> list[dict]:
 
 
 def _render(tok, tr: dict) -> tuple[list[int], list[int]]:
-    text = tok.apply_chat_template(tr["messages"], add_generation_prompt=True, tokenize=False)
+    """Ids and loss mask: the prompt (``messages``, and ``tools`` where given, rendered by the
+    chat template; loss off), then each piece (loss on for ``model`` pieces), then EOS."""
+    text = tok.apply_chat_template(tr["messages"], tools=tr.get("tools"), add_generation_prompt=True, tokenize=False)
     ids = tok.encode(text, add_special_tokens=False)
     mask = [0] * len(ids)
     for kind, piece in tr["pieces"]:

@@ -9,6 +9,14 @@ returns as a ``<tool_response>`` user turn rendered by the model's own chat temp
 (:data:`~agentenv.models.tokenizer.HERMES_CHAT_TEMPLATE`, Qwen2.5/Qwen3 style); the last turn
 thinks and answers in ``\\boxed{}``.
 
+A share of the transcripts (``--tools-share``) come as an OpenAI request reaches the model
+instead: no environment prompt, the question as the user turn and ``tools=[python]`` rendered
+by the chat template (the ``# Tools`` system block a gateway or ``vllm serve`` writes), each
+call turn ending with ``<|im_end|>`` (loss on: an OpenAI server stops there, not at
+``</tool_call>``); some of those carry their earlier turns as the template re-renders an
+OpenAI history (assistant ``tool_calls``, ``role: tool`` messages) with loss on the last turn
+only.
+
 1. Generate ``retool-math`` tasks and run their reference cells in a real sandbox session.
 2. Build the tokenizer (byte-level BPE, tags as single tokens, the Hermes chat template).
 3. Lay each transcript out as the reactor will: prompt ids, model turn (loss on), the
@@ -21,6 +29,7 @@ thinks and answers in ``\\boxed{}``.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -28,7 +37,7 @@ from pathlib import Path
 import anyio
 import torch
 
-from agentenv.envs.retool_math import RetoolMathEnv
+from agentenv.envs.retool_math import HERMES_PROMPT, RetoolMathEnv
 from agentenv.formats import HermesFormat
 
 from agentenv.models import BUNDLED, model_dir
@@ -57,35 +66,94 @@ def thought(rng: random.Random, key: str) -> str:
     return f"<think>\n{rng.choice(THOUGHTS[key])}\n</think>\n\n"
 
 
+#: The python tool as OpenAI requests declare it, in the shapes agent libraries write it (the
+#: plain SDK, a pydantic schema with titles, a strict Agents SDK function tool).
+PYTHON_TOOLS = [
+    {"type": "function", "function": {
+        "name": "python", "description": "Run Python code and return what it prints.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},
+    {"type": "function", "function": {
+        "name": "python", "description": "Run Python code. Print the result.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python source"}},
+                       "required": ["code"]}}},
+    {"type": "function", "function": {
+        "name": "python", "description": "Execute a Python program and return its standard output.",
+        "parameters": {"properties": {"code": {"title": "Code", "type": "string"}}, "required": ["code"],
+                       "title": "python_args", "type": "object", "additionalProperties": False},
+        "strict": True}},
+]
+#: System turns an agent may send before the tools block (None: none).
+AGENT_SYSTEMS = [None, None, "You are a helpful assistant.",
+                 "Solve the problem with Python. Give the final answer as \\boxed{answer}.",
+                 "Use the python tool to compute, then give the final answer as \\boxed{answer}.", HERMES_PROMPT]
+
+
 async def _transcripts(n: int, seed: int) -> list[dict]:
-    """Task, prompt messages and the (kind, text) pieces of the assistant's part; a ``tool``
-    piece is the raw tool output, rendered by the chat template once the tokenizer exists."""
+    """Task prompt messages, each call turn as (thought, code cell, tool output) and the final
+    turn's text; :func:`env_form` and :func:`openai_form` lay them out as pieces."""
     from agentenv.sandboxes.local import LocalSandbox
 
     # The easiest setting (extra_digits=0), as for the ReTool model: headroom for RL.
-    env, fmt, rng = RetoolMathEnv(extra_digits=0, format="hermes"), HermesFormat(), random.Random(seed)
+    env, rng = RetoolMathEnv(extra_digits=0, format="hermes"), random.Random(seed)
     out = []
     async with LocalSandbox() as sandbox:
         session = await sandbox.session()
         for task in env.tasks(n, seed):
-            pieces: list[tuple[str, str]] = []
+            calls = []
             for i, cell in enumerate(task.data["solution"]):
-                lead = thought(rng, task.data["kind"] if i == 0 else "next")
-                pieces.append(("model", lead + fmt.example_call("python", {"code": cell})))
                 res = await session.run(cell)
-                pieces.append(("tool", res.render()))
-            pieces.append(("model", thought(rng, "final") + f"The answer is \\boxed{{{task.answer}}}."))
-            out.append({"messages": env.prompt(task), "pieces": pieces})
+                calls.append((thought(rng, task.data["kind"] if i == 0 else "next"), cell, res.render()))
+            final = thought(rng, "final") + f"The answer is \\boxed{{{task.answer}}}."
+            out.append({"messages": env.prompt(task), "calls": calls, "final": final})
         await session.aclose()
     return out
 
 
+def env_form(tr: dict) -> dict:
+    """The transcript under the environment's own prompt: each turn stops at ``</tool_call>``
+    (the reactor's stop string) and its output comes back as a ``tool`` piece."""
+    pieces: list[tuple[str, str]] = []
+    for lead, cell, output in tr["calls"]:
+        pieces += [("model", lead + HermesFormat().example_call("python", {"code": cell})), ("tool", output)]
+    return {"messages": tr["messages"], "pieces": pieces + [("model", tr["final"])]}
+
+
+def openai_form(tr: dict, rng: random.Random, rerender: bool) -> dict:
+    """The transcript as an OpenAI request with ``tools=[python]`` reaches the model: an agent's
+    system turn (or none), the question, the tool block. Each call turn ends with EOS (loss on).
+    ``rerender``: the earlier turns are history, rendered by the template from OpenAI messages
+    (``content`` + ``tool_calls``, then ``role: tool``), and only the last turn is learned."""
+    system = rng.choice(AGENT_SYSTEMS)
+    messages = ([{"role": "system", "content": system}] if system else []) + [tr["messages"][-1]]
+    pieces: list[tuple[str, str]] = []
+    for i, (lead, cell, output) in enumerate(tr["calls"]):
+        if rerender:
+            call = {"id": f"call_{i}", "type": "function",
+                    "function": {"name": "python", "arguments": json.dumps({"code": cell})}}
+            messages += [{"role": "assistant", "content": lead, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": f"call_{i}", "content": output}]
+        else:
+            pieces += [("model", lead + HermesFormat().example_call("python", {"code": cell}) + "<|im_end|>"),
+                       ("reply", output)]
+    return {"messages": messages, "tools": [rng.choice(PYTHON_TOOLS)], "pieces": pieces + [("model", tr["final"])]}
+
+
+def mix(trs: list[dict], tools_share: float, seed: int) -> list[dict]:
+    """Each transcript in the environment's form, or (a ``tools_share`` of them) in the OpenAI
+    form, a quarter of those with a re-rendered history."""
+    rng = random.Random(seed + 2)
+    return [openai_form(tr, rng, rerender=bool(tr["calls"]) and rng.random() < 0.25)
+            if rng.random() < tools_share else env_form(tr) for tr in trs]
+
+
 def lay_out(tok, tr: dict) -> tuple[list[int], list[int]]:
     """Ids and loss mask of one transcript: its tool outputs spliced as the format's
-    observation (the chat template's ``<tool_response>`` turn), exactly as at rollout time."""
+    observation (the chat template's ``<tool_response>`` turn), exactly as at rollout time
+    (a ``reply`` piece follows a turn that ended with EOS, as through an OpenAI server)."""
     fmt = HermesFormat()
-    pieces = [("env", fmt.observation([p], tok, False)) if kind == "tool" else (kind, p) for kind, p in tr["pieces"]]
-    return _render(tok, {"messages": tr["messages"], "pieces": pieces})
+    pieces = [("env", fmt.observation([p], tok, kind == "reply")) if kind in ("tool", "reply") else (kind, p)
+              for kind, p in tr["pieces"]]
+    return _render(tok, {"messages": tr["messages"], "tools": tr.get("tools"), "pieces": pieces})
 
 
 def warm_start(model, tok, base: Path) -> None:
@@ -112,17 +180,18 @@ def warm_start(model, tok, base: Path) -> None:
 
 
 def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int, drills: int = 0,
-          base: Path | None = None) -> dict:
+          base: Path | None = None, tools_share: float = 0.0, keep_tokenizer: bool = False) -> dict:
     """Build the tiny Hermes model into ``out`` (from ``base``'s weights, or from scratch when
-    None); returns what ``training.json`` records."""
+    None; ``keep_tokenizer``: with ``base``'s own tokenizer, to go on training a Hermes model);
+    returns what ``training.json`` records."""
     torch.manual_seed(seed)
     random.seed(seed)
     t0 = time.perf_counter()
-    trs = anyio.run(_transcripts, n_tasks, seed) + _copy_drills(drills, seed)
-    tok = tokenizer_for(trs, chat_template=HERMES_CHAT_TEMPLATE)
+    trs = mix(anyio.run(_transcripts, n_tasks, seed), tools_share, seed) + _copy_drills(drills, seed)
+    tok, before = _tokenizer(trs, base, keep_tokenizer)
     data = [lay_out(tok, tr) for tr in trs]
-    print(f"{len(data)} transcripts, vocab {len(tok)}, mean length "
-          f"{sum(len(d[0]) for d in data) / len(data):.0f} tokens ({time.perf_counter() - t0:.1f}s)", flush=True)
+    print(f"{len(data)} transcripts ({sum('tools' in tr for tr in trs)} as OpenAI requests), vocab {len(tok)}, mean "
+          f"length {sum(len(d[0]) for d in data) / len(data):.0f} tokens ({time.perf_counter() - t0:.1f}s)", flush=True)
     model = build_model(len(tok), tok.eos_token_id, tok.pad_token_id)
     if base is not None:
         warm_start(model, tok, base)
@@ -130,10 +199,29 @@ def train(out: Path, n_tasks: int, steps: int, batch: int, lr: float, seed: int,
     print(f"model: {n_params / 1e6:.2f}M parameters, from {base or 'scratch'}", flush=True)
     loss = fit(model, tok, data, steps, batch, lr, seed, t0)
     info = {"format": "hermes", "base": base.name if base else None, "n_tasks": n_tasks, "copy_drills": drills,
-            "steps": steps, "batch": batch, "lr": lr, "seed": seed, "params": n_params, "final_loss": loss,
-            "seconds": time.perf_counter() - t0}
+            "tools_share": tools_share, "steps": steps, "batch": batch, "lr": lr, "seed": seed, "params": n_params,
+            "final_loss": loss, "seconds": time.perf_counter() - t0}
+    if before is not None:
+        info["base_training"] = before  # the base's own recipe: together, how the model was built
     save(model, tok, out, info)
     return info
+
+
+def _tokenizer(trs: list[dict], base: Path | None, keep: bool):
+    """A tokenizer built on the transcripts, or (``keep``) ``base``'s, with its ``training.json``."""
+    if not keep:
+        return tokenizer_for(trs, chat_template=HERMES_CHAT_TEMPLATE), None
+    from agentenv.engines.embedded import load_tokenizer
+    from agentenv.errors import ConfigError
+
+    if base is None:
+        raise ConfigError("keep_tokenizer needs a base model to take the tokenizer from; give --base")
+    tok = load_tokenizer(base)
+    if tok.chat_template != HERMES_CHAT_TEMPLATE:
+        raise ConfigError(f"{base} is not a tiny Hermes model (its chat template is not HERMES_CHAT_TEMPLATE); "
+                          "keep the tokenizer only to go on training one, e.g. --base tiny-hermes")
+    record = base / "training.json"
+    return tok, json.loads(record.read_text()) if record.exists() else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,10 +229,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.set_defaults(batch=16, lr=1e-3, drills=2000, threads=1)
     ap.add_argument("--base", default="tiny-retool",
                     help="start from this model's weights: a bundled model's name or a directory ('none': from scratch)")
+    ap.add_argument("--tools-share", type=float, default=0.5,
+                    help="share of the transcripts laid out as OpenAI requests with tools=[python] (default 0.5)")
+    ap.add_argument("--keep-tokenizer", action="store_true",
+                    help="keep the base's tokenizer (to go on training a Hermes model, e.g. --base tiny-hermes)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     base = None if a.base == "none" else model_dir(a.base)
-    print(train(a.out, a.tasks, a.steps, a.batch, a.lr, a.seed, a.drills, base))
+    print(train(a.out, a.tasks, a.steps, a.batch, a.lr, a.seed, a.drills, base, a.tools_share, a.keep_tokenizer))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ that run, with every array aligned."""
 from __future__ import annotations
 
 import json
+import random
 
 import anyio
 import pytest
@@ -14,6 +15,7 @@ from transformers import AutoConfig
 
 from agentenv import Reactor, RolloutConfig, Trajectory, check_tokenizer, make
 from agentenv.cli import _bundled, main
+from agentenv.engines.base import SamplingParams
 from agentenv.engines.embedded import load_tokenizer
 from agentenv.engines.instant import InstantEngine
 from agentenv.envs.retool_math import HERMES_PROMPT, SYSTEM_PROMPT, RetoolMathEnv
@@ -86,6 +88,83 @@ def test_a_transcript_is_laid_out_as_the_chat_template_renders_the_conversation(
     spliced = tok.decode([i for i, m in zip(ids, mask) if not m])
     assert spliced.endswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
                             "<|im_start|>assistant\n")
+
+
+QUESTION = "What is 6 * 7?"
+TOOLS_BLOCK = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tool}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+    'XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call><|im_end|>\n'
+)
+
+
+def test_the_environments_own_prompt_renders_as_it_always_has(tok):
+    """No ``tools``: the system and user turns as written, byte for byte (what it was trained on)."""
+    env = RetoolMathEnv(format="hermes")
+    msgs = env.prompt(env.tasks(1)[0])
+    assert tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == (
+        f"<|im_start|>system\n{HERMES_PROMPT}<|im_end|>\n<|im_start|>user\n{msgs[1]['content']}<|im_end|>\n"
+        "<|im_start|>assistant\n")
+
+
+def test_the_chat_template_renders_an_openai_conversation_as_qwen_does(tok):
+    """``tools`` as Qwen2.5's system block (after the agent's own system text), assistant
+    ``tool_calls`` as ``<tool_call>`` JSON (arguments as the JSON string OpenAI sends, or an
+    object), ``role: tool`` messages as ``<tool_response>`` blocks sharing one user turn; the
+    rendering of each request is a prefix of the next one's, so a multi-turn conversation
+    round-trips."""
+    tool = tiny_hermes.PYTHON_TOOLS[0]
+    first = [{"role": "user", "content": QUESTION}]
+    assert tok.apply_chat_template(first, tools=[tool], tokenize=False, add_generation_prompt=True) == (
+        "<|im_start|>system\n" + TOOLS_BLOCK.format(tool=json.dumps(tool)) +
+        f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n")
+    with_system = [{"role": "system", "content": "Be brief."}] + first
+    assert tok.apply_chat_template(with_system, tools=[tool], tokenize=False).startswith(
+        "<|im_start|>system\nBe brief.\n\n# Tools\n")
+    calls = [{"id": "a", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(6 * 7)"}'}},
+             {"id": "b", "type": "function", "function": {"name": "python", "arguments": {"code": "print(1)"}}}]
+    second = first + [{"role": "assistant", "content": None, "tool_calls": calls},
+                      {"role": "tool", "tool_call_id": "a", "content": "42"},
+                      {"role": "tool", "tool_call_id": "b", "content": "1"}]
+    third = second + [{"role": "assistant", "content": "The answer is \\boxed{42}."}]
+    renders = [tok.apply_chat_template(m, tools=[tool], tokenize=False, add_generation_prompt=g)
+               for m, g in [(first, True), (second, True), (third, False)]]
+    assert renders[0] in renders[1] and renders[1][:-len("<|im_start|>assistant\n")] in renders[2]
+    assert renders[1].endswith(
+        "<|im_start|>assistant\n" + CALL +
+        '\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n42\n</tool_response>\n<tool_response>\n1\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")
+    assert renders[2].endswith("<|im_start|>assistant\nThe answer is \\boxed{42}.<|im_end|>\n")
+    reasoning = [{"role": "assistant", "content": "", "reasoning_content": "I compute.", "tool_calls": calls[:1]}]
+    assert tok.apply_chat_template(first + reasoning, tools=[tool], tokenize=False).endswith(
+        "<|im_start|>assistant\n<think>\nI compute.\n</think>\n\n" + CALL + "<|im_end|>\n")
+    assert HermesFormat().parse(renders[2].split("<|im_start|>assistant\n")[1], ["python"])[0] == \
+        ToolRequest("python", {"code": "print(6 * 7)"})
+
+
+def test_an_openai_transcript_is_laid_out_as_the_template_renders_it(tok):
+    """The training script's OpenAI form: the ``tools`` prompt, each call turn learned through
+    its ``<|im_end|>`` (where an OpenAI server stops), the tool output spliced unlearned; with a
+    re-rendered history, only the last turn is learned."""
+    think, final = "<think>\nI compute.\n</think>\n\n", "<think>\nDone.\n</think>\n\nThe answer is \\boxed{42}."
+    tr = {"messages": [{"role": "system", "content": HERMES_PROMPT}, {"role": "user", "content": QUESTION}],
+          "calls": [(think, "print(6 * 7)", "42")], "final": final}
+    for rerender in (False, True):
+        form = tiny_hermes.openai_form(tr, random.Random(0), rerender)
+        assert form["messages"][-1 - 2 * rerender] == {"role": "user", "content": QUESTION}
+        ids, mask = tiny_hermes.lay_out(tok, form)
+        history = [{"role": "assistant", "content": think + CALL}, {"role": "tool", "content": "42"}]
+        if rerender:
+            assert form["messages"][-2]["tool_calls"][0]["function"] == {
+                "name": "python", "arguments": '{"code": "print(6 * 7)"}'}
+            history = []
+        rendered = tok.apply_chat_template(form["messages"] + history + [{"role": "assistant", "content": final}],
+                                           tools=form["tools"], tokenize=False)
+        assert tok.decode(ids) + "\n" == rendered and "# Tools" in rendered
+        learned = tok.decode([i for i, m in zip(ids, mask) if m])
+        assert learned == ("" if rerender else think + CALL + tok.eos_token) + final + tok.eos_token
 
 
 def test_the_cli_finds_it_by_name(capsys):
@@ -177,6 +256,43 @@ def test_rollouts_make_calls_that_run_and_keep_every_array_aligned(hermes_engine
         assert "<think>" in t.text and "</think>" in t.text
 
 
+async def openai_loop(engine, tasks) -> list[dict]:
+    """Each task asked as a plain OpenAI SDK agent asks it: the question with ``tools=[python]``
+    (rendered by the chat template, as a gateway or ``vllm serve --tool-call-parser hermes``
+    renders it), sampled to EOS; a call is run in a real sandbox and its output sent back as a
+    ``role: tool`` message after the assistant's ``tool_calls``, and the model answers. Returns,
+    per task, the calls (ToolRequest or MalformedCall) and the last reply."""
+    tok, fmt, tool = engine.tokenizer, HermesFormat(), tiny_hermes.PYTHON_TOOLS[0]
+    params = SamplingParams(max_tokens=256, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
+
+    async def ask(msgs, rid):
+        ids = tok.apply_chat_template(msgs, tools=[tool], add_generation_prompt=True, tokenize=False)
+        gen = await engine.generate(tok.encode(ids, add_special_tokens=False), params, rid)
+        return tok.decode([i for i in gen.token_ids if i != tok.eos_token_id])
+
+    async def one(i, task, out):
+        msgs = [{"role": "user", "content": task.question}]
+        text = await ask(msgs, f"{i}-1")
+        calls = fmt.parse(text, ["python"])
+        out[i] = {"calls": calls, "reply": text}
+        if calls and isinstance(calls[0], ToolRequest):
+            session = await sandbox.session()
+            result = (await session.run(calls[0].arguments["code"])).render()
+            await session.aclose()
+            call = {"id": "c", "type": "function",
+                    "function": {"name": "python", "arguments": json.dumps(calls[0].arguments)}}
+            msgs += [{"role": "assistant", "content": text[:text.find("<tool_call>")], "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "c", "content": result}]
+            out[i]["reply"] = await ask(msgs, f"{i}-2")
+
+    out: list = [None] * len(tasks)
+    with anyio.fail_after(300):
+        async with LocalSandbox() as sandbox, anyio.create_task_group() as tg:
+            for i, task in enumerate(tasks):
+                tg.start_soon(one, i, task, out)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_script_writes_a_model_directory_with_an_exact_bridge(tmp_path):
@@ -185,6 +301,15 @@ def test_the_script_writes_a_model_directory_with_an_exact_bridge(tmp_path):
     assert (info["format"], info["base"], info["steps"]) == ("hermes", "tiny-retool", 2)
     assert json.loads((tmp_path / "m" / "training.json").read_text()) == info
     assert check_tokenizer(load_tokenizer(tmp_path / "m"), "hermes").exact
+    # Going on training the bundled Hermes model: its tokenizer kept, OpenAI-form transcripts
+    # mixed in, its own recipe recorded beneath.
+    info = tiny_hermes.train(tmp_path / "n", n_tasks=4, steps=2, batch=2, lr=1e-3, seed=0, drills=2, base=HERMES,
+                             tools_share=1.0, keep_tokenizer=True)
+    assert info["base_training"] == json.loads((HERMES / "training.json").read_text()) and info["tools_share"] == 1.0
+    assert load_tokenizer(tmp_path / "n").get_vocab() == load_tokenizer(HERMES).get_vocab()
+    with pytest.raises(ConfigError, match="not a tiny Hermes model"):
+        tiny_hermes.train(tmp_path / "o", n_tasks=1, steps=1, batch=1, lr=1e-3, seed=0, base=default_model(),
+                          keep_tokenizer=True)
 
 
 def read(path) -> list[Trajectory]:
