@@ -36,6 +36,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .agent import AgentEnvironment
 from .config import RolloutConfig
 from .engines.base import Engine
 from .env import Environment, Task
@@ -213,6 +214,8 @@ class Reactor:
         self._slots: dict[int, _Slot] = {}
         self._spare: list[Any] = []  # prepared sessions no program used: clean, handed on
         self._next_pid = 0
+        self._gateway: Any = None  # agentenv.gateway.Gateway, started by the first agent program
+        self._gateway_lock = anyio.Lock()
 
     def _default_max_programs(self) -> int:
         return _default_max_programs(self.config, self.sandbox if self._needs_env else None)
@@ -230,6 +233,24 @@ class Reactor:
             spare, self._spare = self._spare, []
             for s in spare:
                 await s.aclose()
+            gateway, self._gateway = self._gateway, None
+            if gateway is not None:
+                await gateway.aclose()
+
+    async def gateway(self) -> Any:
+        """The OpenAI-compatible gateway an :class:`~agentenv.AgentEnvironment`'s programs call
+        (``agentenv.gateway``), started on first use on this event loop; closed on exit."""
+        async with self._gateway_lock:
+            if self._gateway is None:
+                from pathlib import Path
+
+                from .gateway.server import Gateway
+
+                name = Path(str(getattr(self.engine.tokenizer, "name_or_path", "") or "agentenv")).name or "agentenv"
+                gateway = Gateway(name, tokenizer=self.engine.tokenizer)
+                await gateway.start()
+                self._gateway = gateway
+            return self._gateway
 
     # -- public API --------------------------------------------------------------------------
     @asynccontextmanager
@@ -402,8 +423,14 @@ class Reactor:
         slot.started = True
         self.stats.program_started()
         try:
-            traj = await run_program(self._ctx, slot.task, slot.group.id, slot.index, _Hooks(self, slot),
-                                     program_id=slot.key, resume=slot.partial)
+            if isinstance(self.env, AgentEnvironment):
+                from .gateway.program import run_agent_program
+
+                traj = await run_agent_program(self._ctx, await self.gateway(), slot.task, slot.group.id, slot.index,
+                                               _Hooks(self, slot), program_id=slot.key, resume=slot.partial)
+            else:
+                traj = await run_program(self._ctx, slot.task, slot.group.id, slot.index, _Hooks(self, slot),
+                                         program_id=slot.key, resume=slot.partial)
         finally:
             self._sched.finish(slot.pid)
             self.engine.release(slot.key)
