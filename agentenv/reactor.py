@@ -168,6 +168,29 @@ async def prepare_sessions(env: Environment, sandbox: Any, config: RolloutConfig
     return await sandbox.prepare(env.sandbox_setup(), n, wait=wait)
 
 
+async def gateway(r: "Reactor") -> Any:
+    """The OpenAI-compatible gateway an :class:`~agentenv.AgentEnvironment`'s programs on ``r``
+    call (``agentenv.gateway``), started on first use on this event loop; closed with ``r``."""
+    async with r._gateway_lock:
+        if r._gateway is None:
+            from .gateway.server import start_gateway
+
+            r._gateway = await start_gateway(r.engine.tokenizer)
+        return r._gateway
+
+
+async def _program(r: "Reactor", slot: _Slot) -> Trajectory:
+    """Run ``slot``'s program: the reactor's turn loop, or an agent environment's agent with its
+    calls through the gateway."""
+    if isinstance(r.env, AgentEnvironment):
+        from .gateway.program import run_agent_program
+
+        return await run_agent_program(r._ctx, await gateway(r), slot.task, slot.group.id, slot.index,
+                                       _Hooks(r, slot), program_id=slot.key, resume=slot.partial)
+    return await run_program(r._ctx, slot.task, slot.group.id, slot.index, _Hooks(r, slot), program_id=slot.key,
+                             resume=slot.partial)
+
+
 class Reactor:
     def __init__(
         self,
@@ -236,21 +259,6 @@ class Reactor:
             gateway, self._gateway = self._gateway, None
             if gateway is not None:
                 await gateway.aclose()
-
-    async def gateway(self) -> Any:
-        """The OpenAI-compatible gateway an :class:`~agentenv.AgentEnvironment`'s programs call
-        (``agentenv.gateway``), started on first use on this event loop; closed on exit."""
-        async with self._gateway_lock:
-            if self._gateway is None:
-                from pathlib import Path
-
-                from .gateway.server import Gateway
-
-                name = Path(str(getattr(self.engine.tokenizer, "name_or_path", "") or "agentenv")).name or "agentenv"
-                gateway = Gateway(name, tokenizer=self.engine.tokenizer)
-                await gateway.start()
-                self._gateway = gateway
-            return self._gateway
 
     # -- public API --------------------------------------------------------------------------
     @asynccontextmanager
@@ -423,14 +431,7 @@ class Reactor:
         slot.started = True
         self.stats.program_started()
         try:
-            if isinstance(self.env, AgentEnvironment):
-                from .gateway.program import run_agent_program
-
-                traj = await run_agent_program(self._ctx, await self.gateway(), slot.task, slot.group.id, slot.index,
-                                               _Hooks(self, slot), program_id=slot.key, resume=slot.partial)
-            else:
-                traj = await run_program(self._ctx, slot.task, slot.group.id, slot.index, _Hooks(self, slot),
-                                         program_id=slot.key, resume=slot.partial)
+            traj = await _program(self, slot)
         finally:
             self._sched.finish(slot.pid)
             self.engine.release(slot.key)

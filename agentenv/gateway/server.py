@@ -40,6 +40,16 @@ def role_client(client: Any, role: str) -> Any:
     return client.with_options(api_key=f"{str(client.api_key).split(':', 1)[0]}:{role}")
 
 
+async def start_gateway(tokenizer: Any) -> "Gateway":
+    """A started gateway serving the model ``tokenizer`` belongs to (named after its folder)."""
+    from pathlib import Path
+
+    name = Path(str(getattr(tokenizer, "name_or_path", "") or "agentenv")).name or "agentenv"
+    gateway = Gateway(name, tokenizer=tokenizer)
+    await gateway.start()
+    return gateway
+
+
 class Gateway:
     """The server and its programs' keys. ``await start()`` once (on the event loop that runs
     the programs), :meth:`open` / :meth:`close` a program's session, ``await aclose()``."""
