@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .env import Environment, Task
@@ -35,6 +36,20 @@ from .formats import ToolFormat
 
 if TYPE_CHECKING:
     from .tools import Tool
+
+
+#: The running agent program's hooks (its sandbox session comes from them).
+_PROGRAM: ContextVar[Any] = ContextVar("agentenv_agent_program", default=None)
+
+
+async def sandbox_session() -> Any:
+    """The running agent program's sandbox session (``agentenv.sandboxes``: ``await
+    session.run(code, timeout)``), from the run's pool, prepared ahead like a native program's.
+    Call it inside ``agent()`` of an environment with ``uses_sandbox = True``."""
+    hooks = _PROGRAM.get()
+    if hooks is None:
+        raise RuntimeError("sandbox_session() is for the agent() of an AgentEnvironment with uses_sandbox = True")
+    return await hooks.session()
 
 
 class AgentFailed(Exception):
@@ -56,8 +71,16 @@ class AgentEnvironment(Environment):
     #: The command form: a program run per sample (see the module docstring); None: ``agent()``.
     agent_command: ClassVar[list[str] | None] = None
 
+    #: True: each program gets a session of the run's sandbox pool (:func:`sandbox_session`),
+    #: for model-written code the agent runs.
+    uses_sandbox: ClassVar[bool] = False
+
     def tools(self) -> list["Tool"]:
-        return []  # the agent runs its own tools; the reactor's sandbox is not used
+        """The agent runs its own tools; a ``python`` tool here only makes the reactor prepare a
+        sandbox session per program (``uses_sandbox``)."""
+        from .tools import PythonTool
+
+        return [PythonTool()] if self.uses_sandbox else []
 
     async def agent(self, task: Task, client: Any, model: str) -> str | None:
         """Run the agent on ``task`` through ``client`` (an ``openai.AsyncOpenAI`` whose base
@@ -116,4 +139,4 @@ async def run_command(command: list[str], task: Task, *, base_url: str, api_key:
     return out.decode(errors="replace").strip()
 
 
-__all__ = ["AgentEnvironment", "AgentFailed", "run_command"]
+__all__ = ["AgentEnvironment", "AgentFailed", "run_command", "sandbox_session"]

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 #: the output file; after a resume :func:`over_file` counts them over the whole file.
 OUTCOMES = ("programs", "turns", "tool_calls", "tool_errors", "programs_with_ok_tool_call", "tokens_generated",
             "prompt_tokens", "cached_tokens", "prefix_cache_hit_pct", "resume_reuse_pct", "reprefilled_tokens",
-            "mean_reward", "reward_components", "finish_reasons")
+            "mean_reward", "reward_components", "finish_reasons", "gateway")
 
 
 def over_file(s: dict[str, Any], out: Path, *, block_size: int = 1) -> dict[str, Any]:
@@ -54,6 +54,12 @@ def file_rows(out: Path) -> list[tuple[str, Any]]:
         ("programs", "programs"), ("turns", "turns"), ("tool calls", "tool_calls"), ("tool errors", "tool_errors"),
         ("programs with a tool call that ran", "programs_with_ok_tool_call"),
         ("tokens generated", "tokens_generated")) if key in s]
+    if s.get("gateway"):
+        g = s["gateway"]
+        rows.append(("gateway calls (extended / branched / from the journal)",
+                     f"{g.get('calls', 0)} ({g.get('extended', 0)} / {g.get('branched', 0)} / {g.get('replayed', 0)})"))
+        rows.append(("agent programs restarted (replay mismatch) / malformed tool calls",
+                     f"{g.get('restarts', 0)} / {g.get('malformed_tool_calls', 0)}"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += [(f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())]
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
@@ -115,6 +121,12 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
         rows.append((f"judge latency per call (p50 / p99){now}", f"{s['judge_p50_ms']} / {s['judge_p99_ms']} ms"))
         if has("judge_share_pct"):
             rows.append((f"judge share of wall time (a call in flight){now}", f"{s['judge_share_pct']}%"))
+    if s.get("gateway"):
+        g = s["gateway"]
+        rows.append(("gateway calls (extended / branched / from the journal)",
+                     f"{g.get('calls', 0)} ({g.get('extended', 0)} / {g.get('branched', 0)} / {g.get('replayed', 0)})"))
+        rows.append(("agent programs restarted (replay mismatch) / malformed tool calls",
+                     f"{g.get('restarts', 0)} / {g.get('malformed_tool_calls', 0)}"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += [(f"  mean {name}", value) for name, value in sorted(s["reward_components"].items())]
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from ..agent import AgentEnvironment, AgentFailed
+from ..agent import _PROGRAM, AgentEnvironment, AgentFailed
 from ..env import Task
 from ..program import ProgramContext
 from ..trajectory import Trajectory, TokenSequence
@@ -45,7 +45,11 @@ async def run_agent_program(ctx: ProgramContext, gateway: Gateway, task: Task, g
                                  stop_ids=stops, journal=ctx.journal, replay=replay)
         gateway.open(session)
         try:
-            reason, error, answer = await _attempt(env, task, session, gateway)
+            token = _PROGRAM.set(hooks)
+            try:
+                reason, error, answer = await _attempt(env, task, session, gateway)
+            finally:
+                _PROGRAM.reset(token)
         finally:
             gateway.close(session)
         if session.mismatch and restarts == 0:
