@@ -272,3 +272,49 @@ async def test_a_command_agent_reads_the_environment_and_a_nonzero_exit_fails(to
     assert by["calc/0"].finish_reason == "stop" and by["calc/0"].text == "The sum is 5."
     assert by["calc/0"].reward == 1.0 and by["calc/0"].metadata["gateway"]["calls"] == 1
     assert by["calc/1"].finish_reason == "error:agent_exit" and "exited with 3" in by["calc/1"].error
+
+
+def test_killed_mid_run_and_resumed_replays_agents_from_the_journal(tmp_path, tok):
+    """kill -9 of a real ``agentenv rollout`` (the embedded engine, the bundled model) while
+    every agent program is in flight after one call, then ``--resume``: each agent runs again
+    from its start, its first call answered from the journal with the ids sampled before the
+    kill, the rest live; nothing lost, nothing written twice."""
+    import os
+    import signal
+    import subprocess
+
+    from agentenv import journal
+    from agentenv.trajectory import Trajectory
+
+    from .test_durability import summary_of
+    from .waiting import wait_for
+
+    out, go = tmp_path / "agents.jsonl", tmp_path / "go"
+    env = {**os.environ, "AGENTENV_TEST_GO": str(go)}
+    args = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", str(Path(__file__).parent / "agent_envs.py")
+            + ":ThreeCalls", "--model", str(HERMES), "--tasks", "2", "--group-size", "2", "--no-progress",
+            "--out", str(out)]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    calls = lambda: [r for r in journal.read(Path(f"{out}.log"))[0] if r.get("e") == "call"] \
+        if Path(f"{out}.log").exists() else []
+    wait_for(lambda: len(calls()) >= 4, "every program's first call in the journal", unless=lambda: proc.poll() is not None)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {r["k"]: r["g"]["ids"] for r in calls()}
+    assert len(before) == 4 and not out.read_text()
+    go.touch()
+    done = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _, rows = summary_of(done.stderr)
+    assert rows["gateway calls (extended / branched / from the journal)"] == "12 (8 / 4 / 4)", rows
+    lines = [Trajectory.from_dict(json.loads(x)) for x in out.read_text().splitlines()]
+    assert sorted((t.task_id, t.sample_index) for t in lines) == sorted({(t.task_id, t.sample_index) for t in lines})
+    assert len(lines) == 4
+    for t in lines:
+        g = t.metadata["gateway"]
+        assert (g["calls"], g["extended"], g["branched"], g["replayed"], g["restarts"]) == (3, 2, 1, 1, 0), g
+        first = next(s for s in t.segments if s.kind == "model")
+        assert first.token_ids == before[t.id], "the replayed call's ids are not the ones sampled before the kill"
+        text = tok.decode(t.input_ids, skip_special_tokens=False)
+        assert "Go on (0)." in text and "Go on (1)." in text and t.loss_mask.count(1) == t.num_sampled_tokens
