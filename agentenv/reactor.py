@@ -173,8 +173,10 @@ async def gateway(r: "Reactor") -> Any:
     call (``agentenv.gateway``), started on first use on this event loop; closed with ``r``."""
     async with r._gateway_lock:
         if r._gateway is None:
+            from .extras import require
             from .gateway.server import start_gateway
 
+            require("openai", "starlette", "uvicorn", extra="agents", what="an AgentEnvironment")
             r._gateway = await start_gateway(r.engine.tokenizer)
         return r._gateway
 

@@ -318,3 +318,53 @@ def test_killed_mid_run_and_resumed_replays_agents_from_the_journal(tmp_path, to
         assert first.token_ids == before[t.id], "the replayed call's ids are not the ones sampled before the kill"
         text = tok.decode(t.input_ids, skip_special_tokens=False)
         assert "Go on (0)." in text and "Go on (1)." in text and t.loss_mask.count(1) == t.num_sampled_tokens
+
+
+class Recorder:
+    """A program log (``agentenv.journal.ProgramLog``) that keeps the gateway's call records."""
+
+    def __init__(self):
+        self.calls = {}
+
+    def start(self, traj):
+        self.calls[traj.id] = []
+
+    def resumed(self, traj):
+        pass
+
+    def turn(self, traj, mark):
+        pass
+
+    def finished(self, traj):
+        pass
+
+    def call(self, key, n, digest, role, generation):
+        self.calls[key].append({"d": digest, "role": role, "g": generation})
+
+
+async def test_a_replay_answers_from_the_log_and_a_mismatch_restarts_the_agent_fresh(tok):
+    from agentenv.journal import LogState
+    from agentenv.trajectory import Trajectory
+
+    env, log = Calc(), Recorder()
+    async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig(), journal=log) as reactor:
+        first = (await reactor.collect(env.tasks(1), 1))[0].trajectories[0]
+    logged = log.calls[first.id]
+    assert len(logged) == 2
+
+    async def resume(records):
+        partial = Trajectory(first.id, "", "calc/0", first.group_id, 0, [], metadata={"gateway_log": records})
+        state = LogState({}, {("calc/0", 0): partial}, set())
+        eng = ScriptedEngine(lambda p, n: "Something else.", tok)  # live calls would differ from the log
+        async with Reactor(eng, env, None, RolloutConfig(), journal=Recorder()) as reactor:
+            async with reactor.rollouts(env.tasks(1), 1, resume=state) as results:
+                return [x async for x in results if isinstance(x, Trajectory)][0], eng.requests
+
+    again, live = await resume(logged)
+    assert live == 0 and again.metadata["gateway"]["replayed"] == 2 and again.input_ids == first.input_ids
+    assert again.logprobs == first.logprobs and again.text == first.text
+    tampered = [{**logged[0], "d": "0" * 32}, logged[1]]
+    fresh, live = await resume(tampered)
+    g = fresh.metadata["gateway"]
+    assert (g["restarts"], g["replayed"], g["calls"]) == (1, 0, 1) and live == 1
+    assert fresh.text == "Something else." and fresh.finish_reason == "stop"
