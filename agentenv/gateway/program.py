@@ -71,10 +71,7 @@ async def run_agent_program(ctx: ProgramContext, gateway: Gateway, task: Task, g
 async def _attempt(env: AgentEnvironment, task: Task, session: ProgramSession,
                    gateway: Gateway) -> tuple[str, str | None, str | None]:
     """Run the agent once: (finish reason, error, answer)."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=gateway.url, api_key=session.key, max_retries=0,
-                                timeout=env.agent_timeout)
+    client = gateway.client(session.key, env.agent_timeout)  # shares the gateway's connection pool: not closed here
     try:
         with anyio.CancelScope() as attempt:
             session.on_mismatch = attempt.cancel
@@ -93,8 +90,7 @@ async def _attempt(env: AgentEnvironment, task: Task, session: ProgramSession,
             return "error:replay_mismatch", "a request differed from the journal's", None
         return "stop", None, None if answer is None else str(answer)
     finally:
-        with anyio.CancelScope(shield=True):
-            await client.close()
+        session.on_mismatch = lambda: None
 
 
 def _assemble(traj: Trajectory, session: ProgramSession, restarts: int, logged: int) -> None:

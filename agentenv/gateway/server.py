@@ -62,12 +62,24 @@ class Gateway:
         self.ended: OrderedDict[str, None] = OrderedDict()
         self.requests = self.refused = 0
         self._server: Any = None
+        self._http: Any = None
         self.port = 0
 
     @property
     def url(self) -> str:
         """The base URL an agent's client is given (``.../v1``)."""
         return f"http://{self.host}:{self.port}/v1"
+
+    def client(self, key: str, timeout: float) -> Any:
+        """An ``openai.AsyncOpenAI`` for the program with ``key``: the gateway's URL, no
+        retries, over one HTTP connection pool that every program's client shares (an SDK
+        client's own pool costs an SSL context each, ~0.1 s of CPU); closed with the gateway."""
+        import openai
+
+        if self._http is None:
+            self._http = openai.DefaultAsyncHttpxClient(timeout=timeout)
+        return openai.AsyncOpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=timeout,
+                                  http_client=self._http)
 
     def open(self, session: ProgramSession) -> None:
         self.sessions[session.key] = session
@@ -102,6 +114,9 @@ class Gateway:
     async def aclose(self) -> None:
         for key in list(self.sessions):
             self.close(self.sessions[key])
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
         server, self._server = self._server, None
         if server is not None:
             await server.shutdown(sockets=[self._sock])

@@ -1,0 +1,123 @@
+"""What the gateway costs: agent programs through HTTP beside the reactor's own programs.
+
+    python bench/gateway.py [--programs 1000] [--calls 4] [--tokens 64]
+
+``--programs`` agent programs run at once (``agentenv.AgentEnvironment``), each a plain
+``openai`` SDK loop of ``--calls`` chat completions through the gateway, every request
+extending the previous one (its messages, the reply, a new user turn), on
+:class:`~agentenv.testing.InstantEngine` (every reply ``--tokens`` tokens, no model). The same
+number of native programs, ``--calls`` turns of ``--tokens`` each, run on the reactor's own
+path for comparison. For each path it prints this process's CPU time per generated token (every
+thread, less the engine's own CPU; the HTTP path's includes the agents' SDK clients, which run
+in this process too), tokens per second, and for the HTTP path the latency of a call as the
+agent sees it (p50 / p99: with the engine at no cost this is the gateway, the client and the
+event loop's queue of every other program's work). Last line: ``gateway_overhead_ratio: X``,
+HTTP µs/token over in-process µs/token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentenv import AgentEnvironment, Environment, Reactor, RolloutConfig, Task  # noqa: E402
+from agentenv.testing import InstantEngine  # noqa: E402
+
+
+class Native(Environment):
+    id = "bench-native"
+
+    def __init__(self, calls: int) -> None:
+        super().__init__()
+        self.max_turns = calls  # type: ignore[misc]
+
+    def tasks(self, n, seed=0):
+        return [Task(f"b/{i}", "Say x.") for i in range(n)]
+
+    def tools(self):
+        return []
+
+    async def reward(self, task, trajectory):
+        return 0.0
+
+
+class HttpAgent(AgentEnvironment):
+    id = "bench-gateway"
+    latencies: list[float] = []
+
+    def __init__(self, calls: int, tokens: int) -> None:
+        super().__init__()
+        self.calls, self.tokens = calls, tokens
+        self.max_turns = calls  # type: ignore[misc]
+
+    def tasks(self, n, seed=0):
+        return [Task(f"b/{i}", "Say x.") for i in range(n)]
+
+    async def agent(self, task, client, model):
+        messages = [{"role": "user", "content": task.question}]
+        for k in range(self.calls):
+            t0 = time.perf_counter()
+            r = await client.chat.completions.create(model=model, messages=messages, max_tokens=self.tokens)
+            self.latencies.append(time.perf_counter() - t0)
+            messages += [r.choices[0].message, {"role": "user", "content": f"More {k}."}]
+        return "done"
+
+    async def reward(self, task, trajectory):
+        return 0.0
+
+
+_TOKENIZER: list = []
+
+
+async def measure(env, programs: int, tokens: int) -> dict:
+    engine = InstantEngine(_TOKENIZER[0] if _TOKENIZER else None, turn_tokens=tokens)
+    _TOKENIZER[:] = [engine.tokenizer]
+    config = RolloutConfig(max_new_tokens=10**6, max_tokens_per_turn=tokens, concurrency=max(1, programs // 8),
+                           max_programs=programs)
+    c0, t0 = time.process_time(), time.perf_counter()
+    async with Reactor(engine, env, None, config) as reactor:
+        groups = await reactor.collect(env.tasks(programs), 1)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0 - engine.cpu_s
+    trajs = [t for g in groups for t in g.trajectories]
+    bad = [t.error for t in trajs if t.finish_reason not in ("stop", "max_turns", "length")]
+    sampled = sum(t.num_sampled_tokens for t in trajs)
+    return {"programs": len(trajs), "failed": len(bad), "first_error": bad[0] if bad else None, "tokens": sampled,
+            "us_per_token": 1e6 * cpu / max(sampled, 1), "tok_s": sampled / wall, "wall_s": wall,
+            "gateway": trajs[0].metadata.get("gateway") if trajs else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--programs", type=int, default=1000)
+    ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=64)
+    a = ap.parse_args()
+    for env in (Native(a.calls), HttpAgent(a.calls, a.tokens)):  # warm: imports, the template, the server's code
+        anyio.run(measure, env, 4, a.tokens)
+    HttpAgent.latencies.clear()
+    native = anyio.run(measure, Native(a.calls), a.programs, a.tokens)
+    http = anyio.run(measure, HttpAgent(a.calls, a.tokens), a.programs, a.tokens)
+    lat = sorted(HttpAgent.latencies)
+    print(f"load average: {open('/proc/loadavg').read().split()[:3]}  cpus: {os.cpu_count()}")
+    for name, r in (("in-process", native), ("http", http)):
+        print(f"{name:>10}: {r['programs']} programs ({r['failed']} failed), {r['tokens']} tokens in {r['wall_s']:.1f}s: "
+              f"{r['us_per_token']:.2f} µs/token client CPU, {r['tok_s']:.0f} tok/s")
+    if http["first_error"]:
+        print(f"first failure: {http['first_error']}")
+    if lat:
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+        print(f"http call latency as the agent sees it: p50 {1e3 * statistics.median(lat):.1f} ms, p99 {1e3 * p99:.1f} ms "
+              f"({len(lat)} calls; gateway figures of one program: {http['gateway']})")
+    print(f"gateway_overhead_ratio: {http['us_per_token'] / native['us_per_token']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
