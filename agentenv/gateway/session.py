@@ -147,7 +147,8 @@ class ProgramSession:
             self.engine_error = f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self.hooks.after_turn(len(ids) + (len(gen.token_ids) if gen is not None else 0))
+            if not self.ended:  # an ended program has left the scheduler (its slot is gone)
+                self.hooks.after_turn(len(ids) + (len(gen.token_ids) if gen is not None else 0))
         self.sampled += len(gen.token_ids)
         return gen
 
