@@ -19,7 +19,7 @@ from typing import Any, Iterable
 #: the output file; after a resume :func:`over_file` counts them over the whole file.
 OUTCOMES = ("programs", "turns", "tool_calls", "tool_errors", "programs_with_ok_tool_call", "tokens_generated",
             "prompt_tokens", "cached_tokens", "prefix_cache_hit_pct", "resume_reuse_pct", "reprefilled_tokens",
-            "mean_reward", "reward_components", "finish_reasons", "gateway")
+            "mean_reward", "reward_components", "finish_reasons")
 
 
 def over_file(s: dict[str, Any], out: Path, *, block_size: int = 1) -> dict[str, Any]:
@@ -35,7 +35,9 @@ def over_file(s: dict[str, Any], out: Path, *, block_size: int = 1) -> dict[str,
             if line.strip():
                 whole.add(Trajectory.from_dict(json.loads(line)))
     figures = whole.summary()
-    return {**s, **{k: figures[k] for k in OUTCOMES if k in s}, "this_run": {k: s[k] for k in OUTCOMES if k in s}}
+    gateway = {"gateway": figures["gateway"]} if "gateway" in figures else {}  # an agent run's calls, over the file
+    return {**s, **{k: figures[k] for k in OUTCOMES if k in s}, **gateway,
+            "this_run": {k: s[k] for k in OUTCOMES if k in s}}
 
 
 def file_rows(out: Path) -> list[tuple[str, Any]]:

@@ -52,6 +52,7 @@ class Native(Environment):
 
 class HttpAgent(AgentEnvironment):
     id = "bench-gateway"
+    agent_timeout = 3600.0  # a loaded machine's 1,000 programs take minutes: the bench measures, it does not time out
     latencies: list[float] = []
 
     def __init__(self, calls: int, tokens: int, raw: bool = False) -> None:

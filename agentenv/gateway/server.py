@@ -157,7 +157,12 @@ class Gateway:
         size = request.headers.get("content-length")
         if size is not None and (not size.isdigit() or int(size) > self.max_body):
             raise RequestError(f"the request body is over {self.max_body} bytes", code="body_too_large")
-        raw = await request.body()
+        from starlette.requests import ClientDisconnect
+
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the agent went away mid-request (cancelled, past its deadline)
+            raise RequestError("the client disconnected before the body arrived", code="client_disconnected") from None
         if len(raw) > self.max_body:
             raise RequestError(f"the request body is over {self.max_body} bytes", code="body_too_large")
         try:
