@@ -1,5 +1,6 @@
 """agentenv: token-exact, async rollouts for RL on tool-calling reasoning models."""
 
+from .agent import AgentEnvironment
 from .bridge import BridgeReport, check_tokenizer
 from .checker import EnvReport, check_env
 from .config import RolloutConfig
@@ -33,7 +34,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'agentenv' has no attribute {name!r}")
 
 __all__ = [
-    "AgentEnvError", "BridgeReport", "check_tokenizer", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "EnvReport", "Environment",
+    "AgentEnvError", "AgentEnvironment", "BridgeReport", "check_tokenizer", "ConfigError", "EngineError", "EnvCheckError", "EnvNotFoundError", "EnvReport", "Environment",
     "FunctionTool", "Group", "MissingExtraError", "ModelNotFoundError", "PromptTooLongError", "PythonTool", "Reactor",
     "RolloutConfig", "RolloutProducer", "SCHEMA_VERSION", "SandboxError", "Segment", "Task", "Tool", "ToolCall",
     "Trajectory", "TrajectoryError", "TurnAction", "TurnStats", "check_env", "make", "register",

@@ -25,6 +25,7 @@ from .errors import MissingExtraError
 EXTRAS: dict[str, dict[str, str]] = {
     "vllm": {"vllm": "vllm"},
     "openai": {"openai": "openai", "httpx": "httpx"},
+    "agents": {"openai": "openai", "starlette": "starlette", "uvicorn": "uvicorn"},
     "e2b": {"e2b_code_interpreter": "e2b-code-interpreter", "e2b": "e2b", "httpx": "httpx"},
     "math": {"math_verify": "math-verify"},
     "datasets": {"datasets": "datasets"},

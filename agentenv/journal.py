@@ -16,6 +16,10 @@ names the event) and whose ``from_json()`` reads it back:
         it finished, but its line waits: its group (an environment with a group reward) has a
         sample the engine failed on, and a group's lines are written together, scored whole
   {"e": "done", "k": key, "task": id, "sample": i}  its trajectory is in the output
+  {"e": "call", "k": key, "n": n, "d": digest, "role": r, "g": {...}}
+        an agent program's gateway call ``n`` was answered: the request's digest and the
+        generation (sampled ids, logprobs, versions, finish); a resumed agent is answered from
+        these while its requests match (``agentenv.gateway``)
 
 A program is resumed from its last ``turn`` record: the state at the start of a turn is the
 trajectory so far, so the rest of the program runs as if it had never stopped (its notebook
@@ -197,8 +201,27 @@ class Done:
         return cls(obj["k"], obj["task"], obj["sample"])
 
 
-Record = Union[Header, Start, Turn, Held, Done]
-_KINDS: dict[str, Any] = {k.E: k for k in (Header, Start, Turn, Held, Done)}
+@dataclass(slots=True)
+class Call:
+    """An agent program's gateway call was answered (see the module docstring)."""
+
+    E: ClassVar[str] = "call"
+    key: str
+    n: int
+    digest: str
+    role: str
+    generation: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"e": self.E, "k": self.key, "n": self.n, "d": self.digest, "role": self.role, "g": self.generation}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Call":
+        return cls(obj["k"], obj["n"], obj["d"], obj.get("role", "main"), obj["g"])
+
+
+Record = Union[Header, Start, Turn, Held, Done, Call]
+_KINDS: dict[str, Any] = {k.E: k for k in (Header, Start, Turn, Held, Done, Call)}
 
 
 def parse(obj: dict[str, Any]) -> Record | None:
@@ -246,6 +269,10 @@ def load_state(records: list[dict[str, Any]]) -> LogState:
                 state.groups[r.task_id] = r.group_id
         elif isinstance(r, Turn) and r.key in by_key:
             r.extend(by_key[r.key])
+        elif isinstance(r, Call) and r.key in by_key:  # an agent program's answered call, for its replay
+            log = by_key[r.key].metadata.setdefault("gateway_log", [])
+            if r.n == len(log):
+                log.append({"d": r.digest, "role": r.role, "g": r.generation})
         elif isinstance(r, Held):
             state.held[(r.task_id, r.sample_index)] = r.trajectory
             state.partial.pop((r.task_id, r.sample_index), None)
@@ -402,6 +429,10 @@ class Journal:
     def done(self, traj: Trajectory) -> None:
         """``traj``'s line is in the output."""
         self.write(Done.of(traj))
+
+    def call(self, key: str, n: int, digest: str, role: str, generation: dict[str, Any]) -> None:
+        """An agent program's gateway call ``n`` was answered."""
+        self.write(Call(key, n, digest, role, generation))
 
     def sync(self) -> None:
         try:

@@ -36,6 +36,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .agent import AgentEnvironment
 from .config import RolloutConfig
 from .engines.base import Engine
 from .env import Environment, Task, bind_tool_format
@@ -167,6 +168,31 @@ async def prepare_sessions(env: Environment, sandbox: Any, config: RolloutConfig
     return await sandbox.prepare(env.sandbox_setup(), n, wait=wait)
 
 
+async def gateway(r: "Reactor") -> Any:
+    """The OpenAI-compatible gateway an :class:`~agentenv.AgentEnvironment`'s programs on ``r``
+    call (``agentenv.gateway``), started on first use on this event loop; closed with ``r``."""
+    async with r._gateway_lock:
+        if r._gateway is None:
+            from .extras import require
+            from .gateway.server import start_gateway
+
+            require("openai", "starlette", "uvicorn", extra="agents", what="an AgentEnvironment")
+            r._gateway = await start_gateway(r.engine.tokenizer)
+        return r._gateway
+
+
+async def _program(r: "Reactor", slot: _Slot) -> Trajectory:
+    """Run ``slot``'s program: the reactor's turn loop, or an agent environment's agent with its
+    calls through the gateway."""
+    if isinstance(r.env, AgentEnvironment):
+        from .gateway.program import run_agent_program
+
+        return await run_agent_program(r._ctx, await gateway(r), slot.task, slot.group.id, slot.index,
+                                       _Hooks(r, slot), program_id=slot.key, resume=slot.partial)
+    return await run_program(r._ctx, slot.task, slot.group.id, slot.index, _Hooks(r, slot), program_id=slot.key,
+                             resume=slot.partial)
+
+
 class Reactor:
     def __init__(
         self,
@@ -215,6 +241,8 @@ class Reactor:
         self._slots: dict[int, _Slot] = {}
         self._spare: list[Any] = []  # prepared sessions no program used: clean, handed on
         self._next_pid = 0
+        self._gateway: Any = None  # agentenv.gateway.Gateway, started by the first agent program
+        self._gateway_lock = anyio.Lock()
 
     def _default_max_programs(self) -> int:
         return _default_max_programs(self.config, self.sandbox if self._needs_env else None)
@@ -232,6 +260,9 @@ class Reactor:
             spare, self._spare = self._spare, []
             for s in spare:
                 await s.aclose()
+            gateway, self._gateway = self._gateway, None
+            if gateway is not None:
+                await gateway.aclose()
 
     # -- public API --------------------------------------------------------------------------
     @asynccontextmanager
@@ -404,8 +435,7 @@ class Reactor:
         slot.started = True
         self.stats.program_started()
         try:
-            traj = await run_program(self._ctx, slot.task, slot.group.id, slot.index, _Hooks(self, slot),
-                                     program_id=slot.key, resume=slot.partial)
+            traj = await _program(self, slot)
         finally:
             self._sched.finish(slot.pid)
             self.engine.release(slot.key)

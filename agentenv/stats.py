@@ -57,9 +57,17 @@ class Outcomes:
     component_sums: Counter = field(default_factory=Counter)
     component_counts: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)
+    #: An agent environment's gateway calls (``agentenv.gateway``): calls, extended, branched,
+    #: answered from the journal, programs restarted on a replay mismatch, malformed calls.
+    gateway: Counter = field(default_factory=Counter)
 
     def add(self, t: Trajectory) -> None:
         self.finished += 1
+        g = t.metadata.get("gateway")
+        if g:
+            self.gateway.update({k: int(g.get(k, 0)) for k in ("calls", "extended", "branched", "replayed",
+                                                                "restarts", "malformed_tool_calls")})
+            self.gateway["programs"] += 1
         self.turns += len(t.turns)
         self.tool_calls += len(t.tool_calls)
         self.tool_errors += sum(c.status != "ok" for c in t.tool_calls)
@@ -302,6 +310,7 @@ class RunStats:
             "mean_reward": None if o.mean_reward is None else round(o.mean_reward, 4),
             "reward_components": {k: round(v / o.component_counts[k], 4) for k, v in o.component_sums.items()},
             "finish_reasons": dict(o.finish_reasons),
+            **({"gateway": dict(o.gateway)} if o.gateway else {}),
             "wall_s": round(self.elapsed, 2),
         }
 

@@ -35,7 +35,9 @@ def over_file(s: dict[str, Any], out: Path, *, block_size: int = 1) -> dict[str,
             if line.strip():
                 whole.add(Trajectory.from_dict(json.loads(line)))
     figures = whole.summary()
-    return {**s, **{k: figures[k] for k in OUTCOMES if k in s}, "this_run": {k: s[k] for k in OUTCOMES if k in s}}
+    gateway = {"gateway": figures["gateway"]} if "gateway" in figures else {}  # an agent run's calls, over the file
+    return {**s, **{k: figures[k] for k in OUTCOMES if k in s}, **gateway,
+            "this_run": {k: s[k] for k in OUTCOMES if k in s}}
 
 
 def weights(env: Any) -> dict[str, float]:
@@ -77,6 +79,12 @@ def file_rows(out: Path, weights: dict[str, float] | None = None) -> list[tuple[
         ("programs", "programs"), ("turns", "turns"), ("tool calls", "tool_calls"), ("tool errors", "tool_errors"),
         ("programs with a tool call that ran", "programs_with_ok_tool_call"),
         ("tokens generated", "tokens_generated")) if key in s]
+    if s.get("gateway"):
+        g = s["gateway"]
+        rows.append(("gateway calls (extended / branched / from the journal)",
+                     f"{g.get('calls', 0)} ({g.get('extended', 0)} / {g.get('branched', 0)} / {g.get('replayed', 0)})"))
+        rows.append(("agent programs restarted (replay mismatch) / malformed tool calls",
+                     f"{g.get('restarts', 0)} / {g.get('malformed_tool_calls', 0)}"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += component_rows(s["reward_components"], weights)
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
@@ -140,6 +148,12 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
         rows.append((f"judge latency per call (p50 / p99){now}", f"{s['judge_p50_ms']} / {s['judge_p99_ms']} ms"))
         if has("judge_share_pct"):
             rows.append((f"judge share of wall time (a call in flight){now}", f"{s['judge_share_pct']}%"))
+    if s.get("gateway"):
+        g = s["gateway"]
+        rows.append(("gateway calls (extended / branched / from the journal)",
+                     f"{g.get('calls', 0)} ({g.get('extended', 0)} / {g.get('branched', 0)} / {g.get('replayed', 0)})"))
+        rows.append(("agent programs restarted (replay mismatch) / malformed tool calls",
+                     f"{g.get('restarts', 0)} / {g.get('malformed_tool_calls', 0)}"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += component_rows(s["reward_components"], weights)
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))

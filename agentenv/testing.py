@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from .engines.base import Engine, SamplingParams
+from .engines.base import Engine, Generation, SamplingParams
 from .engines.instant import InstantEngine
 from .errors import PromptTooLongError
 
@@ -113,3 +113,32 @@ async def engine_contract(engine: Engine) -> None:
     await check_abort(engine, prompt)
     await check_concurrency(engine, prompt)
     await check_too_long(engine)
+
+
+class ScriptedEngine(InstantEngine):
+    """An :class:`InstantEngine` whose turns say what a script says: ``script(prompt_text, n)``
+    (the decoded prompt and the engine's request count) returns the turn's text, which is
+    encoded and ended with EOS (cut at ``max_tokens``, or at a stop token it holds). Each
+    token's logprob is a distinct number, so that a test can tell which sampled token went
+    where. For exact tests of what is built around the engine (the gateway's token sequences)."""
+
+    def __init__(self, script: Any, tokenizer: Any = None, **kw: Any) -> None:
+        super().__init__(tokenizer, **kw)
+        self.script = script
+
+    def _make(self, prompt: list[int], params: SamplingParams, program: str | None, room: int) -> Generation:
+        tok = self.tokenizer
+        text = self.script(tok.decode(prompt, skip_special_tokens=False), self.requests)
+        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        ids = ids[: min(params.max_tokens, room)]
+        stop_id = None
+        for j, t in enumerate(ids):
+            if t in params.stop_token_ids:
+                ids, stop_id = ids[: j + 1], t
+                break
+        self.requests += 1
+        self.generated += len(ids)
+        self.prompted += len(prompt)
+        lps = [-0.001 * (self.generated - len(ids) + j + 1) for j in range(len(ids))]
+        return Generation(ids, lps, "stop" if stop_id is not None else "length", len(prompt), 0, self.weight_version,
+                          stop_id)

@@ -119,6 +119,18 @@ class TurnStats(_Plain):
 
 
 @dataclass(slots=True)
+class TokenSequence(_Plain):
+    """A further token sequence of one program, beside its main one (``prompt_ids`` +
+    ``segments``): an agent that rewrote its history, or a role (a sub-agent, a critic) that
+    sampled in a context of its own (``agentenv.gateway``). Loss mask 1 exactly on its
+    sampled ids, as for the main sequence."""
+
+    role: str
+    prompt_ids: list[int]
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Trajectory(_Plain):
     id: str
     env: str
@@ -139,6 +151,9 @@ class Trajectory(_Plain):
     #: What stands behind a reward component, by its name (a judge's verdict: score, reply,
     #: latency, failure kind); empty for plain components.
     reward_details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The program's further token sequences (an agent's branches and roles); empty for a
+    #: program the reactor ran turn by turn.
+    branches: list[TokenSequence] = field(default_factory=list)
 
     # -- building -------------------------------------------------------------------------
     def add_model(self, token_ids: list[int], logprobs: list[float], weight_version: int | list[int]) -> None:
@@ -192,10 +207,26 @@ class Trajectory(_Plain):
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + sum(len(s.token_ids) for s in self.segments)
 
+    def sequences(self) -> list["Trajectory"]:
+        """Each token sequence as a trajectory of its own (the main one first, then each
+        branch, same reward and finish reason), leaving out empty ones: the rows a trainer
+        takes from this program."""
+        out = [self] if self.num_tokens else []
+        for i, b in enumerate(self.branches):
+            t = Trajectory(f"{self.id}.{i + 1}", self.env, self.task_id, self.group_id, self.sample_index,
+                           b.prompt_ids, b.segments, reward=self.reward, finish_reason=self.finish_reason,
+                           metadata={"role": b.role})
+            if t.num_tokens:
+                out.append(t)
+        return out
+
     # -- validation and (de)serialisation ---------------------------------------------------
     def validate(self) -> None:
         for s in self.segments:
             s.validate()
+        for b in self.branches:
+            for s in b.segments:
+                s.validate()
         n = self.num_tokens
         for name in ("loss_mask", "logprobs", "weight_versions"):
             if len(getattr(self, name)) != n:
@@ -221,6 +252,8 @@ class Trajectory(_Plain):
         fields["segments"] = [Segment(**s) for s in d.get("segments", [])]
         fields["tool_calls"] = [ToolCall(**t) for t in d.get("tool_calls", [])]
         fields["turns"] = [TurnStats(**t) for t in d.get("turns", [])]
+        fields["branches"] = [TokenSequence(b["role"], b["prompt_ids"], [Segment(**s) for s in b.get("segments", [])])
+                              for b in d.get("branches", [])]
         traj = cls(**fields)
         traj.validate()
         if traj.input_ids != d.get("input_ids", traj.input_ids):

@@ -232,3 +232,19 @@ def test_the_viewer_is_the_top_floor():
         wrong += [f"{module} imports {t}" for t in imports_of(path.read_text("utf-8"), module, init)
                   if t.startswith("agentenv.view") and t not in allowed]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_gateway_sits_under_the_reactor():
+    """``agentenv.gateway`` (the agent programs' OpenAI-compatible door) is used by the reactor
+    and uses what is below it (engines, formats, trajectories, the program context); never the
+    reactor, the trainer, the run or the CLI above it."""
+    above_it = ("agentenv.reactor", "agentenv.train", "agentenv.cli", "agentenv.view", "agentenv.rollout_run",
+                "agentenv.sources", "agentenv.cluster", "agentenv.writer")
+    wrong = []
+    for path in sorted((PACKAGE / "gateway").rglob("*.py")) + [PACKAGE / "agent.py"]:
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        init = path.name == "__init__.py"
+        module = ".".join(parts[:-1] if init else parts)
+        wrong += [f"{module} imports {t}" for t in imports_of(path.read_text("utf-8"), module, init)
+                  if t.startswith(above_it)]
+    assert not wrong, "\n".join(wrong)

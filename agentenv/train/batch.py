@@ -89,8 +89,10 @@ def collate(groups: list[Group], pad_id: int = 0, scale_advantages: bool = True)
         scored = [t for t in g.trajectories if t.reward is not None]
         adv = iter(group_advantages([t.reward for t in scored], scale=scale_advantages)) if scored else iter(())
         for t in g.trajectories:
-            trajs.append(t)
-            advs.append(next(adv) if t.reward is not None else 0.0)
+            a = next(adv) if t.reward is not None else 0.0
+            for row in t.sequences():  # an agent's branches and roles: each sequence a row, same advantage
+                trajs.append(row)
+                advs.append(a)
     if not trajs:
         raise ValueError("empty batch")
     width = max(len(t.input_ids) for t in trajs)

@@ -1,0 +1,133 @@
+"""One agent program's token sequences: which request extends which, and the ids it costs.
+
+A request *extends* a branch of its role when its messages start with that branch's history
+(the messages of the branch's last request plus the gateway's reply to it, compared
+normalised: ``agentenv.gateway.messages``) and it offers the same tools. The branch's ids are
+then reused exactly as sampled and spliced; only the new messages are tokenized, as the chat
+template renders them after a reply: the template renders the history with a marker in place
+of the last reply, once alone and once with the new messages and the generation prompt; the
+first rendering must be a prefix of the second up to the marker (the template does not
+rewrite the history), and what follows the marker is the glue (mask 0). The reply's own end
+of turn is not repeated when the model sampled it.
+
+Any other request (history truncated, summarised, a swapped system prompt, a sub-agent's fresh
+context, other tools) starts a new branch from its messages rendered whole. A branch is one
+token sequence: loss mask 1 exactly on the sampled ids. Pure: no I/O besides the tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..trajectory import Segment
+from .messages import MessageError, for_template
+
+_MARK = "\x00AGENTENV-REPLY\x00"
+
+
+@dataclass(slots=True)
+class Branch:
+    """One token sequence of a program, sampled by one role."""
+
+    index: int
+    role: str
+    prompt_ids: list[int]
+    tools: list[dict[str, Any]]
+    segments: list[Segment] = field(default_factory=list)
+    #: Normalised messages: the last request's and the gateway's reply to it.
+    history: list[dict[str, Any]] = field(default_factory=list)
+    ended_with_eos: bool = False
+    calls: int = 0
+
+    @property
+    def ids(self) -> list[int]:
+        out = list(self.prompt_ids)
+        for s in self.segments:
+            out.extend(s.token_ids)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "prompt_ids": list(self.prompt_ids), "segments": [s.to_dict() for s in self.segments],
+                "calls": self.calls}
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one request costs before the engine runs it: the branch it extends (None: a new
+    one), the glue ids spliced after that branch's last reply, and the whole input."""
+
+    role: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    extends: Branch | None
+    glue: list[int]
+    input_ids: list[int]
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+           generation_prompt: bool) -> str:
+    try:
+        return tokenizer.apply_chat_template([for_template(m) for m in messages], tools=tools or None,
+                                             tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as exc:  # noqa: BLE001 - a template that cannot take the messages is the client's 400
+        raise MessageError(f"the model's chat template cannot render these messages: {type(exc).__name__}: {exc}")
+
+
+def glue_text(tokenizer: Any, history: list[dict[str, Any]], new: list[dict[str, Any]],
+              tools: list[dict[str, Any]], ended_with_eos: bool) -> str | None:
+    """The template's text between the last reply of ``history`` and the next reply (None when
+    the template renders the history differently once ``new`` follows it)."""
+    marked = history[:-1] + [{"role": "assistant", "content": _MARK}]
+    alone = render(tokenizer, marked, tools, generation_prompt=False)
+    more = render(tokenizer, marked + new, tools, generation_prompt=True)
+    cut = alone.find(_MARK)
+    if cut < 0 or not more.startswith(alone[: cut + len(_MARK)]):
+        return None
+    tail = more[cut + len(_MARK):]
+    eos = getattr(tokenizer, "eos_token", None)
+    if ended_with_eos and eos and tail.startswith(eos):
+        tail = tail[len(eos):]
+    return tail
+
+
+class Branches:
+    """A program's branches, by role, and the extend-or-branch decision for each request."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.all: list[Branch] = []
+        self.extended = self.branched = 0
+
+    def plan(self, role: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Plan:
+        tok = self.tokenizer
+        for b in reversed(self.all):
+            n = len(b.history)
+            if b.role != role or b.tools != tools or len(messages) <= n or messages[:n] != b.history:
+                continue
+            text = glue_text(tok, b.history, messages[n:], tools, b.ended_with_eos)
+            if text is None:
+                continue
+            glue = tok.encode(text, add_special_tokens=False)
+            return Plan(role, messages, tools, b, glue, b.ids + glue)
+        text = render(tok, messages, tools, generation_prompt=True)
+        return Plan(role, messages, tools, None, [], tok.encode(text, add_special_tokens=False))
+
+    def record(self, plan: Plan, token_ids: list[int], logprobs: list[float], versions: list[int],
+               reply: dict[str, Any], ended_with_eos: bool) -> Branch:
+        """The engine sampled ``token_ids`` for ``plan``: extend its branch or start one."""
+        b = plan.extends
+        if b is None:
+            b = Branch(len(self.all), plan.role, list(plan.input_ids), plan.tools)
+            self.all.append(b)
+            self.branched += 1
+        else:
+            self.extended += 1
+            if plan.glue:
+                b.segments.append(Segment("env", list(plan.glue)))
+        if token_ids:
+            b.segments.append(Segment("model", list(token_ids), list(logprobs), list(versions)))
+        b.history = plan.messages + [reply]
+        b.ended_with_eos = ended_with_eos
+        b.calls += 1
+        return b

@@ -1,0 +1,199 @@
+"""The gateway: an OpenAI-compatible HTTP server inside the rollout process, beside the
+reactor, on Starlette and uvicorn, listening on loopback only.
+
+    POST /v1/chat/completions   messages, tools, tool_choice, stream (SSE), logprobs,
+                                top_logprobs, temperature, top_p, seed, stop, max_tokens /
+                                max_completion_tokens; n > 1 refused
+    GET  /v1/models             the one model
+
+Each agent program has a random key (``Authorization: Bearer <key>``, ``<key>:<role>`` for a
+role's own sequences, see :func:`role_client`); the key routes the request to the program's
+:class:`~agentenv.gateway.session.ProgramSession`. A missing or foreign key gets 401, a key
+whose program has ended 410, an oversized or malformed body 400, always with OpenAI's error
+object. The server runs on the event loop of the reactor (uvicorn's asyncio server is started
+and stopped here, without uvicorn's signal handling or main loop).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections import OrderedDict
+from typing import Any
+
+from ..errors import EngineError
+from .requests import RequestError, parse_chat
+from .responses import completion_body, error_body, logprobs_body, stream_events
+from .session import ProgramSession, ReplayMismatch, SessionEnded
+
+#: The largest request body taken (bytes).
+MAX_BODY = 8 << 20
+#: Ended programs' keys remembered for their 410 (older ones get 401).
+ENDED_KEYS = 100_000
+
+
+def role_client(client: Any, role: str) -> Any:
+    """``client`` (the ``openai`` client an agent got) for the sequences of ``role`` (a
+    sub-agent, a critic): the same program, its requests kept apart and labelled ``role``."""
+    if not role or ":" in role:
+        raise ValueError(f"a role is a non-empty name without ':', got {role!r}")
+    return client.with_options(api_key=f"{str(client.api_key).split(':', 1)[0]}:{role}")
+
+
+async def start_gateway(tokenizer: Any) -> "Gateway":
+    """A started gateway serving the model ``tokenizer`` belongs to (named after its folder)."""
+    from pathlib import Path
+
+    name = Path(str(getattr(tokenizer, "name_or_path", "") or "agentenv")).name or "agentenv"
+    gateway = Gateway(name, tokenizer=tokenizer)
+    await gateway.start()
+    return gateway
+
+
+class Gateway:
+    """The server and its programs' keys. ``await start()`` once (on the event loop that runs
+    the programs), :meth:`open` / :meth:`close` a program's session, ``await aclose()``."""
+
+    def __init__(self, model_name: str, *, tokenizer: Any, host: str = "127.0.0.1", max_body: int = MAX_BODY) -> None:
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError(f"the gateway listens on loopback only, not {host!r}")
+        self.model_name, self.tokenizer, self.host, self.max_body = model_name, tokenizer, host, max_body
+        self.sessions: dict[str, ProgramSession] = {}
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        self.requests = self.refused = 0
+        self._server: Any = None
+        self._http: Any = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        """The base URL an agent's client is given (``.../v1``)."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def client(self, key: str, timeout: float) -> Any:
+        """An ``openai.AsyncOpenAI`` for the program with ``key``: the gateway's URL, no
+        retries, over one HTTP connection pool that every program's client shares (an SDK
+        client's own pool costs an SSL context each, ~0.1 s of CPU); closed with the gateway."""
+        import openai
+
+        if self._http is None:
+            self._http = openai.DefaultAsyncHttpxClient(timeout=timeout)
+        return openai.AsyncOpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=timeout,
+                                  http_client=self._http)
+
+    def open(self, session: ProgramSession) -> None:
+        self.sessions[session.key] = session
+
+    def close(self, session: ProgramSession) -> None:
+        session.end()
+        if self.sessions.pop(session.key, None) is not None:
+            self.ended[session.key] = None
+            while len(self.ended) > ENDED_KEYS:
+                self.ended.popitem(last=False)
+
+    async def start(self) -> None:
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                                Route("/v1/models", self._models, methods=["GET"])])
+        config = uvicorn.Config(app, host=self.host, port=0, log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=30)
+        config.load()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        sock.set_inheritable(True)
+        self.port = sock.getsockname()[1]
+        server = uvicorn.Server(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        self._server, self._sock = server, sock
+
+    async def aclose(self) -> None:
+        for key in list(self.sessions):
+            self.close(self.sessions[key])
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+        server, self._server = self._server, None
+        if server is not None:
+            await server.shutdown(sockets=[self._sock])
+            self._sock.close()
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def _error(self, status: int, message: str, **kw: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        self.refused += 1
+        kind = {401: "authentication_error", 410: "invalid_request_error", 503: "server_error"}.get(
+            status, "invalid_request_error")
+        return JSONResponse(error_body(message, kind=kind, **kw), status_code=status)
+
+    def _session(self, request: Any) -> tuple[ProgramSession | None, str, Any]:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        secret, _, role = key.partition(":")
+        session = self.sessions.get(secret)
+        if session is not None:
+            return session, role or "main", None
+        if secret in self.ended:
+            return None, "", self._error(410, "this key's agent program has ended; its requests are no longer "
+                                         "served", code="program_ended")
+        return None, "", self._error(401, "missing or unknown API key: each agent program is given its own key "
+                                     "(OPENAI_API_KEY / the client passed to agent())", code="invalid_api_key")
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        session, _, refused = self._session(request)
+        if session is None:
+            return refused
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentenv"}]})
+
+    async def _body(self, request: Any) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > self.max_body):
+            raise RequestError(f"the request body is over {self.max_body} bytes", code="body_too_large")
+        from starlette.requests import ClientDisconnect
+
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # the agent went away mid-request (cancelled, past its deadline)
+            raise RequestError("the client disconnected before the body arrived", code="client_disconnected") from None
+        if len(raw) > self.max_body:
+            raise RequestError(f"the request body is over {self.max_body} bytes", code="body_too_large")
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        self.requests += 1
+        session, role, refused = self._session(request)
+        if session is None:
+            return refused
+        try:
+            req = parse_chat(await self._body(request))
+            answer = await session.complete(req, role)
+        except RequestError as exc:
+            return self._error(400, str(exc), param=exc.param, code=exc.code)
+        except SessionEnded:
+            return self._error(410, "this key's agent program has ended", code="program_ended")
+        except ReplayMismatch as exc:
+            return self._error(409, f"{exc}: the agent program starts again", code="replay_mismatch")
+        except EngineError as exc:
+            return self._error(503, f"the engine failed: {exc}", code="engine_error")
+        gen = answer.gen
+        lp = (logprobs_body(self.tokenizer, gen.token_ids, gen.logprobs, req.top_logprobs)
+              if req.logprobs else None)
+        cid = f"chatcmpl-{session.program}-{session.calls - 1}"
+        if req.stream:
+            usage = answer.usage() if req.include_usage else None
+            return StreamingResponse(stream_events(cid, self.model_name, answer.reply, gen.finish_reason, usage, lp),
+                                     media_type="text/event-stream")
+        return JSONResponse(completion_body(cid, self.model_name, answer.reply, gen.finish_reason, answer.usage(), lp))

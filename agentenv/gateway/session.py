@@ -1,0 +1,185 @@
+"""One agent program's side of the gateway: its key, its branches, its place in the scheduler.
+
+Every request of the program goes through :meth:`ProgramSession.complete`, one at a time (a
+program is one scheduler entry; concurrent requests of its sub-agents queue here):
+
+    checked request ─► replay? the journal's answer while the requests match it
+                    ─► Branches.plan (extend a branch: its ids as sampled + the new messages'
+                       glue; or a new branch) ─► hooks.before_turn (the program scheduler)
+                    ─► engine.generate_turn(branch program, ids) ─► hooks.after_turn
+                    ─► Branches.record (mask 1 on the sampled ids) ─► journal ``call`` record
+                    ─► the reply parsed into content and tool calls
+
+A request that differs from the journal's on a replay sets :attr:`mismatch` and the program
+runner starts the agent again, fresh. After the program ends every request gets 410.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Callable
+
+import anyio
+
+from ..engines.base import Engine, Generation, SamplingParams
+from ..formats import ToolFormat
+from ..trajectory import ToolCall, TurnStats
+from .branches import Branches
+from .messages import assistant_message
+from .replies import Reply, parse_reply
+from .requests import ChatRequest, RequestError
+
+
+class SessionEnded(Exception):
+    """The program this key belonged to has ended (410)."""
+
+
+class ReplayMismatch(Exception):
+    """On a replay, a request differs from the one the journal logged (the agent is not
+    deterministic); the program starts again fresh."""
+
+
+class Answer:
+    """What one request produced: the reply and the generation behind it."""
+
+    __slots__ = ("reply", "gen", "prompt_tokens", "replayed")
+
+    def __init__(self, reply: Reply, gen: Generation, prompt_tokens: int, replayed: bool) -> None:
+        self.reply, self.gen, self.prompt_tokens, self.replayed = reply, gen, prompt_tokens, replayed
+
+    def usage(self) -> dict[str, int]:
+        n = len(self.gen.token_ids)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+
+
+def generation_record(gen: Generation) -> dict[str, Any]:
+    return {"ids": gen.token_ids, "lp": gen.logprobs, "v": gen.versions, "fin": gen.finish_reason,
+            "stop": gen.stop_token_id, "pt": gen.prompt_tokens, "ct": gen.cached_tokens, "wv": gen.weight_version}
+
+
+def generation_of(rec: dict[str, Any]) -> Generation:
+    return Generation(list(rec["ids"]), list(rec["lp"]), rec["fin"], rec["pt"], rec["ct"], rec["wv"], rec["stop"],
+                      token_versions=list(rec["v"]))
+
+
+class ProgramSession:
+    """The gateway's state for one run of one agent program (see the module docstring)."""
+
+    def __init__(self, *, program: str, engine: Engine, hooks: Any, config: Any, fmt: ToolFormat,
+                 stop_ids: tuple[int, ...], journal: Any = None, replay: list[dict[str, Any]] | None = None) -> None:
+        self.program, self.engine, self.hooks, self.config, self.fmt = program, engine, hooks, config, fmt
+        self.tokenizer = engine.tokenizer
+        self.stop_ids, self.journal = stop_ids, journal
+        self.key = f"ae-{secrets.token_urlsafe(24)}"
+        self.branches = Branches(self.tokenizer)
+        self.replay = list(replay or [])
+        self.calls = self.replayed = self.sampled = 0
+        self.tool_calls: list[ToolCall] = []
+        self.turns: list[TurnStats] = []
+        self.ended = self.mismatch = False
+        self.engine_error: str | None = None
+        self.on_mismatch: Callable[[], None] = lambda: None
+        self._lock = anyio.Lock()
+        self._scopes: set[anyio.CancelScope] = set()
+
+    def end(self) -> None:
+        """The program ended: requests in flight are cancelled, later ones get 410."""
+        self.ended = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def complete(self, req: ChatRequest, role: str) -> Answer:
+        if self.ended:
+            raise SessionEnded
+        with anyio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                async with self._lock:
+                    if self.ended:
+                        raise SessionEnded
+                    return await self._complete(req, role)
+            finally:
+                self._scopes.discard(scope)
+        raise SessionEnded  # cancelled by end()
+
+    async def _complete(self, req: ChatRequest, role: str) -> Answer:
+        n, dig = self.calls, req.digest(role)
+        logged = self.replay[n] if n < len(self.replay) else None
+        if logged is not None and logged["d"] != dig:
+            self.mismatch = True
+            self.on_mismatch()
+            raise ReplayMismatch(f"request {n} differs from the journal's")
+        plan = self.branches.plan(role, req.messages, req.tools)
+        if logged is not None:
+            gen, self.replayed = generation_of(logged["g"]), self.replayed + 1
+        else:
+            gen = await self._sample(plan.input_ids, req, n, plan.extends.index if plan.extends else len(self.branches.all))
+        text, ended_with_eos = self._text(gen)
+        text = _cut_at_stop(text, req.stop)
+        reply = parse_reply(self.fmt, text, req.tool_names, req.tool_choice, call_id=f"call_{n}")
+        self.branches.record(plan, gen.token_ids, gen.logprobs, gen.versions,
+                             assistant_message(reply.content, reply.calls), ended_with_eos)
+        self._count(n, reply, gen)
+        if logged is None and self.journal is not None and hasattr(self.journal, "call"):
+            self.journal.call(self.program, n, dig, role, generation_record(gen))
+        self.calls += 1
+        return Answer(reply, gen, len(plan.input_ids), logged is not None)
+
+    async def _sample(self, ids: list[int], req: ChatRequest, n: int, branch: int) -> Generation:
+        cfg, engine = self.config, self.engine
+        room = engine.max_model_len - len(ids)
+        if room <= 0:
+            raise RequestError(f"the messages are {len(ids)} tokens, the model's context window is "
+                               f"{engine.max_model_len}: shorten them", "messages", "context_length_exceeded")
+        cap = min(req.max_tokens or cfg.max_tokens_per_turn, room, cfg.max_new_tokens - self.sampled)
+        if cap <= 0 or n >= cfg.max_turns:  # the program's token budget or call limit is spent: an empty reply
+            return Generation([], [], "length", len(ids), 0, engine.weight_version)
+        params = SamplingParams(max_tokens=cap, temperature=cfg.temperature if req.temperature is None else req.temperature,
+                                top_p=cfg.top_p if req.top_p is None else req.top_p, top_k=cfg.top_k,
+                                stop_token_ids=self.stop_ids + self._stop_ids(req.stop))
+        priority = await self.hooks.before_turn(len(ids), cap)
+        gen: Generation | None = None
+        try:
+            gen = await engine.generate_turn(f"{self.program}.{branch}", ids, params, f"{self.program}-{n}",
+                                             priority=priority)
+        except Exception as exc:  # noqa: BLE001 - the engine's failure is the program's, recorded
+            self.engine_error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if not self.ended:  # an ended program has left the scheduler (its slot is gone)
+                self.hooks.after_turn(len(ids) + (len(gen.token_ids) if gen is not None else 0))
+        self.sampled += len(gen.token_ids)
+        return gen
+
+    def _stop_ids(self, stops: list[str]) -> tuple[int, ...]:
+        """A stop string that is one token stops the engine on that token."""
+        out = []
+        for s in stops:
+            ids = self.tokenizer.encode(s, add_special_tokens=False)
+            if len(ids) == 1:
+                out.append(ids[0])
+        return tuple(out)
+
+    def _text(self, gen: Generation) -> tuple[str, bool]:
+        """The reply's text (without the token that stopped it) and whether that was EOS."""
+        ids = gen.token_ids
+        eos = gen.stop_token_id is not None and gen.stop_token_id == self.tokenizer.eos_token_id
+        if eos and ids and ids[-1] == gen.stop_token_id:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False), eos
+
+    def _count(self, n: int, reply: Reply, gen: Generation) -> None:
+        self.turns.append(TurnStats(gen.prompt_tokens, gen.cached_tokens, len(gen.token_ids), gen.finish_reason,
+                                    gen.latency_s, gen.weight_version))
+        for call in reply.calls:
+            self.tool_calls.append(ToolCall(n, call["name"], call["arguments"], "", "ok", 0.0))
+        for reason in reply.malformed:
+            self.tool_calls.append(ToolCall(n, "", {"raw": (reply.content or "")[:200]}, "", "malformed", 0.0, reason))
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> str:
+    """The visible text ends before the first stop string (the ids the engine sampled past a
+    stop string of several tokens stay in the trajectory: they were sampled)."""
+    cuts = [text.find(s) for s in stops if s in text]
+    return text[: min(cuts)] if cuts else text

@@ -1,0 +1,370 @@
+"""The gateway end to end: real HTTP on loopback, the real ``openai`` SDK as the agent's
+client, the reactor's scheduler, and a scripted engine (``agentenv.testing.ScriptedEngine``)
+whose replies are known, so that every token of every row can be checked."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+import agentenv.models
+from agentenv import AgentEnvironment, Reactor, RolloutConfig, Task
+from agentenv.engines.embedded import load_tokenizer
+from agentenv.gateway import role_client
+from agentenv.testing import ScriptedEngine
+
+pytestmark = pytest.mark.anyio
+
+HERMES = Path(agentenv.models.__file__).parent / "tiny-hermes"
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(HERMES)
+
+
+def calculator(prompt: str, n: int) -> str:
+    """A model that calls ``add`` until it has seen a tool response, then answers."""
+    last = prompt.rsplit("<|im_start|>", 2)[-2]
+    if "<tool_response>" in last:
+        return "The sum is 5."
+    if "Critique" in prompt:
+        return "Looks right."
+    return "I will add.\n" + CALL
+
+
+class Calc(AgentEnvironment):
+    id = "calc"
+    max_turns = 8
+
+    def tasks(self, n, seed=0):
+        return [Task(f"calc/{i}", "What is 2 + 3?", 5) for i in range(n)]
+
+    async def agent(self, task, client, model):
+        messages = [{"role": "system", "content": "You add."}, {"role": "user", "content": task.question}]
+        for _ in range(4):
+            r = await client.chat.completions.create(model=model, messages=messages, tools=[ADD])
+            m = r.choices[0].message
+            messages.append(m)
+            if not m.tool_calls:
+                return m.content
+            for c in m.tool_calls:
+                a = json.loads(c.function.arguments)
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": str(a["a"] + a["b"])})
+        return None
+
+    async def reward(self, task, trajectory):
+        return float(str(task.answer) in (trajectory.text or ""))
+
+
+async def collect(env, engine, n=2, group=2, **cfg):
+    config = RolloutConfig(**{"max_new_tokens": 1024, **cfg})
+    async with Reactor(engine, env, None, config) as reactor:
+        groups = await reactor.collect(env.tasks(n), group)
+    return [t for g in groups for t in g.trajectories]
+
+
+def sampled(traj):
+    """Each sequence's sampled ids, as the trainer sees them (mask 1), and its model segments."""
+    rows = traj.sequences()
+    return [[i for i, m in zip(r.input_ids, r.loss_mask) if m] for r in rows], rows
+
+
+async def test_a_tool_loop_extends_its_history_token_exact(tok):
+    eng = ScriptedEngine(calculator, tok)
+    gens = []
+    real = eng._make
+    eng._make = lambda *a: gens.append(real(*a)) or gens[-1]
+    trajs = await collect(Calc(), eng)
+    assert len(trajs) == 4 and all(t.finish_reason == "stop" and t.reward == 1.0 for t in trajs)
+    pairs = {(tuple(g.token_ids), tuple(g.logprobs)) for g in gens}  # each generation's logprobs are distinct
+    for t in trajs:
+        g = t.metadata["gateway"]
+        assert (g["calls"], g["extended"], g["branched"]) == (2, 1, 1) and not t.branches
+        assert [c.name for c in t.tool_calls] == ["add"] and t.tool_calls[0].arguments == {"a": 2, "b": 3}
+        model = [s for s in t.segments if s.kind == "model"]
+        assert all((tuple(s.token_ids), tuple(s.logprobs)) in pairs for s in model), "not what the engine sampled"
+        ids, _ = sampled(t)
+        assert ids == [[i for s in model for i in s.token_ids]]
+        # Decoding the row gives the conversation the agent saw, as the chat template renders it.
+        convo = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 2 + 3?"},
+                 {"role": "assistant", "content": "I will add.", "tool_calls": [
+                     {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+                 {"role": "tool", "content": "5"}, {"role": "assistant", "content": "The sum is 5."}]
+        text = tok.apply_chat_template(convo, tools=[ADD], tokenize=False)
+        assert tok.decode(t.input_ids, skip_special_tokens=False) == text.rstrip("\n")
+        assert t.loss_mask.count(1) == t.num_sampled_tokens
+
+
+class Rewriter(Calc):
+    """Calls once, then asks again with a new system prompt (a rewritten history), then asks a
+    critic role in a fresh context."""
+
+    async def agent(self, task, client, model):
+        first = [{"role": "system", "content": "You add."}, {"role": "user", "content": task.question}]
+        r = await client.chat.completions.create(model=model, messages=first, tools=[ADD])
+        again = [{"role": "system", "content": "You add carefully."}, {"role": "user", "content": task.question},
+                 r.choices[0].message, {"role": "tool", "tool_call_id": r.choices[0].message.tool_calls[0].id,
+                                        "content": "5"}]
+        r2 = await client.chat.completions.create(model=model, messages=again, tools=[ADD])
+        critic = role_client(client, "critic")
+        r3 = await critic.chat.completions.create(model=model, messages=[
+            {"role": "user", "content": f"Critique: {r2.choices[0].message.content}"}])
+        return f"{r2.choices[0].message.content} ({r3.choices[0].message.content})"
+
+
+async def test_a_rewritten_history_and_a_role_start_their_own_sequences(tok):
+    from agentenv.reactor import Group
+    from agentenv.train.batch import collate
+
+    trajs = await collect(Rewriter(), ScriptedEngine(calculator, tok), n=1, group=2)
+    for t in trajs:
+        g = t.metadata["gateway"]
+        assert (g["calls"], g["extended"], g["branched"]) == (3, 0, 3), g
+        assert g["roles"] == ["main", "main", "critic"] and [b.role for b in t.branches] == ["main", "critic"]
+        rows = t.sequences()
+        assert len(rows) == 3 and all(r.loss_mask.count(1) == r.num_sampled_tokens > 0 for r in rows)
+        assert "You add carefully." in tok.decode(rows[1].prompt_ids) and "Critique" in tok.decode(rows[2].prompt_ids)
+        assert tok.decode(rows[2].completion_ids, skip_special_tokens=False) == "Looks right.<|im_end|>"
+        assert type(t).from_dict(json.loads(json.dumps(t.to_dict()))).sequences()[2].input_ids == rows[2].input_ids
+    batch = collate([Group(trajs[0].metadata and Task("calc/0", "q"), trajs)], pad_id=0)
+    assert batch.size == 6  # every sequence of every program is a row
+    for i, row in enumerate(r for t in trajs for r in t.sequences()):
+        n = len(row.input_ids)
+        assert batch.input_ids[i, :n].tolist() == row.input_ids
+        assert batch.mask[i, 1:n].tolist() == [float(m) for m in row.loss_mask[1:]]
+
+
+class Probe(Calc):
+    """Sends bad requests itself, and keeps its key and URL for after the program."""
+
+    seen: dict = {}
+
+    async def agent(self, task, client, model):
+        url, key = str(client.base_url).rstrip("/"), client.api_key
+        Probe.seen.update(url=url, key=key)
+        async with httpx.AsyncClient() as h:
+            head = {"Authorization": f"Bearer {key}"}
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            out = {
+                "missing": await h.post(f"{url}/chat/completions", json=body),
+                "foreign": await h.post(f"{url}/chat/completions", json=body, headers={"Authorization": "Bearer nope"}),
+                "json": await h.post(f"{url}/chat/completions", content=b"{not json", headers=head),
+                "big": await h.post(f"{url}/chat/completions", content=b" " * (9 << 20), headers=head),
+                "n": await h.post(f"{url}/chat/completions", json={**body, "n": 2}, headers=head),
+                "role": await h.post(f"{url}/chat/completions", json={**body, "messages": [{"role": "x"}]}, headers=head),
+                "models": await h.get(f"{url}/models", headers=head),
+            }
+        Probe.seen.update({k: (r.status_code, r.json()) for k, r in out.items()})
+        return "done"
+
+
+async def test_bad_keys_and_bodies_get_openai_errors_and_an_ended_program_410(tok):
+    env = Probe()
+    async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig()) as reactor:
+        groups = await reactor.collect(env.tasks(1), 1)
+        async with httpx.AsyncClient() as h:
+            after = await h.post(f"{Probe.seen['url']}/chat/completions", headers={
+                "Authorization": f"Bearer {Probe.seen['key']}"}, json={"model": "m", "messages": [
+                    {"role": "user", "content": "hi"}]})
+    s = Probe.seen
+    assert groups[0].trajectories[0].finish_reason == "stop"
+    assert s["missing"][0] == s["foreign"][0] == 401 and s["missing"][1]["error"]["code"] == "invalid_api_key"
+    for k in ("json", "big", "n", "role"):
+        assert s[k][0] == 400 and s[k][1]["error"]["type"] == "invalid_request_error", (k, s[k])
+    assert "n=2" in s["n"][1]["error"]["message"] and s["n"][1]["error"]["param"] == "n"
+    assert s["models"][0] == 200 and s["models"][1]["data"][0]["id"] == "tiny-hermes"
+    assert after.status_code == 410 and after.json()["error"]["code"] == "program_ended"
+
+
+async def test_a_malformed_call_is_content_and_data_not_an_error(tok):
+    broken = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'
+    trajs = await collect(Calc(), ScriptedEngine(lambda p, n: broken, tok), n=1, group=1)
+    t = trajs[0]
+    assert t.finish_reason == "stop" and t.text == broken
+    assert [c.status for c in t.tool_calls] == ["malformed"] and "not valid JSON" in t.tool_calls[0].error
+    assert t.metadata["gateway"]["malformed_tool_calls"] == 1
+
+
+class Streamer(Calc):
+    async def agent(self, task, client, model):
+        messages = [{"role": "user", "content": task.question}]
+        stream = await client.chat.completions.create(model=model, messages=messages, tools=[ADD], stream=True,
+                                                      logprobs=True, top_logprobs=1)
+        content, calls = "", []
+        async for chunk in stream:
+            for ch in chunk.choices:
+                content += ch.delta.content or ""
+                calls += ch.delta.tool_calls or []
+        plain = await client.chat.completions.create(model=model, messages=messages, tools=[ADD], logprobs=True)
+        m = plain.choices[0].message
+        assert content == m.content and [c.function.arguments for c in calls] == [
+            c.function.arguments for c in m.tool_calls]
+        assert plain.choices[0].finish_reason == "tool_calls"
+        return json.dumps([x.logprob for x in plain.choices[0].logprobs.content])
+
+
+async def test_streaming_and_logprobs_give_what_was_sampled(tok):
+    t = (await collect(Streamer(), ScriptedEngine(calculator, tok), n=1, group=1))[0]
+    assert t.finish_reason == "stop", t.error
+    second = t.branches[0].segments[-1]  # the same messages again: a new branch
+    assert json.loads(t.text) == second.logprobs[: len(json.loads(t.text))]
+
+
+class Failing(Calc):
+    agent_timeout = 2.0
+
+    async def agent(self, task, client, model):
+        i = int(task.id.split("/")[1])
+        if i == 0:
+            raise ValueError("the agent broke")
+        if i == 1:
+            await anyio.sleep_forever()
+        return await Calc.agent(self, task, client, model)
+
+
+async def test_an_agent_that_raises_or_hangs_is_a_failed_trajectory_and_others_go_on(tok):
+    env = Failing()
+    order = []
+    async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig(max_new_tokens=512)) as reactor:
+        async with reactor.rollouts(env.tasks(4), 1) as results:
+            async for item in results:
+                if not hasattr(item, "trajectories"):
+                    order.append((item.task_id, item.finish_reason, item.error))
+    by = {tid: (r, e) for tid, r, e in order}
+    assert by["calc/0"] == ("error:agent", "ValueError: the agent broke")
+    assert by["calc/1"][0] == "error:agent_timeout"
+    assert by["calc/2"][0] == by["calc/3"][0] == "stop"
+    assert order[-1][0] == "calc/1", "the hanging agent held back the others"
+
+
+AGENT_SCRIPT = """
+import json, os, sys
+from openai import OpenAI
+task = json.loads(sys.stdin.read())
+assert json.loads(os.environ["AGENTENV_TASK"]) == task
+if task["id"].endswith("/1"):
+    sys.exit(3)
+c = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+r = c.chat.completions.create(model="any", messages=[{"role": "user", "content": task["question"]}])
+print(r.choices[0].message.content)
+"""
+
+
+async def test_a_command_agent_reads_the_environment_and_a_nonzero_exit_fails(tok, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT_SCRIPT)
+
+    class Command(Calc):
+        agent_command = [sys.executable, str(script)]
+        agent = AgentEnvironment.agent  # the command form: no agent() of its own
+
+    trajs = await collect(Command(), ScriptedEngine(lambda p, n: "The sum is 5.", tok), n=2, group=1)
+    by = {t.task_id: t for t in trajs}
+    assert by["calc/0"].finish_reason == "stop" and by["calc/0"].text == "The sum is 5."
+    assert by["calc/0"].reward == 1.0 and by["calc/0"].metadata["gateway"]["calls"] == 1
+    assert by["calc/1"].finish_reason == "error:agent_exit" and "exited with 3" in by["calc/1"].error
+
+
+def test_killed_mid_run_and_resumed_replays_agents_from_the_journal(tmp_path, tok):
+    """kill -9 of a real ``agentenv rollout`` (the embedded engine, the bundled model) while
+    every agent program is in flight after one call, then ``--resume``: each agent runs again
+    from its start, its first call answered from the journal with the ids sampled before the
+    kill, the rest live; nothing lost, nothing written twice."""
+    import os
+    import signal
+    import subprocess
+
+    from agentenv import journal
+    from agentenv.trajectory import Trajectory
+
+    from .test_durability import summary_of
+    from .waiting import wait_for
+
+    out, go = tmp_path / "agents.jsonl", tmp_path / "go"
+    env = {**os.environ, "AGENTENV_TEST_GO": str(go)}
+    args = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", str(Path(__file__).parent / "agent_envs.py")
+            + ":ThreeCalls", "--model", str(HERMES), "--tasks", "2", "--group-size", "2", "--no-progress",
+            "--out", str(out)]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    calls = lambda: [r for r in journal.read(Path(f"{out}.log"))[0] if r.get("e") == "call"] \
+        if Path(f"{out}.log").exists() else []
+    wait_for(lambda: len(calls()) >= 4, "every program's first call in the journal", unless=lambda: proc.poll() is not None)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {r["k"]: r["g"]["ids"] for r in calls()}
+    assert len(before) == 4 and not out.read_text()
+    go.touch()
+    done = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _, rows = summary_of(done.stderr)
+    assert rows["gateway calls (extended / branched / from the journal)"] == "12 (8 / 4 / 4)", rows
+    lines = [Trajectory.from_dict(json.loads(x)) for x in out.read_text().splitlines()]
+    assert sorted((t.task_id, t.sample_index) for t in lines) == sorted({(t.task_id, t.sample_index) for t in lines})
+    assert len(lines) == 4
+    for t in lines:
+        g = t.metadata["gateway"]
+        assert (g["calls"], g["extended"], g["branched"], g["replayed"], g["restarts"]) == (3, 2, 1, 1, 0), g
+        first = next(s for s in t.segments if s.kind == "model")
+        assert first.token_ids == before[t.id], "the replayed call's ids are not the ones sampled before the kill"
+        text = tok.decode(t.input_ids, skip_special_tokens=False)
+        assert "Go on (0)." in text and "Go on (1)." in text and t.loss_mask.count(1) == t.num_sampled_tokens
+
+
+class Recorder:
+    """A program log (``agentenv.journal.ProgramLog``) that keeps the gateway's call records."""
+
+    def __init__(self):
+        self.calls = {}
+
+    def start(self, traj):
+        self.calls[traj.id] = []
+
+    def resumed(self, traj):
+        pass
+
+    def turn(self, traj, mark):
+        pass
+
+    def finished(self, traj):
+        pass
+
+    def call(self, key, n, digest, role, generation):
+        self.calls[key].append({"d": digest, "role": role, "g": generation})
+
+
+async def test_a_replay_answers_from_the_log_and_a_mismatch_restarts_the_agent_fresh(tok):
+    from agentenv.journal import LogState
+    from agentenv.trajectory import Trajectory
+
+    env, log = Calc(), Recorder()
+    async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig(), journal=log) as reactor:
+        first = (await reactor.collect(env.tasks(1), 1))[0].trajectories[0]
+    logged = log.calls[first.id]
+    assert len(logged) == 2
+
+    async def resume(records):
+        partial = Trajectory(first.id, "", "calc/0", first.group_id, 0, [], metadata={"gateway_log": records})
+        state = LogState({}, {("calc/0", 0): partial}, set())
+        eng = ScriptedEngine(lambda p, n: "Something else.", tok)  # live calls would differ from the log
+        async with Reactor(eng, env, None, RolloutConfig(), journal=Recorder()) as reactor:
+            async with reactor.rollouts(env.tasks(1), 1, resume=state) as results:
+                return [x async for x in results if isinstance(x, Trajectory)][0], eng.requests
+
+    again, live = await resume(logged)
+    assert live == 0 and again.metadata["gateway"]["replayed"] == 2 and again.input_ids == first.input_ids
+    assert again.logprobs == first.logprobs and again.text == first.text
+    tampered = [{**logged[0], "d": "0" * 32}, logged[1]]
+    fresh, live = await resume(tampered)
+    g = fresh.metadata["gateway"]
+    assert (g["restarts"], g["replayed"], g["calls"]) == (1, 0, 1) and live == 1
+    assert fresh.text == "Something else." and fresh.finish_reason == "stop"
