@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError
+from .stats import component_rows
 from .trajectory import Trajectory
 
 
@@ -120,7 +121,6 @@ def table(rep: Mapping[str, Any], title: str = "evaluation", weights: Mapping[st
     its weight in the reward where that is known and not 1 (``weights``, as the run summary)."""
     from rich.table import Table
 
-    from .summary import component_rows
 
     t = Table(title=f"{title}: {rep['tasks']} tasks x {rep['samples_per_task'] or 'varying'} samples",
               show_header=True)

@@ -6,6 +6,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from .trajectory import Trajectory
 
@@ -322,3 +323,14 @@ def _ms(xs: list, q: float, digits: int = 1) -> float | None:
         return None
     xs = sorted(xs)
     return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], digits)
+
+
+def component_rows(components: dict[str, float], weights: dict[str, float] | None = None) -> list[tuple[str, Any]]:
+    """The rows of the mean reward components, each marked with its weight where that is not
+    1 (``mean tool_ran (weight 0)``: reported, not added to the reward), so that the
+    components visibly add up to the mean reward."""
+    def label(name: str) -> str:
+        w = (weights or {}).get(name)
+        return f"  mean {name}" if w is None or w == 1 else f"  mean {name} (weight {w:g})"
+
+    return [(label(name), value) for name, value in sorted(components.items())]

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from .stats import component_rows
+
 #: The figures of a stats summary that describe the finished programs, that is the lines of
 #: the output file; after a resume :func:`over_file` counts them over the whole file.
 OUTCOMES = ("programs", "turns", "tool_calls", "tool_errors", "programs_with_ok_tool_call", "tokens_generated",
@@ -49,17 +51,6 @@ def weights(env: Any) -> dict[str, float]:
         return {str(name): float(w) for name, _, w in parts or ()}
     except (TypeError, ValueError):  # some other ``rubric``: its weights are not known
         return {}
-
-
-def component_rows(components: dict[str, float], weights: dict[str, float] | None = None) -> list[tuple[str, Any]]:
-    """The rows of the mean reward components, each marked with its weight where that is not
-    1 (``mean tool_ran (weight 0)``: reported, not added to the reward), so that the
-    components visibly add up to the mean reward."""
-    def label(name: str) -> str:
-        w = (weights or {}).get(name)
-        return f"  mean {name}" if w is None or w == 1 else f"  mean {name} (weight {w:g})"
-
-    return [(label(name), value) for name, value in sorted(components.items())]
 
 
 def file_rows(out: Path, weights: dict[str, float] | None = None) -> list[tuple[str, Any]]:

@@ -64,8 +64,8 @@ FLOORS: list[tuple[str, set[str]]] = [
                 "trajectory", "formats", "stats", "evaluation", "_math_worker", "models"}),
     ("io", {"engines", "sandboxes"}),
     ("env", {"env", "tools", "program", "workload", "simulator", "summary", "journal", "inflight", "checker",
-             "registry", "config", "judge", "rewards", "envs", "bridge", "testing"}),
-    ("run", {"reactor", "writer", "sources", "cluster", "rollout_run", "integrations"}),
+             "registry", "config", "judge", "rewards", "envs", "bridge", "testing", "agent", "mcp_tools"}),
+    ("run", {"reactor", "gateway", "writer", "sources", "cluster", "rollout_run", "integrations"}),
     ("train", {"train"}),
     ("top", {"", "cli", "listing", "view", "scaffold", "recipes"}),
 ]
