@@ -30,6 +30,9 @@ CROSS_CUTTING = {
     "tests/sandboxes/test_hostile.py": "hostile code against the local sandbox",
     "tests/sandboxes/test_escapes.py": "the local sandbox's escape audits",
     "tests/sandboxes/test_escapes_third_audit.py": "the local sandbox's third escape audit",
+    "tests/sandboxes/test_escapes_fourth_audit.py": "the local sandbox's fourth escape audit: host locks, page cache, host identity, the syscall table",
+    "tests/sandboxes/test_deadlines.py": "every host-side operation on a local session under the call's deadline (host, worker, frames, fork server)",
+    "tests/view/test_words.py": "the viewer's words and colours in a real browser, against agentenv plot's colours",
 }
 
 
@@ -62,6 +65,8 @@ def test_the_cross_cutting_files_exist():
 ALL_SLOW = {
     "tests/sandboxes/test_escapes.py": "escape audits that wait out limits; hostile code stays quick in test_hostile.py",
     "tests/sandboxes/test_escapes_third_audit.py": "as test_escapes.py",
+    "tests/sandboxes/test_escapes_fourth_audit.py": "as test_escapes.py",
+    "tests/view/test_words.py": "a browser over real runs; the viewer's quick tests are test_runs.py and test_command.py",
     "tests/train/test_sharding.py": "two spawned torch processes; sharding.full runs in every Policy step (test_policy.py)",
 }
 
