@@ -72,6 +72,11 @@ class RankDiedError(EngineError):
     trainer restarts its ranks from the last checkpoint (``TrainConfig.rank_restarts``)."""
 
 
+class ProgramEndedError(AgentEnvError, RuntimeError):
+    """A turn was asked for a program that has already ended (a gateway request that outlived
+    its agent program, e.g. when a training run stops with agents in flight)."""
+
+
 class SandboxError(AgentEnvError, RuntimeError):
     """A sandbox session could not be created or used."""
 

@@ -117,6 +117,8 @@ class _Hooks:
         r._sched.want_turn(slot.pid, tokens, max_tokens)
         r._step()
         await slot.grant.wait()
+        if slot.pid not in r._sched.programs:  # ended while this turn waited (a gateway request outlives it)
+            raise ProgramEndedError(f"program {slot.pid} ended before its turn")
         r.stats.occupancy.requests_changed(+1)
         return r._sched.priority(slot.pid)
 

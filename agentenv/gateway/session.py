@@ -23,6 +23,7 @@ from typing import Any, Callable
 import anyio
 
 from ..engines.base import Engine, Generation, SamplingParams
+from ..errors import ProgramEndedError
 from ..formats import ToolFormat
 from ..trajectory import ToolCall, TurnStats
 from .branches import Branches
@@ -138,7 +139,10 @@ class ProgramSession:
         params = SamplingParams(max_tokens=cap, temperature=cfg.temperature if req.temperature is None else req.temperature,
                                 top_p=cfg.top_p if req.top_p is None else req.top_p, top_k=cfg.top_k,
                                 stop_token_ids=self.stop_ids + self._stop_ids(req.stop))
-        priority = await self.hooks.before_turn(len(ids), cap)
+        try:
+            priority = await self.hooks.before_turn(len(ids), cap)
+        except ProgramEndedError:
+            raise SessionEnded from None
         gen: Generation | None = None
         try:
             gen = await engine.generate_turn(f"{self.program}.{branch}", ids, params, f"{self.program}-{n}",
