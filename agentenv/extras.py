@@ -26,6 +26,7 @@ EXTRAS: dict[str, dict[str, str]] = {
     "vllm": {"vllm": "vllm"},
     "openai": {"openai": "openai", "httpx": "httpx"},
     "agents": {"openai": "openai", "starlette": "starlette", "uvicorn": "uvicorn"},
+    "agents-frameworks": {"agents": "openai-agents", "langgraph": "langgraph", "langchain_openai": "langchain-openai"},
     "e2b": {"e2b_code_interpreter": "e2b-code-interpreter", "e2b": "e2b", "httpx": "httpx"},
     "math": {"math_verify": "math-verify"},
     "datasets": {"datasets": "datasets"},
