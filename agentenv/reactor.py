@@ -40,7 +40,7 @@ from .agent import AgentEnvironment
 from .config import RolloutConfig
 from .engines.base import Engine
 from .env import Environment, Task, bind_tool_format
-from .errors import SandboxError
+from .errors import ProgramEndedError, SandboxError
 from .formats import get_format
 from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
 from .scheduler import Scheduler, SchedulerConfig, SchedulingPolicy, State

@@ -368,3 +368,22 @@ async def test_a_replay_answers_from_the_log_and_a_mismatch_restarts_the_agent_f
     g = fresh.metadata["gateway"]
     assert (g["restarts"], g["replayed"], g["calls"]) == (1, 0, 1) and live == 1
     assert fresh.text == "Something else." and fresh.finish_reason == "stop"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_agent_environment_trains_and_stops_with_agents_in_flight(tmp_path):
+    """``agentenv train`` on the gateway example: the steps run, and when the run stops with
+    agent requests still waiting for their turn (2 decode slots for the next step's 8 agents),
+    each is answered 410 (no traceback)."""
+    import subprocess
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "agents" / "short_answers.py"
+    r = subprocess.run([sys.executable, "-m", "agentenv.cli", "train", "--env", f"{example}:BoxedAnswer",
+                        "--model", "tiny-hermes", "--steps", "3", "--groups-per-step", "2", "--group-size", "4",
+                        "--max-new-tokens", "48", "--eval-every", "0", "--concurrency", "2", "--out-dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=840)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["first_reward"] is not None, summary

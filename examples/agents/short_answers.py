@@ -1,8 +1,10 @@
 """A one-call agent to train through the gateway: the reward is for a final answer in
 ``\\boxed{}`` that is right (1.0), or at least boxed (0.2).
 
-    agentenv train --env examples/agents/short_answers.py:BoxedAnswer --model agentenv/models/tiny-hermes \
-        --steps 10 --groups-per-step 4 --group-size 8 --max-new-tokens 96 --temperature 1.3
+    agentenv train --env examples/agents/short_answers.py:BoxedAnswer --model agentenv/models/tiny-hermes --steps 10
+
+Its training defaults (``train_defaults``) are the settings under which it learns on the bundled
+model; flags on the command line override them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from agentenv.rewards import extract_boxed
 class BoxedAnswer(AgentEnvironment):
     id = "boxed-answer"
     max_turns = 1
+    train_defaults = {"lr": 2e-4, "aggregation": "sequence", "temperature": 1.3, "groups_per_step": 4,
+                      "group_size": 8, "max_new_tokens": 96, "steps": 10, "eval_every": 0}
 
     def __init__(self, extra_digits: int = 0) -> None:
         super().__init__()
