@@ -33,6 +33,7 @@ CROSS_CUTTING = {
     "tests/sandboxes/test_escapes_fourth_audit.py": "the local sandbox's fourth escape audit: host locks, page cache, host identity, the syscall table",
     "tests/sandboxes/test_deadlines.py": "every host-side operation on a local session under the call's deadline (host, worker, frames, fork server)",
     "tests/view/test_words.py": "the viewer's words and colours in a real browser, against agentenv plot's colours",
+    "tests/test_agent_frameworks.py": "unmodified agent frameworks (openai SDK, Agents SDK, LangGraph, a command) through the gateway",
 }
 
 
