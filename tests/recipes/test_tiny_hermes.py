@@ -293,6 +293,18 @@ async def openai_loop(engine, tasks) -> list[dict]:
     return out
 
 
+def test_openai_requests_with_tools_make_calls_and_answer(hermes_engine):
+    """Its training mixes in the OpenAI ``tools`` rendering: asked that way (no environment
+    prompt), most samples write a well-formed python call, and after the tool's reply most of
+    those answer in ``\\boxed{}``."""
+    tasks = RetoolMathEnv(extra_digits=1).tasks(16, seed=5)
+    results = anyio.run(openai_loop, hermes_engine, tasks)
+    called = [r for r in results if r["calls"] and isinstance(r["calls"][0], ToolRequest)]
+    assert len(called) >= 0.6 * len(tasks), [r["reply"] for r in results]
+    answered = [r for r in called if "\\boxed{" in r["reply"] and "<tool_call>" not in r["reply"]]
+    assert len(answered) >= 0.5 * len(called), [r["reply"] for r in called]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_script_writes_a_model_directory_with_an_exact_bridge(tmp_path):
