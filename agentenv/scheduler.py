@@ -118,6 +118,8 @@ class Program:
     paused_slack: float = 0.0  # free KV right after its pause (what may be allocated before eviction)
     pauses: int = 0
     fp: int = 0  # footprint counted in the working set while resident
+    acted_at: float = 0.0  # the driver's clock when its last turn returned (its tool began)
+    fp_in: State = State.QUEUED  # the state its footprint is counted under
 
 
 @dataclass(slots=True)
@@ -132,6 +134,41 @@ class Decision:
 
     def __bool__(self) -> bool:
         return bool(self.admit or self.prepare or self.submit or self.paused or self.restored)
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """The engine's costs as the scheduler weighs them (data, fitted from measured step times
+    by whoever drives the scheduler): a decode step with ``n`` requests of ``ctx`` context
+    tokens each takes ``step_base + step_per_seq x n + step_per_ctx x n x ctx`` seconds, and a
+    prompt token not in the prefix cache costs ``prefill_per_token`` seconds of the engine's
+    time (the batch waits for it)."""
+
+    step_base: float
+    step_per_seq: float = 0.0
+    step_per_ctx: float = 0.0
+    prefill_per_token: float = 0.0
+
+    def rate(self, n: int, ctx: float) -> float:
+        """Tokens per second the engine samples with ``n`` requests of ``ctx`` tokens."""
+        return n / (self.step_base + self.step_per_seq * n + self.step_per_ctx * n * ctx) if n > 0 else 0.0
+
+    def slot_gain(self, n: int, ctx: float) -> float:
+        """The share of the engine's work one more request in flight adds at ``n``: a second
+        of it saves ``1 - rate(n) / rate(n + 1)`` seconds (all of it when nothing decodes)."""
+        return 1.0 - self.rate(n, ctx) / self.rate(n + 1, ctx)
+
+    def hold_seconds(self, n: int, ctx: float, need: int) -> float:
+        """How long an acting program's KV is worth holding against a program that needs
+        ``need`` tokens to run, with ``n`` requests wanting the engine (ski rental). Holding
+        KV that ``need`` would fill loses ``slot_gain`` seconds a second for each ``need``
+        tokens held; releasing it costs re-prefilling those tokens if its tool outlasts its
+        cached blocks. Both scale with the program's length, so the break-even does not
+        depend on it: ``prefill_per_token x need / slot_gain``. Held that long and no
+        longer, the cost is at most twice the better of the two choices made knowing the
+        tool's length."""
+        gain = self.slot_gain(n, ctx)
+        return math.inf if gain <= 0 else self.prefill_per_token * need / gain
 
 
 @dataclass(slots=True)
@@ -155,6 +192,10 @@ class SchedulerConfig:
     max_preparing: int = 8
     #: Default growth reserve per turn until turn lengths have been observed.
     turn_reserve: int = 256
+    #: The engine's costs (program policy): under KV pressure an acting program's KV is held
+    #: for :meth:`CostModel.hold_seconds` of its tool, then released to a program that wants
+    #: the engine. None: held for the whole tool (a slot is never worth a re-prefill).
+    cost: CostModel | None = None
 
     def __post_init__(self) -> None:
         self.policy = SchedulingPolicy(self.policy)
@@ -187,6 +228,9 @@ class ProgramTable:
         self._ready: set[int] = set()  # resident, READY and wanting a turn
         self._paused: set[int] = set()
         self._ws = 0  # working set: sum of resident footprints
+        self._ws_by = dict.fromkeys(State, 0)  # the working set by state (what holds the KV)
+        self.now = 0.0  # the driver's clock, in seconds (see advance)
+        self._acting_heap: list[tuple[float, int]] = []  # (acted_at, pid) of acting programs, stale ones skipped
         self._marked: set[int] = set()  # decoding programs that pause when their turn returns
         self._unprepared: set[int] = set()  # admitted programs whose session is not started
         self._unprepared_heap: list[tuple[int, int]] = []  # (order, pid) of _unprepared, stale ones skipped
@@ -228,6 +272,11 @@ class ProgramTable:
         """KV tokens the resumable programs need (READY, DECODING, ACTING)."""
         return self._ws
 
+    def working_set_of(self, state: State) -> int:
+        """The part of the working set held by programs in ``state`` (ACTING: KV kept for
+        programs on their tools, which no decode slot uses meanwhile)."""
+        return self._ws_by[state]
+
     def _unmarked_working_set(self) -> int:
         """The working set without the programs marked to pause when their turn returns."""
         return self._ws - sum(self.programs[i].fp for i in self._marked)
@@ -239,7 +288,9 @@ class ProgramTable:
         if resident != (p.pid in self._resident):
             (self._resident.add if resident else self._resident.discard)(p.pid)
         self._ws += fp - p.fp
-        p.fp = fp
+        self._ws_by[p.fp_in] -= p.fp
+        self._ws_by[p.state] += fp
+        p.fp, p.fp_in = fp, p.state
         if resident and p.state == State.READY and p.wanting:
             self._ready.add(p.pid)
             if self.config.policy == SchedulingPolicy.PROGRAM:
@@ -252,6 +303,12 @@ class ProgramTable:
             self._paused.discard(p.pid)
 
     # -- events ------------------------------------------------------------------------------
+    def advance(self, now: float) -> None:
+        """The driver's clock (seconds, monotonic) reads ``now``: how long programs have been
+        on their tools is measured on it. A driver that never calls it holds every acting
+        program's KV for its whole tool, as without a cost model."""
+        self.now = max(self.now, now)
+
     def add(self, pid: int, prompt_tokens: int, group: Hashable = None, needs_session: bool = False) -> None:
         """Queue a program ``prompt_tokens`` long, a sample of GRPO group ``group``;
         ``needs_session``: it will want a sandbox session."""
@@ -289,8 +346,14 @@ class ProgramTable:
             self._marked.discard(pid)
             self._pause(p)
         else:
-            p.state = State.ACTING
+            p.state, p.acted_at = State.ACTING, self.now
             self._touch(p)
+            if self.config.policy == SchedulingPolicy.PROGRAM:
+                heapq.heappush(self._acting_heap, (p.acted_at, pid))
+                if len(self._acting_heap) > 4 * len(self._resident) + 1024:  # mostly stale: rebuild
+                    self._acting_heap = [(q.acted_at, q.pid) for q in map(self.programs.get, self._resident)
+                                         if q.state == State.ACTING]
+                    heapq.heapify(self._acting_heap)
 
     def env_ready(self, pid: int) -> None:
         """The program's session is prepared, or its preparation failed: either way it
@@ -425,8 +488,11 @@ class Scheduler(ProgramTable):
         cap = self.config.kv_capacity
         return math.inf if cap is None else cap * self.config.kv_watermark
 
-    def schedule(self) -> Decision:
-        """Decide what the reactor does now, from the state the events left."""
+    def schedule(self, now: float | None = None) -> Decision:
+        """Decide what the reactor does now, from the state the events left (``now``: the
+        driver's clock, as :meth:`advance`)."""
+        if now is not None:
+            self.advance(now)
         d = Decision()
         policy = self.config.policy
         if policy == SchedulingPolicy.PROGRAM:
@@ -477,16 +543,47 @@ class Scheduler(ProgramTable):
         for p in waiting:
             need = self.footprint(p)
             if used + need > self.budget and self._resident:
-                return  # strict priority: nothing new jumps ahead of a paused program
+                used = self._release_held(need, used, d)
+                if used + need > self.budget and self._resident:
+                    return  # strict priority: nothing new jumps ahead of a paused program
             self._restore(p, d)
             used += need
         while self.queued and self.admitted < self.config.max_programs:
             p = self.programs[self._queue[self._head]]
             need = self._blocks(p.tokens + self._reserve_estimate())
             if used + need > self.budget and self._resident:
-                return
+                used = self._release_held(need, used, d)
+                if used + need > self.budget and self._resident:
+                    return
             self._admit(self._pop(), d)
             used += need
+
+    def _release_held(self, need: int, used: int, d: Decision) -> int:
+        """With the engine's costs known, pause acting programs whose hold has run out (those
+        longest on their tools first: with heavy-tailed tools they are the likeliest to stay
+        there) until ``need`` more tokens fit; returns the working set then. A slot's worth is
+        the throughput one more request adds; when every decode slot is taken it is nothing."""
+        cost, heap = self.config.cost, self._acting_heap
+        if cost is None or not heap:
+            return used
+        n = self.in_flight + len(self._ready)  # requests that want the engine now
+        if n >= self.config.max_requests:
+            return used
+        wanting = self._ws_by[State.DECODING] + self._ws_by[State.READY]
+        hold = cost.hold_seconds(n, wanting / n if n else 0.0, need)
+        while heap and used + need > self.budget:
+            at, pid = heap[0]
+            p = self.programs.get(pid)
+            if p is None or p.state != State.ACTING or p.acted_at != at:
+                heapq.heappop(heap)  # stale: it left its tool, or was paused
+                continue
+            if self.now - at < hold:
+                break  # the others have been on their tools for less time still
+            heapq.heappop(heap)
+            used -= p.fp
+            self._pause(p)
+            d.paused.append(pid)
+        return used
 
     def _prepare(self, d: Decision) -> None:
         cfg = self.config
