@@ -57,9 +57,11 @@ event; :class:`Scheduler` adds the policy that turns that state into a :class:`D
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -160,15 +162,51 @@ class CostModel:
 
     def hold_seconds(self, n: int, ctx: float, need: int) -> float:
         """How long an acting program's KV is worth holding against a program that needs
-        ``need`` tokens to run, with ``n`` requests wanting the engine (ski rental). Holding
-        KV that ``need`` would fill loses ``slot_gain`` seconds a second for each ``need``
-        tokens held; releasing it costs re-prefilling those tokens if its tool outlasts its
-        cached blocks. Both scale with the program's length, so the break-even does not
-        depend on it: ``prefill_per_token x need / slot_gain``. Held that long and no
-        longer, the cost is at most twice the better of the two choices made knowing the
-        tool's length."""
+        ``need`` tokens to run, with ``n`` requests wanting the engine: the break-even.
+        Holding KV that ``need`` would fill loses ``slot_gain`` seconds a second for each
+        ``need`` tokens held; releasing it costs re-prefilling those tokens if its tool
+        outlasts its cached blocks. Both scale with the program's length, so the break-even
+        does not depend on it: ``prefill_per_token x need / slot_gain``. A program expected
+        to stay on its tool longer than that is worth releasing; not knowing how long tools
+        last, holding it that long and no longer (ski rental) costs at most twice the better
+        choice."""
         gain = self.slot_gain(n, ctx)
         return math.inf if gain <= 0 else self.prefill_per_token * need / gain
+
+
+class ToolTimes:
+    """The durations of recent tools (on the driver's clock, from a turn's return to the
+    program's next turn), and from them how much longer a tool already ``elapsed`` long is
+    expected to last (its mean residual life). With heavy-tailed tools that grows with the
+    time already spent: a program long on its tool is likely to stay there."""
+
+    def __init__(self, keep: int = 512, refresh: int = 32, least: int = 16) -> None:
+        self._recent: deque[float] = deque(maxlen=keep)
+        self._refresh, self._least = refresh, least
+        self._new = 0
+        self._sorted: list[float] = []
+        self._tail: list[float] = [0.0]  # _tail[i]: the sum of _sorted[i:]
+
+    def add(self, seconds: float) -> None:
+        self._recent.append(seconds)
+        self._new += 1
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def remaining(self, elapsed: float) -> float | None:
+        """Expected seconds left on a tool ``elapsed`` long; None when fewer than ``least``
+        tools were seen, or none of them lasted that long."""
+        if len(self._recent) < self._least:
+            return None
+        if self._new >= self._refresh or len(self._sorted) < self._least:  # re-sorted now and then
+            self._sorted, self._new = sorted(self._recent), 0
+            self._tail = [0.0] * (len(self._sorted) + 1)
+            for i in range(len(self._sorted) - 1, -1, -1):
+                self._tail[i] = self._tail[i + 1] + self._sorted[i]
+        i = bisect.bisect_right(self._sorted, elapsed)
+        longer = len(self._sorted) - i
+        return None if longer == 0 else self._tail[i] / longer - elapsed
 
 
 @dataclass(slots=True)
@@ -231,6 +269,7 @@ class ProgramTable:
         self._ws_by = dict.fromkeys(State, 0)  # the working set by state (what holds the KV)
         self.now = 0.0  # the driver's clock, in seconds (see advance)
         self._acting_heap: list[tuple[float, int]] = []  # (acted_at, pid) of acting programs, stale ones skipped
+        self.tool_times = ToolTimes()
         self._marked: set[int] = set()  # decoding programs that pause when their turn returns
         self._unprepared: set[int] = set()  # admitted programs whose session is not started
         self._unprepared_heap: list[tuple[int, int]] = []  # (order, pid) of _unprepared, stale ones skipped
@@ -325,6 +364,8 @@ class ProgramTable:
         if p.state not in (State.READY, State.ACTING, State.PAUSED):
             raise ValueError(f"program {pid} wants a turn while {p.state.value}")
         self._clock += max(0, tokens - p.tokens)
+        if p.turns and not p.wanting:  # its tool ended
+            self.tool_times.add(self.now - p.acted_at)
         p.tokens, p.want, p.wanting = tokens, max_tokens, True
         p.ready_seq, self._turn_seq = self._turn_seq, self._turn_seq + 1
         if p.state == State.ACTING:
@@ -339,14 +380,14 @@ class ProgramTable:
         self._turn_tokens += max(0, tokens - p.tokens)
         self._turn_count += 1
         self._clock += max(0, tokens - p.tokens)
-        p.tokens, p.turns = tokens, p.turns + 1
+        p.tokens, p.turns, p.acted_at = tokens, p.turns + 1, self.now
         self.in_flight -= 1
         if p.pause_pending:
             p.pause_pending = False
             self._marked.discard(pid)
             self._pause(p)
         else:
-            p.state, p.acted_at = State.ACTING, self.now
+            p.state = State.ACTING
             self._touch(p)
             if self.config.policy == SchedulingPolicy.PROGRAM:
                 heapq.heappush(self._acting_heap, (p.acted_at, pid))
@@ -533,6 +574,13 @@ class Scheduler(ProgramTable):
                 self._pause(p)
                 d.paused.append(p.pid)
 
+    def _outlasts(self, elapsed: float, hold: float) -> bool:
+        """Whether a program ``elapsed`` on its tool is worth releasing at break-even
+        ``hold``: its expected time left there (from the tools seen) exceeds it, or, with
+        too few seen, it has been there that long already (ski rental)."""
+        left = self.tool_times.remaining(elapsed)
+        return elapsed >= hold if left is None else left > hold
+
     def _restore_key(self, p: Program) -> tuple:
         return (not self.likely_cached(p), self._group_left.get(p.group, 0), p.order)
 
@@ -559,10 +607,10 @@ class Scheduler(ProgramTable):
             used += need
 
     def _release_held(self, need: int, used: int, d: Decision) -> int:
-        """With the engine's costs known, pause acting programs whose hold has run out (those
-        longest on their tools first: with heavy-tailed tools they are the likeliest to stay
-        there) until ``need`` more tokens fit; returns the working set then. A slot's worth is
-        the throughput one more request adds; when every decode slot is taken it is nothing."""
+        """With the engine's costs known, pause acting programs worth releasing (those longest
+        on their tools first: with heavy-tailed tools they are the likeliest to stay there)
+        until ``need`` more tokens fit; returns the working set then. A slot's worth is the
+        throughput one more request adds; when every decode slot is taken it is nothing."""
         cost, heap = self.config.cost, self._acting_heap
         if cost is None or not heap:
             return used
@@ -577,7 +625,7 @@ class Scheduler(ProgramTable):
             if p is None or p.state != State.ACTING or p.acted_at != at:
                 heapq.heappop(heap)  # stale: it left its tool, or was paused
                 continue
-            if self.now - at < hold:
+            if not self._outlasts(self.now - at, hold):
                 break  # the others have been on their tools for less time still
             heapq.heappop(heap)
             used -= p.fp

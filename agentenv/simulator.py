@@ -408,6 +408,7 @@ class Simulation:
             assert p is not None
             p.tokens += p.trace.tool_tokens[p.turn]
             p.turn += 1
+            self.sched.advance(self.now)
             self.sched.want_turn(pid, p.tokens, p.trace.turn_tokens[p.turn])
 
 

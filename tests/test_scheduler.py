@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from agentenv.scheduler import CostModel, Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, SessionState, State
+from agentenv.scheduler import (CostModel, Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, SessionState,
+                                State, ToolTimes)
 
 
 def sched(**kw) -> Scheduler:
@@ -552,3 +553,32 @@ def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monk
 
 def test_the_former_name_of_session_state_still_imports():
     assert EnvState is SessionState  # "env" is the Environment; a program's sandbox session is its session
+
+
+def test_tool_times_give_the_expected_time_left_on_a_tool():
+    t = ToolTimes(least=4, refresh=1)
+    for x in (1.0, 2.0):
+        t.add(x)
+    assert t.remaining(0.0) is None  # too few seen
+    for x in (4.0, 9.0):
+        t.add(x)
+    assert t.remaining(0.0) == pytest.approx(4.0)  # the mean of 1, 2, 4, 9
+    assert t.remaining(3.0) == pytest.approx(6.5 - 3.0)  # of those past 3 s: 4 and 9
+    assert t.remaining(9.0) is None  # none lasted that long
+
+
+def test_with_tool_times_seen_a_program_expected_to_stay_on_its_tool_is_released_at_once():
+    s = acting_under_pressure(DEAR)
+    for _ in range(16):
+        s.tool_times.add(60.0)  # tools last a minute: holding 2.42 s saves nothing
+    d = s.schedule(1.0)
+    assert d.paused == [0] and d.admit == [3]
+    s = acting_under_pressure(DEAR)
+    for _ in range(16):
+        s.tool_times.add(0.5)  # tools end within a second, well within the break-even
+    d = s.schedule(3.0)  # past the break-even, but none seen lasted this long: ski rental
+    assert d.paused == [0] and d.admit == [3]
+    s = acting_under_pressure(DEAR)
+    for _ in range(16):
+        s.tool_times.add(2.5)
+    assert not s.schedule(2.0).paused  # 0.5 s left expected: held
