@@ -30,7 +30,12 @@ Policies (:class:`SchedulingPolicy`):
   under pressure whole programs are paused, acting ones first and shortest first (the
   re-prefill cost grows with length squared, ThunderAgent); paused programs are restored
   before new ones are admitted, those whose prefix is likely still cached first, then nearly
-  complete GRPO groups, then older programs. ``max_requests`` caps requests in flight (the
+  complete GRPO groups, then older programs. Given the engine's costs
+  (``SchedulerConfig.cost``, a :class:`CostModel`) and the driver's clock (:meth:`advance`),
+  a program that wants the engine and does not fit takes the KV of programs on their tools
+  that are expected to stay there longer than the break-even (the re-prefill against the
+  throughput one more decode slot adds: :meth:`CostModel.hold_seconds`), longest on its tool
+  first; without costs, acting programs keep their KV for their whole tool. ``max_requests`` caps requests in flight (the
   engine's decode slots); a program on a tool holds none. Environments are prepared for
   admitted programs and ``session_lookahead`` queued ones; a program decodes before its
   session is ready and waits for it only when it calls a tool.
