@@ -206,8 +206,14 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
                   f"tok/s); sandbox sessions start at {starts:.0f}/s while it decodes", flush=True)
         results, around = [], [limit]
         # The program policy weighs holding acting programs' KV against decode slots with the
-        # engine's costs as fitted here (without the simulator's fit: none, it holds).
-        cost = sim_engine.cost() if args.simulate else None
+        # engine's costs as fitted where the KV held the calibration loops (the first
+        # setting's: here, 32 requests of the mean context may not fit, and their decode rate
+        # measures the thrashing, not the engine); without the simulator's fit: none, it holds.
+        cost = (prior or sim_engine).cost() if args.simulate else None
+        if cost is not None:
+            print(f"[{label}] program policy's engine costs: step {1e3 * cost.step_base:.2f} ms + "
+                  f"{1e3 * cost.step_per_seq:.3f} ms x batch, prefill {1e6 * cost.prefill_per_token:.0f} us/token",
+                  flush=True)
         for policy in (args.policies if label == "kv-fits" else args.oversubscribed_policies):
             env = make("trace", **spec_kwargs(args))
             tasks = env.tasks(args.tasks, seed=args.seed)
