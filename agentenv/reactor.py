@@ -5,7 +5,10 @@ reactor tells it every event (a program was added, wants a turn, got its turn ba
 session is ready, it ended) and carries out each :class:`~agentenv.scheduler.Decision` at once:
 an admitted program starts as a task in the calling ``rollouts``/``group`` task group, its
 session is prepared ahead of its first tool call, a submitted turn goes to the engine, a paused
-program's KV is released to the engine (``Engine.release``). ``concurrency`` caps requests in
+program's KV is released to the engine (``Engine.release``). Given the engine's costs
+(``Reactor(..., cost_model=)``, a :class:`~agentenv.scheduler.CostModel`) and the reactor's
+clock, the scheduler also releases the KV of programs on their tools to programs that want the
+engine, when a decode slot is worth more than the re-prefill. ``concurrency`` caps requests in
 the engine (its decode slots), not programs: a program on a tool holds no slot, so while one
 waits on its tool the others decode. When a program ends its reward is scored in a separate
 task (delayed reward: slow or async rewards overlap with generation). When every sample of a
@@ -43,7 +46,7 @@ from .env import Environment, Task, bind_tool_format
 from .errors import ProgramEndedError, SandboxError
 from .formats import get_format
 from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
-from .scheduler import Scheduler, SchedulerConfig, SchedulingPolicy, State
+from .scheduler import CostModel, Scheduler, SchedulerConfig, SchedulingPolicy, State
 from .stats import RunStats
 from .tools import needs_sandbox
 from .trajectory import Trajectory
@@ -114,6 +117,7 @@ class _Hooks:
         r, slot = self.reactor, self.slot
         self.tokens = tokens
         slot.grant = anyio.Event()
+        r._sched.advance(time.monotonic())  # how long its tool took
         r._sched.want_turn(slot.pid, tokens, max_tokens)
         r._step()
         await slot.grant.wait()
@@ -126,6 +130,7 @@ class _Hooks:
         r = self.reactor
         r.stats.occupancy.requests_changed(-1)
         r.stats.occupancy.turn_sampled(tokens - self.tokens)
+        r._sched.advance(time.monotonic())  # its tool starts now
         r._sched.turn_done(self.slot.pid, tokens)
         r._step()
 
@@ -204,7 +209,7 @@ class Reactor:
         config: RolloutConfig | None = None,
         *,
         buffer_size: int = 64,
-        journal: Any = None,
+        journal: Any = None, cost_model: CostModel | None = None,
     ) -> None:
         self.engine, self.env, self.sandbox = engine, env, sandbox
         self.config = (config or RolloutConfig()).for_env(env)  # None limits: the env's
@@ -238,7 +243,7 @@ class Reactor:
             max_programs=(c.concurrency if policy == SchedulingPolicy.FIFO
                           else c.max_programs or self._default_max_programs()),
             session_lookahead=c.session_lookahead,
-            turn_reserve=c.max_tokens_per_turn,
+            turn_reserve=c.max_tokens_per_turn, cost=cost_model,  # None: acting programs keep their KV
         ))
         self._slots: dict[int, _Slot] = {}
         self._spare: list[Any] = []  # prepared sessions no program used: clean, handed on
@@ -376,6 +381,7 @@ class Reactor:
 
     def _step(self) -> None:
         """Ask the scheduler, then carry out its decision (never blocks)."""
+        self._sched.advance(time.monotonic())  # how long programs have been on their tools
         d = self._sched.schedule()
         if not d:
             return

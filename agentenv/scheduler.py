@@ -30,7 +30,12 @@ Policies (:class:`SchedulingPolicy`):
   under pressure whole programs are paused, acting ones first and shortest first (the
   re-prefill cost grows with length squared, ThunderAgent); paused programs are restored
   before new ones are admitted, those whose prefix is likely still cached first, then nearly
-  complete GRPO groups, then older programs. ``max_requests`` caps requests in flight (the
+  complete GRPO groups, then older programs. Given the engine's costs
+  (``SchedulerConfig.cost``, a :class:`CostModel`) and the driver's clock (:meth:`advance`),
+  a program that wants the engine and does not fit takes the KV of programs on their tools
+  that are expected to stay there longer than the break-even (the re-prefill against the
+  throughput one more decode slot adds: :meth:`CostModel.hold_seconds`), longest on its tool
+  first; without costs, acting programs keep their KV for their whole tool. ``max_requests`` caps requests in flight (the
   engine's decode slots); a program on a tool holds none. Environments are prepared for
   admitted programs and ``session_lookahead`` queued ones; a program decodes before its
   session is ready and waits for it only when it calls a tool.
@@ -57,9 +62,11 @@ event; :class:`Scheduler` adds the policy that turns that state into a :class:`D
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -118,6 +125,8 @@ class Program:
     paused_slack: float = 0.0  # free KV right after its pause (what may be allocated before eviction)
     pauses: int = 0
     fp: int = 0  # footprint counted in the working set while resident
+    acted_at: float = 0.0  # the driver's clock when its last turn returned (its tool began)
+    fp_in: State = State.QUEUED  # the state its footprint is counted under
 
 
 @dataclass(slots=True)
@@ -132,6 +141,77 @@ class Decision:
 
     def __bool__(self) -> bool:
         return bool(self.admit or self.prepare or self.submit or self.paused or self.restored)
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """The engine's costs as the scheduler weighs them (data, fitted from measured step times
+    by whoever drives the scheduler): a decode step with ``n`` requests of ``ctx`` context
+    tokens each takes ``step_base + step_per_seq x n + step_per_ctx x n x ctx`` seconds, and a
+    prompt token not in the prefix cache costs ``prefill_per_token`` seconds of the engine's
+    time (the batch waits for it)."""
+
+    step_base: float
+    step_per_seq: float = 0.0
+    step_per_ctx: float = 0.0
+    prefill_per_token: float = 0.0
+
+    def rate(self, n: int, ctx: float) -> float:
+        """Tokens per second the engine samples with ``n`` requests of ``ctx`` tokens."""
+        return n / (self.step_base + self.step_per_seq * n + self.step_per_ctx * n * ctx) if n > 0 else 0.0
+
+    def slot_gain(self, n: int, ctx: float) -> float:
+        """The share of the engine's work one more request in flight adds at ``n``: a second
+        of it saves ``1 - rate(n) / rate(n + 1)`` seconds (all of it when nothing decodes)."""
+        return 1.0 - self.rate(n, ctx) / self.rate(n + 1, ctx)
+
+    def hold_seconds(self, n: int, ctx: float, need: int) -> float:
+        """How long an acting program's KV is worth holding against a program that needs
+        ``need`` tokens to run, with ``n`` requests wanting the engine: the break-even.
+        Holding KV that ``need`` would fill loses ``slot_gain`` seconds a second for each
+        ``need`` tokens held; releasing it costs re-prefilling those tokens if its tool
+        outlasts its cached blocks. Both scale with the program's length, so the break-even
+        does not depend on it: ``prefill_per_token x need / slot_gain``. A program expected
+        to stay on its tool longer than that is worth releasing; not knowing how long tools
+        last, holding it that long and no longer (ski rental) costs at most twice the better
+        choice."""
+        gain = self.slot_gain(n, ctx)
+        return math.inf if gain <= 0 else self.prefill_per_token * need / gain
+
+
+class ToolTimes:
+    """The durations of recent tools (on the driver's clock, from a turn's return to the
+    program's next turn), and from them how much longer a tool already ``elapsed`` long is
+    expected to last (its mean residual life). With heavy-tailed tools that grows with the
+    time already spent: a program long on its tool is likely to stay there."""
+
+    def __init__(self, keep: int = 512, refresh: int = 32, least: int = 16) -> None:
+        self._recent: deque[float] = deque(maxlen=keep)
+        self._refresh, self._least = refresh, least
+        self._new = 0
+        self._sorted: list[float] = []
+        self._tail: list[float] = [0.0]  # _tail[i]: the sum of _sorted[i:]
+
+    def add(self, seconds: float) -> None:
+        self._recent.append(seconds)
+        self._new += 1
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def remaining(self, elapsed: float) -> float | None:
+        """Expected seconds left on a tool ``elapsed`` long; None when fewer than ``least``
+        tools were seen, or none of them lasted that long."""
+        if len(self._recent) < self._least:
+            return None
+        if self._new >= self._refresh or len(self._sorted) < self._least:  # re-sorted now and then
+            self._sorted, self._new = sorted(self._recent), 0
+            self._tail = [0.0] * (len(self._sorted) + 1)
+            for i in range(len(self._sorted) - 1, -1, -1):
+                self._tail[i] = self._tail[i + 1] + self._sorted[i]
+        i = bisect.bisect_right(self._sorted, elapsed)
+        longer = len(self._sorted) - i
+        return None if longer == 0 else self._tail[i] / longer - elapsed
 
 
 @dataclass(slots=True)
@@ -155,6 +235,10 @@ class SchedulerConfig:
     max_preparing: int = 8
     #: Default growth reserve per turn until turn lengths have been observed.
     turn_reserve: int = 256
+    #: The engine's costs (program policy): under KV pressure an acting program's KV is held
+    #: for :meth:`CostModel.hold_seconds` of its tool, then released to a program that wants
+    #: the engine. None: held for the whole tool (a slot is never worth a re-prefill).
+    cost: CostModel | None = None
 
     def __post_init__(self) -> None:
         self.policy = SchedulingPolicy(self.policy)
@@ -187,6 +271,10 @@ class ProgramTable:
         self._ready: set[int] = set()  # resident, READY and wanting a turn
         self._paused: set[int] = set()
         self._ws = 0  # working set: sum of resident footprints
+        self._ws_by = dict.fromkeys(State, 0)  # the working set by state (what holds the KV)
+        self.now = 0.0  # the driver's clock, in seconds (see advance)
+        self._acting_heap: list[tuple[float, int]] = []  # (acted_at, pid) of acting programs, stale ones skipped
+        self.tool_times = ToolTimes()
         self._marked: set[int] = set()  # decoding programs that pause when their turn returns
         self._unprepared: set[int] = set()  # admitted programs whose session is not started
         self._unprepared_heap: list[tuple[int, int]] = []  # (order, pid) of _unprepared, stale ones skipped
@@ -228,6 +316,11 @@ class ProgramTable:
         """KV tokens the resumable programs need (READY, DECODING, ACTING)."""
         return self._ws
 
+    def working_set_of(self, state: State) -> int:
+        """The part of the working set held by programs in ``state`` (ACTING: KV kept for
+        programs on their tools, which no decode slot uses meanwhile)."""
+        return self._ws_by[state]
+
     def _unmarked_working_set(self) -> int:
         """The working set without the programs marked to pause when their turn returns."""
         return self._ws - sum(self.programs[i].fp for i in self._marked)
@@ -239,7 +332,9 @@ class ProgramTable:
         if resident != (p.pid in self._resident):
             (self._resident.add if resident else self._resident.discard)(p.pid)
         self._ws += fp - p.fp
-        p.fp = fp
+        self._ws_by[p.fp_in] -= p.fp
+        self._ws_by[p.state] += fp
+        p.fp, p.fp_in = fp, p.state
         if resident and p.state == State.READY and p.wanting:
             self._ready.add(p.pid)
             if self.config.policy == SchedulingPolicy.PROGRAM:
@@ -252,6 +347,12 @@ class ProgramTable:
             self._paused.discard(p.pid)
 
     # -- events ------------------------------------------------------------------------------
+    def advance(self, now: float) -> None:
+        """The driver's clock (seconds, monotonic) reads ``now``: how long programs have been
+        on their tools is measured on it. A driver that never calls it holds every acting
+        program's KV for its whole tool, as without a cost model."""
+        self.now = max(self.now, now)
+
     def add(self, pid: int, prompt_tokens: int, group: Hashable = None, needs_session: bool = False) -> None:
         """Queue a program ``prompt_tokens`` long, a sample of GRPO group ``group``;
         ``needs_session``: it will want a sandbox session."""
@@ -268,6 +369,8 @@ class ProgramTable:
         if p.state not in (State.READY, State.ACTING, State.PAUSED):
             raise ValueError(f"program {pid} wants a turn while {p.state.value}")
         self._clock += max(0, tokens - p.tokens)
+        if p.turns and not p.wanting:  # its tool ended
+            self.tool_times.add(self.now - p.acted_at)
         p.tokens, p.want, p.wanting = tokens, max_tokens, True
         p.ready_seq, self._turn_seq = self._turn_seq, self._turn_seq + 1
         if p.state == State.ACTING:
@@ -282,7 +385,7 @@ class ProgramTable:
         self._turn_tokens += max(0, tokens - p.tokens)
         self._turn_count += 1
         self._clock += max(0, tokens - p.tokens)
-        p.tokens, p.turns = tokens, p.turns + 1
+        p.tokens, p.turns, p.acted_at = tokens, p.turns + 1, self.now
         self.in_flight -= 1
         if p.pause_pending:
             p.pause_pending = False
@@ -291,6 +394,12 @@ class ProgramTable:
         else:
             p.state = State.ACTING
             self._touch(p)
+            if self.config.policy == SchedulingPolicy.PROGRAM:
+                heapq.heappush(self._acting_heap, (p.acted_at, pid))
+                if len(self._acting_heap) > 4 * len(self._resident) + 1024:  # mostly stale: rebuild
+                    self._acting_heap = [(q.acted_at, q.pid) for q in map(self.programs.get, self._resident)
+                                         if q.state == State.ACTING]
+                    heapq.heapify(self._acting_heap)
 
     def env_ready(self, pid: int) -> None:
         """The program's session is prepared, or its preparation failed: either way it
@@ -425,8 +534,11 @@ class Scheduler(ProgramTable):
         cap = self.config.kv_capacity
         return math.inf if cap is None else cap * self.config.kv_watermark
 
-    def schedule(self) -> Decision:
-        """Decide what the reactor does now, from the state the events left."""
+    def schedule(self, now: float | None = None) -> Decision:
+        """Decide what the reactor does now, from the state the events left (``now``: the
+        driver's clock, as :meth:`advance`)."""
+        if now is not None:
+            self.advance(now)
         d = Decision()
         policy = self.config.policy
         if policy == SchedulingPolicy.PROGRAM:
@@ -467,6 +579,13 @@ class Scheduler(ProgramTable):
                 self._pause(p)
                 d.paused.append(p.pid)
 
+    def _outlasts(self, elapsed: float, hold: float) -> bool:
+        """Whether a program ``elapsed`` on its tool is worth releasing at break-even
+        ``hold``: its expected time left there (from the tools seen) exceeds it, or, with
+        too few seen, it has been there that long already (ski rental)."""
+        left = self.tool_times.remaining(elapsed)
+        return elapsed >= hold if left is None else left > hold
+
     def _restore_key(self, p: Program) -> tuple:
         return (not self.likely_cached(p), self._group_left.get(p.group, 0), p.order)
 
@@ -477,16 +596,47 @@ class Scheduler(ProgramTable):
         for p in waiting:
             need = self.footprint(p)
             if used + need > self.budget and self._resident:
-                return  # strict priority: nothing new jumps ahead of a paused program
+                used = self._release_held(need, used, d)
+                if used + need > self.budget and self._resident:
+                    return  # strict priority: nothing new jumps ahead of a paused program
             self._restore(p, d)
             used += need
         while self.queued and self.admitted < self.config.max_programs:
             p = self.programs[self._queue[self._head]]
             need = self._blocks(p.tokens + self._reserve_estimate())
             if used + need > self.budget and self._resident:
-                return
+                used = self._release_held(need, used, d)
+                if used + need > self.budget and self._resident:
+                    return
             self._admit(self._pop(), d)
             used += need
+
+    def _release_held(self, need: int, used: int, d: Decision) -> int:
+        """With the engine's costs known, pause acting programs worth releasing (those longest
+        on their tools first: with heavy-tailed tools they are the likeliest to stay there)
+        until ``need`` more tokens fit; returns the working set then. A slot's worth is the
+        throughput one more request adds; when every decode slot is taken it is nothing."""
+        cost, heap = self.config.cost, self._acting_heap
+        if cost is None or not heap:
+            return used
+        n = self.in_flight + len(self._ready)  # requests that want the engine now
+        if n >= self.config.max_requests:
+            return used
+        wanting = self._ws_by[State.DECODING] + self._ws_by[State.READY]
+        hold = cost.hold_seconds(n, wanting / n if n else 0.0, need)
+        while heap and used + need > self.budget:
+            at, pid = heap[0]
+            p = self.programs.get(pid)
+            if p is None or p.state != State.ACTING or p.acted_at != at:
+                heapq.heappop(heap)  # stale: it left its tool, or was paused
+                continue
+            if not self._outlasts(self.now - at, hold):
+                break  # the others have been on their tools for less time still
+            heapq.heappop(heap)
+            used -= p.fp
+            self._pause(p)
+            d.paused.append(pid)
+        return used
 
     def _prepare(self, d: Decision) -> None:
         cfg = self.config

@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .scheduler import Scheduler, SchedulerConfig, SchedulingPolicy
+from .scheduler import CostModel, Scheduler, SchedulerConfig, SchedulingPolicy, State
 from .stats import resume_eligible
 from .workload import ProgramTrace
 
@@ -56,6 +56,10 @@ class EngineModel:
         return dataclasses.replace(self, step_base=self.step_base * factor, step_per_seq=self.step_per_seq * factor,
                                    step_per_ctx=self.step_per_ctx * factor,
                                    prefill_per_token=self.prefill_per_token * factor)
+
+    def cost(self) -> CostModel:
+        """This engine's costs, as the scheduler is given them."""
+        return CostModel(self.step_base, self.step_per_seq, self.step_per_ctx, self.prefill_per_token)
 
     def decode_rate(self, batch: int, context: int) -> float:
         """Tokens per second with ``batch`` requests of ``context`` tokens each."""
@@ -94,6 +98,9 @@ class SimResult:
     programs: int = 0
     peak_working_set: int = 0
     events: int = 0
+    acting_kv_area: float = 0.0  # KV tokens counted for programs on their tools, x seconds
+    wanting_kv_area: float = 0.0  # ... for programs decoding or ready to, x seconds
+    refused_s: float = 0.0  # seconds with programs queued and decode slots free
 
     @property
     def tok_s(self) -> float:
@@ -115,10 +122,26 @@ class SimResult:
     def reprefilled(self) -> int:
         return self.resume_eligible - self.resume_cached
 
+    @property
+    def acting_kv(self) -> float:
+        """Mean KV tokens the scheduler counted for programs on their tools."""
+        return self.acting_kv_area / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def wanting_kv(self) -> float:
+        """Mean KV tokens it counted for programs decoding or ready to."""
+        return self.wanting_kv_area / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def refused(self) -> float:
+        """Share of the time programs waited to be admitted while decode slots were free."""
+        return self.refused_s / self.wall_s if self.wall_s else 0.0
+
     def row(self) -> dict:
         return {"wall_s": self.wall_s, "tok_s": self.tok_s, "in_flight": self.in_flight, "idle": self.idle,
                 "reuse": self.reuse, "reprefilled": self.reprefilled, "pauses": self.pauses,
-                "restores": self.restores, "preemptions": self.preemptions, "programs": self.programs}
+                "restores": self.restores, "preemptions": self.preemptions, "programs": self.programs,
+                "acting_kv": self.acting_kv, "wanting_kv": self.wanting_kv, "refused": self.refused}
 
 
 @dataclass
@@ -164,6 +187,8 @@ class Simulation:
         self.res = SimResult(programs=len(traces))
         self._rid = 0
         self._t_acc = 0.0
+        self._t_kv = 0.0
+        self._kv_now = (0, 0, False)  # (acting KV, wanting KV, refusing) since _t_kv
 
     # -- events ------------------------------------------------------------------------------
     def _at(self, t: float, kind: str, pid: int) -> None:
@@ -171,9 +196,13 @@ class Simulation:
         heapq.heappush(self.events, (t, self._seq, kind, pid))
 
     def _apply(self) -> None:
+        self._account_kv()
         while True:
-            d = self.sched.schedule()
+            d = self.sched.schedule(self.now)
             if not d:
+                self._kv_now = (self.sched.working_set_of(State.ACTING),
+                                self.sched.working_set_of(State.DECODING) + self.sched.working_set_of(State.READY),
+                                self.sched.queued > 0 and self.in_engine < self.sched.config.max_requests)
                 return
             self.res.pauses += len(d.paused)
             self.res.restores += len(d.restored)
@@ -198,6 +227,15 @@ class Simulation:
         self._account()
         self.in_engine += 1
         heapq.heappush(self.waiting, (self.sched.priority(pid), r.rid, r))
+
+    def _account_kv(self) -> None:
+        """Integrate what holds the KV, as the scheduler counts it, up to now."""
+        dt = self.now - self._t_kv
+        acting, wanting, refusing = self._kv_now
+        self.res.acting_kv_area += acting * dt
+        self.res.wanting_kv_area += wanting * dt
+        self.res.refused_s += dt if refusing else 0.0
+        self._t_kv = self.now
 
     def _account(self) -> None:
         """Integrate requests-in-flight up to now (called before every change)."""
@@ -285,6 +323,7 @@ class Simulation:
         self.res.tokens += n
         p.last_prompt, p.last_new = r.prompt, n
         p.tokens += n
+        self.sched.advance(self.now)
         self.sched.turn_done(pid, p.tokens)
         if p.turn == p.trace.turns - 1:
             self.sched.finish(pid)
@@ -350,6 +389,7 @@ class Simulation:
                 self._event(kind, pid)
             self._apply()
         self._account()
+        self._account_kv()
         self.res.wall_s = self.now
         self.res.peak_working_set = self.sched.peak_working_set
         return self.res
@@ -368,14 +408,17 @@ class Simulation:
             assert p is not None
             p.tokens += p.trace.tool_tokens[p.turn]
             p.turn += 1
+            self.sched.advance(self.now)
             self.sched.want_turn(pid, p.tokens, p.trace.turn_tokens[p.turn])
 
 
 def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | SchedulingPolicy = "program", *,
              concurrency: int = 64, max_programs: int | None = None, group_size: int = 1,
              needs_env: bool = True, env_start_s: float = 0.012, env_lookahead: int = 16,
-             env_workers: int = 2) -> SimResult:
-    """Run ``traces`` under ``policy`` with the reactor's own mapping of settings."""
+             env_workers: int = 2, cost: CostModel | None | bool = True) -> SimResult:
+    """Run ``traces`` under ``policy`` with the reactor's own mapping of settings. ``cost``:
+    the engine costs the scheduler is given (True: the model engine's own, as a fit of them
+    would find; None or False: none, so acting programs' KV is held for their whole tool)."""
     policy = SchedulingPolicy(policy)
     cfg = SchedulerConfig(
         policy=policy,
@@ -385,6 +428,7 @@ def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | 
         max_programs=concurrency if policy == SchedulingPolicy.FIFO else (max_programs or 8 * concurrency),
         session_lookahead=env_lookahead,
         turn_reserve=256,
+        cost=engine.cost() if cost is True else (cost or None),
     )
     return Simulation(traces, engine, cfg, needs_env=needs_env, env_start_s=env_start_s, env_workers=env_workers,
                       group_size=group_size).run()

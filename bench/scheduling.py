@@ -52,13 +52,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv import Reactor, RolloutConfig, make  # noqa: E402
 from agentenv.engines import SamplingParams, open_engine  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
-from agentenv.simulator import fit_engine, fit_prefill, simulate  # noqa: E402
+from agentenv.simulator import EngineModel, fit_engine, fit_prefill, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 
 import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
 
 POLICIES = ("lockstep", "fifo", "program")
+#: "program-held": the program policy without the engine's costs (acting programs keep their
+#: KV for their whole tool), to compare with the costed one side by side.
+CHOICES = (*POLICIES, "program-held")
 
 
 def kv_bytes_per_token(model: Path) -> int:
@@ -121,10 +124,12 @@ async def session_start_rate(n: int = 32) -> float:
 
 
 async def run_policy(engine, env, tasks, group_size: int, policy: str, concurrency: int,
-                     max_programs: int | None = None) -> dict:
+                     max_programs: int | None = None, cost_model=None) -> dict:
+    label, policy = policy, policy.removesuffix("-held")
+    cost_model = None if label == "program-held" else cost_model
     cfg = RolloutConfig(scheduling=policy, concurrency=concurrency, max_turns=64, max_new_tokens=100_000,
                         max_tokens_per_turn=4096, tool_timeout=60.0, max_programs=max_programs)
-    async with LocalSandbox() as sandbox, Reactor(engine, env, sandbox, cfg) as reactor:
+    async with LocalSandbox() as sandbox, Reactor(engine, env, sandbox, cfg, cost_model=cost_model) as reactor:
         t0, c0 = time.perf_counter(), time.process_time()
         groups = await reactor.collect(tasks, group_size)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -132,7 +137,7 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
     n = sum(len(g.trajectories) for g in groups)
     bad = [t.finish_reason for g in groups for t in g.trajectories if t.finish_reason != "stop"]
     path, _ = longest_path(groups)
-    return {"policy": policy, "programs": n, "wall_s": wall, "tokens": s.outcomes.sampled_tokens,
+    return {"policy": label, "programs": n, "wall_s": wall, "tokens": s.outcomes.sampled_tokens,
             "tok_s": s.outcomes.sampled_tokens / wall, "in_flight": s.occupancy.mean_in_flight, "idle": s.occupancy.idle_fraction,
             "under_half": s.occupancy.under_half_fraction,
             "reuse": s.outcomes.resume_reuse, "reprefilled": s.outcomes.reprefilled, "pauses": s.sessions.pauses, "restores": s.sessions.restores,
@@ -145,7 +150,10 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
             "client_cpu_us_per_token": 1e6 * cpu / max(1, s.outcomes.sampled_tokens)}
 
 
-async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
+async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None) -> dict:
+    """One KV setting; ``prior``: the simulator engine fitted in the previous setting (the
+    same model on the same machine), whose prefill price stands in where this one's KV is too
+    small to measure it."""
     model = default_model()
     engine = await open_engine(args.engine, str(model), seed=args.seed, **engine_kwargs)
     progs = [p for g in traces for p in g]
@@ -174,7 +182,8 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
             rates = {(b, mean_ctx): await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
                      for b in sorted({1, 4, 16} - {c})}
             rates[(c, mean_ctx)] = limit
-            prefill = 2e-5  # the model's default when it cannot be measured without thrashing
+            # Where it cannot be measured without thrashing: the previous setting's, else a default.
+            prefill = prior.prefill_per_token if prior is not None else 2e-5
             if cap is None or c * (2 * mean_ctx + mean_turn) <= 0.9 * cap:
                 # Attention's share: the same loop at twice the context. Prefill's price: the
                 # loop with nothing cached, against the cached one (which reused all but the
@@ -196,10 +205,20 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
                   f"us/token (fit to {', '.join(f'{b}x{n}: {r:.0f}' for (b, n), r in sorted(rates.items()))} "
                   f"tok/s); sandbox sessions start at {starts:.0f}/s while it decodes", flush=True)
         results, around = [], [limit]
+        # The program policy weighs holding acting programs' KV against decode slots with the
+        # engine's costs as fitted where the KV held the calibration loops (the first
+        # setting's: here, 32 requests of the mean context may not fit, and their decode rate
+        # measures the thrashing, not the engine); without the simulator's fit: none, it holds.
+        cost = (prior or sim_engine).cost() if args.simulate else None
+        if cost is not None:
+            print(f"[{label}] program policy's engine costs: step {1e3 * cost.step_base:.2f} ms + "
+                  f"{1e3 * cost.step_per_seq:.3f} ms x batch, prefill {1e6 * cost.prefill_per_token:.0f} us/token",
+                  flush=True)
         for policy in (args.policies if label == "kv-fits" else args.oversubscribed_policies):
             env = make("trace", **spec_kwargs(args))
             tasks = env.tasks(args.tasks, seed=args.seed)
-            r = await run_policy(engine, env, tasks, args.group_size, policy, args.concurrency, args.max_programs)
+            r = await run_policy(engine, env, tasks, args.group_size, policy, args.concurrency, args.max_programs,
+                                 cost_model=cost)
             # Pure decode brackets every run: the reference is the mean of the measurements
             # just before and just after it (this VM's speed drifts within one long run).
             # One round first: the run's own prefixes have pushed the loop's prompts out of the cache.
@@ -233,8 +252,9 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces) -> dict:
                 t = time.perf_counter()
                 # The simulated engine runs at the speed the real one had around this run.
                 m = sim_engine.slowed(limit / r["pure_decode_tok_s"])
-                sr = simulate(progs, m, r["policy"], concurrency=args.concurrency, group_size=args.group_size,
-                              max_programs=r["max_programs"], env_start_s=env_start_s)
+                sr = simulate(progs, m, r["policy"].removesuffix("-held"), concurrency=args.concurrency,
+                              group_size=args.group_size, max_programs=r["max_programs"], env_start_s=env_start_s,
+                              cost=r["policy"] != "program-held")
                 err = sr.wall_s / r["wall_s"] - 1
                 ratio = sr.tok_s / r["pure_decode_tok_s"]  # the model engine decodes that fast at `concurrency`
                 sim.append({"policy": r["policy"], **sr.row(), "error": err, "ratio": ratio,
@@ -269,8 +289,8 @@ def main() -> None:
     p.add_argument("--max-programs", type=int, default=None, help="RolloutConfig.max_programs (default: its own)")
     p.add_argument("--oversubscribe", type=float, default=2.0, help="0: skip the small-KV setting")
     p.add_argument("--decode-seconds", type=float, default=6.0)
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    p.add_argument("--oversubscribed-policies", nargs="+", default=["fifo", "program"], choices=POLICIES,
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=CHOICES)
+    p.add_argument("--oversubscribed-policies", nargs="+", default=["fifo", "program"], choices=CHOICES,
                    help="policies run at the small KV budget (lockstep is slow and not the comparison there)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-simulate", dest="simulate", action="store_false",
@@ -295,19 +315,25 @@ def main() -> None:
             settings.append((f"kv-{args.oversubscribe:g}x-oversubscribed", {"kv_cache_tokens": small}))
 
     async def run_all() -> list[dict]:
-        return [await one_setting(args, label, kw, traces) for label, kw in settings]
+        out: list[dict] = []
+        for label, kw in settings:
+            prior = out[-1]["simulator_engine"] if out else None
+            out.append(await one_setting(args, label, kw, traces,
+                                         prior=EngineModel(**prior) if prior else None))
+        return out
 
     out = anyio.run(run_all)
     for s in out:
         by = {r["policy"]: r for r in s["results"]}
         if "program" in by:
-            for other in ("lockstep", "fifo"):
+            for other in ("lockstep", "fifo", "program-held"):
                 if other in by:
                     print(f"[{s['label']}] program_vs_{other}: {by[other]['wall_s'] / by['program']['wall_s']:.2f}x wall time")
             if "fifo" in by:
                 f, g = by["fifo"]["reuse"], by["program"]["reuse"]
                 print(f"[{s['label']}] resume reuse program {100 * g:.1f}% vs fifo {100 * f:.1f}% "
                       f"({g / f if f else float('inf'):.2f}x)")
+            print(f"[{s['label']}] mean in flight: " + ", ".join(f"{k} {r['in_flight']:.1f}" for k, r in by.items()))
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "settings": out}, indent=1))
     first = {r["policy"]: r for r in out[0]["results"]}

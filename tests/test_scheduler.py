@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from agentenv.scheduler import Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, SessionState, State
+from agentenv.scheduler import (CostModel, Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, SessionState,
+                                State, ToolTimes)
 
 
 def sched(**kw) -> Scheduler:
@@ -329,6 +330,113 @@ def test_config_is_validated():
         SchedulerConfig(policy="random")
 
 
+# -- cost-aware holding under KV pressure --------------------------------------------------------
+def test_hold_time_weighs_a_re_prefill_against_the_throughput_a_slot_adds():
+    m = CostModel(step_base=0.01, step_per_seq=0.001, prefill_per_token=1e-4)
+    # One request more at 1 in flight: 2/0.012 against 1/0.011 tokens/s; a second of it
+    # does 1 - (1/0.011) / (2/0.012) of a second's work at the higher rate.
+    gain = 1 - (1 / 0.011) / (2 / 0.012)
+    assert m.slot_gain(1, 0) == pytest.approx(gain)
+    assert m.hold_seconds(1, 0, 110) == pytest.approx(1e-4 * 110 / gain)
+    # Nothing decodes: a second held is a second of the engine lost, against the re-prefill.
+    assert m.slot_gain(0, 0) == 1.0 and m.hold_seconds(0, 0, 110) == pytest.approx(1e-4 * 110)
+    # The more requests already in flight, the less one more adds, the longer KV is held;
+    # the dearer a re-prefill, the longer too; a free one is never worth a slot.
+    holds = [m.hold_seconds(n, 500, 110) for n in (1, 4, 16, 64)]
+    assert holds == sorted(holds) and holds[0] < holds[-1]
+    assert CostModel(0.01, 0.001, prefill_per_token=1e-3).hold_seconds(4, 500, 110) == pytest.approx(10 * holds[1])
+    assert CostModel(0.01, 0.001).hold_seconds(4, 500, 110) == 0.0
+    assert CostModel(0.01, step_per_seq=1.0, prefill_per_token=1e-4).hold_seconds(4, 0, 110) > 10  # slots add ~nothing
+
+
+def acting_under_pressure(cost, max_requests=4, queued=1):
+    """400 KV tokens: programs 0, 1 and 2 (110 each with their turn reserve) run; 0's and 1's
+    turns return at t=0 and t=1 (they act), 2 still decodes; ``queued`` more wait, 110 each."""
+    s = sched(kv_capacity=400, max_requests=max_requests, max_programs=16, turn_reserve=10, cost=cost)
+    for pid in range(3 + queued):
+        s.add(pid, 100)
+    assert s.schedule(0.0).admit == [0, 1, 2]
+    for pid in range(3):
+        s.want_turn(pid, 100, 10)
+    assert s.schedule(0.0).submit[:max_requests] == [0, 1, 2][:max_requests]
+    s.turn_done(0, 110)
+    s.advance(1.0)
+    s.turn_done(1, 110)
+    return s
+
+
+DEAR = CostModel(step_base=0.01, step_per_seq=0.001, prefill_per_token=0.01)  # hold 2.42 s at 1 in flight
+CHEAP = CostModel(step_base=0.01, step_per_seq=0.001, prefill_per_token=1e-4)  # hold 0.0242 s
+
+
+def test_without_a_cost_model_acting_programs_keep_their_kv_for_their_whole_tool():
+    s = acting_under_pressure(None)
+    d = s.schedule(1000.0)
+    assert not d.admit and not d.paused and s.state(3) == State.QUEUED
+
+
+def test_kv_is_held_while_a_re_prefill_is_dearer_than_the_slot_then_released_longest_acting_first():
+    s = acting_under_pressure(DEAR)
+    assert DEAR.hold_seconds(1, 110, 110) == pytest.approx(2.42)
+    d = s.schedule(2.0)  # 0 has acted 2 s, 1 has 1 s: both held
+    assert not d.admit and not d.paused
+    d = s.schedule(2.5)  # 0's hold ran out; releasing it alone makes room (440 - 110 <= 400)
+    assert d.paused == [0] and d.admit == [3] and s.state(1) == State.ACTING
+    assert s.working_set <= s.budget
+
+
+def test_when_slots_are_dear_against_re_prefill_acting_kv_goes_to_a_waiting_program_at_once():
+    s = acting_under_pressure(CHEAP)
+    d = s.schedule(1.0)
+    assert d.paused == [0] and d.admit == [3]
+    # 0's tool returns: it is restored before anything new (4 more are queued behind it)
+    # once 1's hold runs out too, 1 making room for it.
+    s.want_turn(0, 120, 10)
+    d = s.schedule(1.1)
+    assert d.paused == [1] and d.restored == [0] and not d.admit
+
+
+def test_a_resuming_program_gets_released_kv_before_a_new_one():
+    s = acting_under_pressure(CHEAP, queued=2)
+    s.schedule(1.0)  # 0 released to 3
+    s.want_turn(0, 120, 10)  # 0's tool returns while 4 is still queued
+    d = s.schedule(1.1)
+    assert d.restored == [0] and 4 not in d.admit
+
+
+def test_no_kv_is_released_while_every_decode_slot_is_taken():
+    # One decode slot, and a turn waiting for it: another program would only wait too.
+    s = sched(kv_capacity=400, max_requests=1, max_programs=16, turn_reserve=10, cost=CHEAP)
+    for pid in range(4):
+        s.add(pid, 100)
+    assert s.schedule(0.0).admit == [0, 1, 2]
+    for pid in range(3):
+        s.want_turn(pid, 100, 10)
+    assert s.schedule(0.0).submit == [0]
+    s.turn_done(0, 110)
+    assert s.schedule(0.0).submit == [1]  # 2 waits for the slot, 3 for KV
+    d = s.schedule(100.0)
+    assert not d.admit and not d.paused and s.state(0) == State.ACTING
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cost_aware_holding_keeps_the_budget_and_every_program_finishes(seed):
+    rng = random.Random(seed)
+    s = sched(kv_capacity=1500, max_requests=8, max_programs=64, turn_reserve=64, cost=CHEAP)
+    progs = random_programs(s, 60, rng)
+    clock = iter(range(1, 10**6))
+
+    def check(s, d):
+        s.advance(next(clock) * 0.01)
+        if d.admit or d.restored:
+            resident = [p for p in s.programs.values() if p.state in (State.READY, State.DECODING, State.ACTING)]
+            assert s._unmarked_working_set() <= s.budget or len(resident) == 1
+        assert s.working_set == sum(s.working_set_of(st) for st in (State.READY, State.DECODING, State.ACTING))
+
+    drive(s, progs, rng, check)
+    assert all(p.state == State.DONE for p in s.programs.values()) and s.pauses > 0
+
+
 # -- the heaps decide as a sort of every candidate would --------------------------------------
 class Recorded(Scheduler):
     """The scheduler as it is, every decision it makes recorded (copied as it was made), and
@@ -339,8 +447,8 @@ class Recorded(Scheduler):
         self.decisions: list[tuple] = []
         self.rebuilds = 0
 
-    def schedule(self) -> Decision:
-        d = super().schedule()
+    def schedule(self, now: float | None = None) -> Decision:
+        d = super().schedule(now)
         self.decisions.append(dataclasses.astuple(d))
         return d
 
@@ -445,3 +553,32 @@ def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monk
 
 def test_the_former_name_of_session_state_still_imports():
     assert EnvState is SessionState  # "env" is the Environment; a program's sandbox session is its session
+
+
+def test_tool_times_give_the_expected_time_left_on_a_tool():
+    t = ToolTimes(least=4, refresh=1)
+    for x in (1.0, 2.0):
+        t.add(x)
+    assert t.remaining(0.0) is None  # too few seen
+    for x in (4.0, 9.0):
+        t.add(x)
+    assert t.remaining(0.0) == pytest.approx(4.0)  # the mean of 1, 2, 4, 9
+    assert t.remaining(3.0) == pytest.approx(6.5 - 3.0)  # of those past 3 s: 4 and 9
+    assert t.remaining(9.0) is None  # none lasted that long
+
+
+def test_with_tool_times_seen_a_program_expected_to_stay_on_its_tool_is_released_at_once():
+    s = acting_under_pressure(DEAR)
+    for _ in range(16):
+        s.tool_times.add(60.0)  # tools last a minute: holding 2.42 s saves nothing
+    d = s.schedule(1.0)
+    assert d.paused == [0] and d.admit == [3]
+    s = acting_under_pressure(DEAR)
+    for _ in range(16):
+        s.tool_times.add(0.5)  # tools end within a second, well within the break-even
+    d = s.schedule(3.0)  # past the break-even, but none seen lasted this long: ski rental
+    assert d.paused == [0] and d.admit == [3]
+    s = acting_under_pressure(DEAR)
+    for _ in range(16):
+        s.tool_times.add(2.5)
+    assert not s.schedule(2.0).paused  # 0.5 s left expected: held

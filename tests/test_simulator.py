@@ -72,3 +72,19 @@ def test_every_program_finishes_and_samples_its_trace_under_kv_pressure(policy):
     assert r.programs == 64 and r.wall_s > 0
     if policy == "program":
         assert r.pauses > 0 and r.restores > 0  # the working set did not fit
+
+
+def test_the_engine_costs_decide_how_long_acting_programs_keep_their_kv():
+    traces = [p for g in workload(WorkloadSpec(mean_turns=4, tool_median=0.2), 32, 4, seed=3) for p in g]
+    free = EngineModel(kv_capacity=4096, block_size=32, prefill_per_token=0.0)
+    held = simulate(traces, free, "program", concurrency=16, group_size=4, cost=None)
+    costed = simulate(traces, free, "program", concurrency=16, group_size=4)
+    # A re-prefill that costs nothing is never worth a slot: acting programs give their KV up
+    # to waiting ones, more requests run, the run is shorter (and reuses less).
+    assert costed.acting_kv < held.acting_kv and costed.in_flight > held.in_flight
+    assert costed.wall_s < held.wall_s and costed.reuse < held.reuse
+    assert costed.tokens == held.tokens == sum(sum(t.turn_tokens) for t in traces)
+    # With re-prefill dear (a slot adds little against it), they keep it as they did.
+    dear = EngineModel(kv_capacity=4096, block_size=32, prefill_per_token=1.0)
+    assert simulate(traces, dear, "program", concurrency=16, group_size=4).row() == \
+        simulate(traces, dear, "program", concurrency=16, group_size=4, cost=None).row()
