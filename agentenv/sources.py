@@ -58,7 +58,8 @@ class GroupSource(Protocol):
 
 
 class LocalGroups:
-    """The run in this process: a sandbox pool, an engine and a :class:`~agentenv.Reactor`."""
+    """The run in this process: a sandbox pool, an engine and a :class:`~agentenv.Reactor`,
+    opened by :func:`~agentenv.runtime.open_runtime`."""
 
     where = ""
     startup = "model, sandbox"
@@ -73,19 +74,12 @@ class LocalGroups:
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> "LocalGroups":
-        from .checker import check_env
-        from .config import open_sandbox
-        from .reactor import Reactor, prepare_sessions
+        from .runtime import open_runtime
 
         async with contextlib.AsyncExitStack() as stack:
-            # The sandbox first: the sessions the first programs will take start while the model
-            # loads, not beside the first turns (see ``prepare_sessions``).
-            sandbox = await stack.enter_async_context(open_sandbox(self.sandbox_kind))
-            self.prepared = await prepare_sessions(self.env, sandbox, self.config, self.programs)
-            engine = await stack.enter_async_context(await self.engine_spec.open())
-            check_env(self.env, tokenizer=engine.tokenizer)
-            self.reactor = await stack.enter_async_context(
-                Reactor(engine, self.env, sandbox, self.config, journal=self.log))
+            runtime = await stack.enter_async_context(open_runtime(
+                self.env, self.engine_spec, self.sandbox_kind, self.config, programs=self.programs, journal=self.log))
+            self.prepared, self.reactor = runtime.prepared, runtime.reactor
             self._stack = stack.pop_all()
         return self
 
