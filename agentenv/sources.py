@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .env import Environment, Task
     from .journal import Journal, LogState
     from .reactor import Group
+    from .runtime import EngineSource
     from .stats import RunStats
     from .trajectory import Trajectory
 
@@ -59,16 +60,18 @@ class GroupSource(Protocol):
 
 class LocalGroups:
     """The run in this process: a sandbox pool, an engine and a :class:`~agentenv.Reactor`,
-    opened by :func:`~agentenv.runtime.open_runtime`."""
+    opened by :func:`~agentenv.runtime.open_runtime` (``engine`` and ``sandbox`` in any form it
+    takes: a spec it opens, or one the caller holds open; ``wait``: the prepared sessions are
+    ready before the engine opens)."""
 
     where = ""
     startup = "model, sandbox"
 
-    def __init__(self, env: Environment, engine: EngineSpec, sandbox: SandboxOptions | str, config: RolloutConfig,
-                 log: Journal,
-                 *, programs: int, out: Path, by_group: bool) -> None:
-        self.env, self.engine_spec, self.sandbox_kind, self.config, self.log = env, engine, sandbox, config, log
-        self.programs, self.out, self.by_group = programs, out, by_group
+    def __init__(self, env: Environment, engine: EngineSource, sandbox: SandboxOptions | str | Any,
+                 config: RolloutConfig, log: Journal,
+                 *, programs: int, out: Path, by_group: bool, wait: bool = False) -> None:
+        self.env, self.engine, self.sandbox, self.config, self.log = env, engine, sandbox, config, log
+        self.programs, self.out, self.by_group, self.wait = programs, out, by_group, wait
         self.prepared = 0
         self.reactor: Any = None
         self._stack = contextlib.AsyncExitStack()
@@ -78,7 +81,8 @@ class LocalGroups:
 
         async with contextlib.AsyncExitStack() as stack:
             runtime = await stack.enter_async_context(open_runtime(
-                self.env, self.engine_spec, self.sandbox_kind, self.config, programs=self.programs, journal=self.log))
+                self.env, self.engine, self.sandbox, self.config, programs=self.programs, journal=self.log,
+                wait=self.wait))
             self.prepared, self.reactor = runtime.prepared, runtime.reactor
             self._stack = stack.pop_all()
         return self
