@@ -110,29 +110,19 @@ class RolloutWorker:
         return {"pid": os.getpid(), "prepared": self.prepared}
 
     async def _hold(self) -> None:
-        from .checker import check_env
-        from .config import open_sandbox
-        from .reactor import Reactor, prepare_sessions
+        from .runtime import open_runtime
 
         s = self.spec
         try:
             env = s.make_env()
             async with contextlib.AsyncExitStack() as stack:
                 stack.push_async_callback(env.aclose)
-                # The sandbox first: the sessions the first programs will take start while the
-                # model loads (a worker's first groups fill its decode slots: ``concurrency``).
-                sandbox = await stack.enter_async_context(open_sandbox(s.sandbox))
-                self.prepared = await prepare_sessions(env, sandbox, s.config, s.config.concurrency)
-                if s.engine_actors:  # the driver's engine actors, shared by every worker
-                    from .engines.actors import RayEngine
-
-                    engine = await RayEngine.connect(s.engine_actors, s.engine.model, share=1 / s.workers)
-                else:
-                    engine = await s.engine.open()
-                await stack.enter_async_context(engine)
-                check_env(env, tokenizer=engine.tokenizer)
-                self.reactor = await stack.enter_async_context(Reactor(engine, env, sandbox, s.config,
-                                                                       journal=self.in_flight))
+                # A local run's runtime, in this actor: its first groups fill its decode slots
+                # (``concurrency``), so that many sessions start while the engine loads.
+                runtime = await stack.enter_async_context(open_runtime(
+                    env, self._engine_source(), s.sandbox, s.config, programs=s.config.concurrency,
+                    journal=self.in_flight))
+                self.prepared, self.reactor = runtime.prepared, runtime.reactor
                 self._ready.set()
                 await self._stop.wait()
         except Exception as exc:  # noqa: BLE001 - reported to the driver by start() and group()
@@ -140,6 +130,15 @@ class RolloutWorker:
         finally:
             self.reactor = None
             self._ready.set()
+
+    def _engine_source(self) -> Any:
+        """The worker's own engine (its spec), or the driver's engine actors, shared by every worker."""
+        s = self.spec
+        if not s.engine_actors:
+            return s.engine
+        from .engines.actors import RayEngine
+
+        return lambda: RayEngine.connect(s.engine_actors, s.engine.model, share=1 / s.workers)
 
     async def group(self, task: dict[str, Any], group_size: int, saved: dict[str, Any] | None = None
                     ) -> list[dict[str, Any]]:

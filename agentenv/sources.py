@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .env import Environment, Task
     from .journal import Journal, LogState
     from .reactor import Group
+    from .runtime import EngineSource
     from .stats import RunStats
     from .trajectory import Trajectory
 
@@ -58,34 +59,31 @@ class GroupSource(Protocol):
 
 
 class LocalGroups:
-    """The run in this process: a sandbox pool, an engine and a :class:`~agentenv.Reactor`."""
+    """The run in this process: a sandbox pool, an engine and a :class:`~agentenv.Reactor`,
+    opened by :func:`~agentenv.runtime.open_runtime` (``engine`` and ``sandbox`` in any form it
+    takes: a spec it opens, or one the caller holds open; ``wait``: the prepared sessions are
+    ready before the engine opens)."""
 
     where = ""
     startup = "model, sandbox"
 
-    def __init__(self, env: Environment, engine: EngineSpec, sandbox: SandboxOptions | str, config: RolloutConfig,
-                 log: Journal,
-                 *, programs: int, out: Path, by_group: bool) -> None:
-        self.env, self.engine_spec, self.sandbox_kind, self.config, self.log = env, engine, sandbox, config, log
-        self.programs, self.out, self.by_group = programs, out, by_group
+    def __init__(self, env: Environment, engine: EngineSource, sandbox: SandboxOptions | str | Any,
+                 config: RolloutConfig, log: Journal,
+                 *, programs: int, out: Path, by_group: bool, wait: bool = False) -> None:
+        self.env, self.engine, self.sandbox, self.config, self.log = env, engine, sandbox, config, log
+        self.programs, self.out, self.by_group, self.wait = programs, out, by_group, wait
         self.prepared = 0
         self.reactor: Any = None
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> "LocalGroups":
-        from .checker import check_env
-        from .config import open_sandbox
-        from .reactor import Reactor, prepare_sessions
+        from .runtime import open_runtime
 
         async with contextlib.AsyncExitStack() as stack:
-            # The sandbox first: the sessions the first programs will take start while the model
-            # loads, not beside the first turns (see ``prepare_sessions``).
-            sandbox = await stack.enter_async_context(open_sandbox(self.sandbox_kind))
-            self.prepared = await prepare_sessions(self.env, sandbox, self.config, self.programs)
-            engine = await stack.enter_async_context(await self.engine_spec.open())
-            check_env(self.env, tokenizer=engine.tokenizer)
-            self.reactor = await stack.enter_async_context(
-                Reactor(engine, self.env, sandbox, self.config, journal=self.log))
+            runtime = await stack.enter_async_context(open_runtime(
+                self.env, self.engine, self.sandbox, self.config, programs=self.programs, journal=self.log,
+                wait=self.wait))
+            self.prepared, self.reactor = runtime.prepared, runtime.reactor
             self._stack = stack.pop_all()
         return self
 

@@ -47,7 +47,6 @@ from agentenv import RolloutConfig, make  # noqa: E402
 from agentenv.config import OutputOptions, RolloutRunConfig, RunOptions  # noqa: E402
 from agentenv.journal import Journal  # noqa: E402
 from agentenv.models import default_model  # noqa: E402
-from agentenv.reactor import Reactor, prepare_sessions  # noqa: E402
 from agentenv.rollout_run import RolloutJob, execute  # noqa: E402
 from agentenv.sandboxes.local import LocalSandbox  # noqa: E402
 from agentenv.sources import LocalGroups  # noqa: E402
@@ -56,23 +55,6 @@ from agentenv.testing import InstantEngine  # noqa: E402
 import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
 
 HEADLINE = (1000, 57)
-
-
-class InstantSource(LocalGroups):
-    """The run in this process (``LocalGroups``) on an engine and a sandbox pool given."""
-
-    def __init__(self, engine: InstantEngine, sandbox: LocalSandbox | None, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self._engine, self._sandbox = engine, sandbox
-
-    async def __aenter__(self) -> "InstantSource":
-        if self._sandbox is not None:
-            self.prepared = await prepare_sessions(self.env, self._sandbox, self.config, self.programs, wait=True)
-        self.reactor = Reactor(self._engine, self.env, self._sandbox, self.config, journal=self.log)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.reactor.__aexit__(*exc)
 
 
 def trace_env(turn: int, sandbox: bool):
@@ -95,8 +77,8 @@ async def run_once(engine: InstantEngine, programs: int, total: int, turn: int, 
     log = Journal.create(workdir / "out.jsonl.log", {"bench": "client"})
     job = RolloutJob(options, "rollout", env, default_model(), cfg, env.tasks(total // group), log, None,
                      time.perf_counter())
-    source = InstantSource(engine, sandbox, env, job.engine_spec, "local", cfg, log, programs=total,
-                           out=job.out, by_group=False)
+    # The engine and the sandbox pool given, left open; the sessions ready before the first request.
+    source = LocalGroups(env, engine, sandbox, cfg, log, programs=total, out=job.out, by_group=False, wait=True)
     timeline: list[tuple[float, int, float]] = []
 
     async def sample() -> None:

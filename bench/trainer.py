@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentenv import inflight  # noqa: E402
 from agentenv.config import RolloutConfig  # noqa: E402
 from agentenv.envs.retool_math import RetoolMathEnv  # noqa: E402
-from agentenv.reactor import Reactor, prepare_sessions  # noqa: E402
+from agentenv.runtime import open_runtime  # noqa: E402
 from agentenv.tools import PythonTool, ToolContext, ToolOutput  # noqa: E402
 from agentenv.train import TrainConfig, Trainer  # noqa: E402
 from agentenv.train.generation import Generation, TaskStream  # noqa: E402
@@ -198,16 +198,13 @@ async def generate_alone(engine, a: argparse.Namespace) -> dict:
     """The async run's generator without training: each batch is taken as soon as it is
     complete and generation's version moves on at once (no weight update). Returns each
     batch's availability time (seconds from the start) and the run's wall and tokens."""
-    from agentenv.sandboxes import default_sandbox
-
     cfg, env = config("async", a, Path(".")), make_env(a)
     rollout = RolloutConfig(max_turns=env.max_turns, max_new_tokens=cfg.max_new_tokens, concurrency=cfg.concurrency,
                             scheduling=cfg.scheduling, tool_timeout=env.tool_timeout, temperature=cfg.temperature)
-    async with default_sandbox(cfg.sandbox) as sandbox:
-        await prepare_sessions(env, sandbox, rollout, cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1),
-                               wait=True)
-        programs = inflight.InFlight()
-        reactor = Reactor(engine, env, sandbox, rollout, journal=programs)
+    programs = inflight.InFlight()
+    async with open_runtime(env, engine, cfg.sandbox, rollout, journal=programs, wait=True,
+                            programs=cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1)) as runtime:
+        reactor = runtime.reactor
         v0 = engine.weight_version
         gen = Generation(reactor, TaskStream(env, cfg.groups_per_step, cfg.seed), programs, group_size=cfg.group_size,
                          batch=cfg.groups_per_step, max_staleness=cfg.staleness, version=v0)

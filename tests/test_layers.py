@@ -65,7 +65,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("io", {"engines", "sandboxes"}),
     ("env", {"env", "tools", "program", "workload", "simulator", "summary", "journal", "inflight", "checker",
              "registry", "config", "judge", "rewards", "envs", "bridge", "testing", "agent", "mcp_tools"}),
-    ("run", {"reactor", "gateway", "writer", "sources", "cluster", "rollout_run", "integrations"}),
+    ("run", {"reactor", "runtime", "gateway", "writer", "sources", "cluster", "rollout_run", "integrations"}),
     ("train", {"train"}),
     ("top", {"", "cli", "listing", "view", "scaffold", "recipes"}),
 ]

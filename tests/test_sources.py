@@ -1,6 +1,7 @@
 """Where a rollout run's programs run (``agentenv.sources``): ``LocalGroups`` opens a real
 sandbox, the bundled model on the embedded engine and a reactor, and streams every program
-and group; ``_regroup`` makes a resumed group whole again from the output and the log."""
+and group; ``_regroup`` makes a resumed group whole again from the output and the log; the same
+trace run through ``LocalGroups`` and ``RayGroups`` (a real local Ray cluster) summarises alike."""
 
 from __future__ import annotations
 
@@ -63,3 +64,55 @@ def test_a_group_cut_short_is_scored_whole_again_from_its_lines_and_held_samples
     _regroup(resume, out, [Task("a", "q"), Task("b", "q"), Task("c", "q")], 2)
     assert {tid: sorted(t.sample_index for t in ts) for tid, ts in resume.finished.items()} == {"a": [0, 1]}
     assert ("a", 1) in resume.done  # not run again: scored with its group
+
+
+#: Summary fields a local and a Ray run of the same trace may differ in, each for its reason.
+TIMED = {
+    "wall_s": "the run's wall time",
+    "tokens_per_s": "tokens over the wall time",
+    # Whether a turn's prompt finds its prefix cached depends on which requests the engine
+    # batched together and when, which the run's timing decides (a Ray worker's start differs).
+    "cached_tokens": "prefix-cache hits: which requests were batched together",
+    "prefix_cache_hit_pct": "prefix-cache hits over prompt tokens",
+    # A program's later turns find its earlier tokens cached unless its blocks were evicted
+    # meanwhile, which depends on what ran beside it then (seen: 10 tokens prefilled again in
+    # one run, 0 in the other, the same programs).
+    "resume_reuse_pct": "the cache a program's later turns found: what ran beside it",
+    "reprefilled_tokens": "tokens prefilled again after eviction: what ran beside it",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_local_and_a_ray_run_of_a_trace_summarise_alike(tmp_path: Path, model_dir: str, ray_cluster):
+    """The same small rollout through ``LocalGroups`` and through ``RayGroups`` (one rollout
+    worker: the same runtime, in an actor). A trace fixes every program's turns and lengths,
+    so the summaries agree field by field, but for the timed fields above and the figures only
+    a worker measures (``WORKER_SIDE``), which a Ray driver leaves out."""
+    from agentenv.sources import RayGroups
+
+    spec = {"mean_turns": 2.0, "max_turns": 3, "turn_tokens": 8, "max_turn_tokens": 16, "tool_tokens": 4,
+            "tool_median": 0.01, "tool_cap": 0.05, "prompt_tokens": 24}
+    env = make("trace", **spec)
+    tasks = env.tasks(3, seed=1)
+    config = RolloutConfig(concurrency=4, max_new_tokens=256, max_turns=env.max_turns, tool_timeout=env.tool_timeout)
+    engine = EngineSpec.sampling_as(config, "embedded", model_dir, seed=1)
+    summaries = {}
+    for name in ("local", "ray"):
+        log = Journal.create(tmp_path / f"{name}.jsonl.log", {"env": "trace"})
+        source = (LocalGroups(env, engine, "local", config, log, programs=6, out=tmp_path / f"{name}.jsonl",
+                              by_group=True) if name == "local" else
+                  RayGroups(env, spec, engine, "local", config, log, out=tmp_path / f"{name}.jsonl", workers=1))
+        async with source:
+            async with source.results(tasks, 2, None) as results:
+                groups = [item async for item in results if isinstance(item, Group)]
+            assert sorted(g.task.id for g in groups) == sorted(t.id for t in tasks)
+            summaries[name] = source.summary()
+        log.close()
+    await env.aclose()
+    local, ray = ({k: v for k, v in s.items() if k not in TIMED} for s in (summaries["local"], summaries["ray"]))
+    assert set(WORKER_SIDE) <= set(local) and not set(WORKER_SIDE) & set(ray)  # measured on the worker only
+    local = {k: v for k, v in local.items() if k not in WORKER_SIDE}
+    assert local["programs"] == 6 and local["turns"] > 6 and local["tool_calls"] > 0  # several turns, tools run
+    assert ray == local
+    assert set(ray) == set(summaries["ray"]) - set(TIMED)  # nothing else was left out

@@ -17,14 +17,13 @@ Two tasks in one anyio task group share the engine and the reactor:
 ``mode="sync"`` is the colocated baseline: the gate with ``max_staleness=0`` admits exactly
 one batch per version, so generation, training and sync take turns.
 
-:class:`Trainer` opens what a run needs (engine, environment, sandbox, policy), restores a
+:class:`Trainer` opens what a run needs (the environment; its runtime, sandbox, engine and the
+reactor, from :func:`~agentenv.runtime.open_runtime`; the policy), restores a
 checkpoint (:mod:`~.checkpoints`), and hands the step loop its parts: generation, held-out
 evaluations (:mod:`~.evaluator`), the run's log and status bar (:mod:`~.status`).
 """
 
 from __future__ import annotations
-
-import sys
 
 import json
 import sys
@@ -40,7 +39,8 @@ from .. import inflight
 from ..config import RolloutConfig
 from ..devices import check_device
 from ..errors import ConfigError, RankDiedError
-from ..reactor import Reactor, prepare_sessions
+from ..engines.spec import EngineSpec
+from ..runtime import Runtime, open_runtime
 from .checkpoints import Checkpoints, latest_checkpoint
 from .colocate import engine_kwargs
 from .config import TrainConfig
@@ -72,12 +72,14 @@ class Trainer:
         self.evals: list[dict[str, Any]] = []  # held-out evaluations (eval.jsonl)
         self.trackers: dict[str, Path] = {}  # tracker -> its directory
         self.policy: Policy | None = None
+        # What an attempt opens (``_open``): its runtime, the one rollout config it runs with, and
+        # its in-flight programs (checkpoints save them).
+        self.runtime: Runtime | None = None
+        self.rollout: RolloutConfig | None = None
+        self.programs = inflight.InFlight()
 
     # -- setup -------------------------------------------------------------------------------
     async def _open(self, stack: AsyncExitStack, sampling_seed: int) -> None:
-        from ..checker import check_env
-        from ..config import open_sandbox
-        from ..engines.spec import EngineSpec
         from ..engines.embedded import check_model_dir
         from ..models import default_model
         from ..registry import make
@@ -106,28 +108,38 @@ class Trainer:
                                           concurrency=cfg.judge_concurrency)
             stack.push_async_callback(self._judge.aclose)
             self._env = judged(self._env, self._judge, weight=cfg.judge_weight, group=cfg.judge_group)
-        if self._sandbox is None:
-            self._sandbox = await stack.enter_async_context(open_sandbox(cfg.sandbox_options()))
-        # The first steps' sessions start while the model loads (see ``prepare_sessions``).
-        await prepare_sessions(self._env, self._sandbox, RolloutConfig(concurrency=cfg.concurrency,
-                                                                       scheduling=cfg.scheduling),
-                               cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1))
-        if self._engine is None:
-            # A resumed run samples a new stream (seed + step), not the first run's again.
-            spec = EngineSpec.sampling_as(cfg, cfg.engine, model, kwargs=engine_kwargs(cfg, cfg.engine_args()),
-                                          base_urls=cfg.base_urls, seed=sampling_seed)
-            if cfg.engines:  # engine actors on the cluster; weights reach them through the object store
-                from ..engines.actors import RayEngine
-
-                cpus = {"num_cpus": self._actor_cpus} if self._actor_cpus else None
-                self._engine = await RayEngine.launch(spec, replicas=cfg.engines, options=cpus)
-            else:
-                self._engine = await spec.open()
-            stack.push_async_callback(self._engine.aclose)
-        check_env(self._env, tokenizer=self._engine.tokenizer)
+        # One rollout config for the run: the runtime's reactor, its prepared sessions and the
+        # held-out evaluations run with it.
+        self.rollout = RolloutConfig(
+            max_turns=cfg.max_turns or self._env.max_turns, max_new_tokens=cfg.max_new_tokens,
+            concurrency=cfg.concurrency, scheduling=cfg.scheduling,
+            tool_timeout=cfg.tool_timeout or self._env.tool_timeout, temperature=cfg.temperature)
+        self.programs = inflight.InFlight()  # in-flight programs, for the checkpoints
+        # The first steps' sessions start while the model loads (see ``open_runtime``).
+        sandbox = cfg.sandbox_options() if self._sandbox is None else self._sandbox  # the caller's: left open
+        self.runtime = await stack.enter_async_context(open_runtime(
+            self._env, self._engine_source(model, sampling_seed), sandbox, self.rollout,
+            programs=cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1), journal=self.programs))
+        self._engine, self._sandbox = self.runtime.engine, self.runtime.sandbox
         if self._judge is not None:
             self._judge.bind(self._engine)  # --judge policy: the engine it trains
             await self._judge.start()
+
+    def _engine_source(self, model: Path, sampling_seed: int) -> Any:
+        """The engine the caller passed in (left open), else the config's: in this process, or
+        ``--engines`` engine actors on the cluster (weights reach them through the object store)."""
+        if self._engine is not None:
+            return self._engine
+        cfg = self.cfg
+        # A resumed run samples a new stream (seed + step), not the first run's again.
+        spec = EngineSpec.sampling_as(cfg, cfg.engine, model, kwargs=engine_kwargs(cfg, cfg.engine_args()),
+                                      base_urls=cfg.base_urls, seed=sampling_seed)
+        if not cfg.engines:
+            return spec
+        from ..engines.actors import RayEngine
+
+        cpus = {"num_cpus": self._actor_cpus} if self._actor_cpus else None
+        return lambda: RayEngine.launch(spec, replicas=cfg.engines, options=cpus)
 
     def _policy(self) -> Policy:
         """The policy in this process, or (``cluster="ray"``) data-parallel over Ray actors."""
@@ -205,16 +217,14 @@ class Trainer:
             if policy.lora is not None:
                 await engine.load_weights(policy.sync_tensors(), version=start_step)
 
-    def _generation(self, checkpoints: Checkpoints, ckpt: Path | None, start_step: int,
-                    rollout: RolloutConfig) -> Generation:
-        """Generation on a reactor of its own, where the checkpoint left the task stream."""
+    def _generation(self, checkpoints: Checkpoints, ckpt: Path | None, start_step: int) -> Generation:
+        """Generation on the runtime's reactor, where the checkpoint left the task stream."""
         cfg = self.cfg
-        programs = inflight.InFlight()  # in-flight programs, for the checkpoints
-        reactor = Reactor(self._engine, self._env, self._sandbox, rollout, journal=programs)
         stream = TaskStream(self._env, cfg.groups_per_step, cfg.seed)
         position, restored = checkpoints.restore_generation(ckpt, start_step, stream)
-        return Generation(reactor, stream, programs, group_size=cfg.group_size, batch=cfg.groups_per_step,
-                          max_staleness=cfg.staleness, version=start_step, position=position, restored=restored)
+        return Generation(self.runtime.reactor, stream, self.programs, group_size=cfg.group_size,
+                          batch=cfg.groups_per_step, max_staleness=cfg.staleness, version=start_step,
+                          position=position, restored=restored)
 
     async def _train(self, checkpoints: Checkpoints, start_step: int, ckpt: Path | None) -> dict[str, Any]:
         cfg, policy = self.cfg, self.policy
@@ -225,12 +235,9 @@ class Trainer:
                      evals=self.evals, print_steps=self.print_steps, on_step=self.on_step)
         try:
             self.trackers = log.trackers.dirs
-            rollout = RolloutConfig(
-                max_turns=cfg.max_turns or self._env.max_turns, max_new_tokens=cfg.max_new_tokens,
-                concurrency=cfg.concurrency, scheduling=cfg.scheduling,
-                tool_timeout=cfg.tool_timeout or self._env.tool_timeout, temperature=cfg.temperature)
-            generation = self._generation(checkpoints, ckpt, start_step, rollout)
-            evaluator = Evaluator(cfg, self._engine, self._eval_env, self._sandbox, rollout, log, start_step=start_step)
+            generation = self._generation(checkpoints, ckpt, start_step)
+            evaluator = Evaluator(cfg, self._engine, self._eval_env, self._sandbox, self.rollout, log,
+                                  start_step=start_step)
             with StatusBar(self.progress, cfg.steps, start_step) as bar:
                 loop = StepLoop(cfg, policy, self._engine, generation, evaluator=evaluator, log=log,
                                 checkpoints=checkpoints, bar=bar)
