@@ -70,16 +70,21 @@ def file_rows(out: Path, weights: dict[str, float] | None = None) -> list[tuple[
         ("programs", "programs"), ("turns", "turns"), ("tool calls", "tool_calls"), ("tool errors", "tool_errors"),
         ("programs with a tool call that ran", "programs_with_ok_tool_call"),
         ("tokens generated", "tokens_generated")) if key in s]
-    if s.get("gateway"):
-        g = s["gateway"]
-        rows.append(("gateway calls (extended / branched / from the journal)",
-                     f"{g.get('calls', 0)} ({g.get('extended', 0)} / {g.get('branched', 0)} / {g.get('replayed', 0)})"))
-        rows.append(("agent programs restarted (replay mismatch) / malformed tool calls",
-                     f"{g.get('restarts', 0)} / {g.get('malformed_tool_calls', 0)}"))
+    rows += gateway_rows(s.get("gateway"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += component_rows(s["reward_components"], weights)
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
     return rows
+
+
+def gateway_rows(g: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The gateway's figures of an agent run (none for a run without agents)."""
+    if not g:
+        return []
+    return [("gateway calls (extended / branched / from the journal)",
+             f"{g.get('calls', 0)} ({g.get('extended', 0)} / {g.get('branched', 0)} / {g.get('replayed', 0)})"),
+            ("agent programs restarted (replay mismatch) / malformed tool calls",
+             f"{g.get('restarts', 0)} / {g.get('malformed_tool_calls', 0)}")]
 
 
 def _duration(*ms: float | None) -> str:
@@ -139,12 +144,7 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
         rows.append((f"judge latency per call (p50 / p99){now}", f"{s['judge_p50_ms']} / {s['judge_p99_ms']} ms"))
         if has("judge_share_pct"):
             rows.append((f"judge share of wall time (a call in flight){now}", f"{s['judge_share_pct']}%"))
-    if s.get("gateway"):
-        g = s["gateway"]
-        rows.append(("gateway calls (extended / branched / from the journal)",
-                     f"{g.get('calls', 0)} ({g.get('extended', 0)} / {g.get('branched', 0)} / {g.get('replayed', 0)})"))
-        rows.append(("agent programs restarted (replay mismatch) / malformed tool calls",
-                     f"{g.get('restarts', 0)} / {g.get('malformed_tool_calls', 0)}"))
+    rows += gateway_rows(s.get("gateway"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += component_rows(s["reward_components"], weights)
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
