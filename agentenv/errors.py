@@ -14,6 +14,7 @@ as data (``Trajectory.finish_reason == "error:<type>"`` or a tool call with an e
     ├── EngineError            the inference engine failed or was closed
     │   ├── PromptTooLongError a prompt longer than the engine's context
     │   └── RankDiedError      a trainer rank (a Ray actor) died with its process group
+    ├── ProgramEndedError      a turn asked for by a program that has ended (a gateway request)
     ├── SandboxError           a sandbox could not be started or was closed
     └── TrajectoryError        a trajectory whose arrays disagree (schema violation)
 """
