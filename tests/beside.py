@@ -94,6 +94,9 @@ class Beside:
 def _loop(owner: int, root: Path) -> None:
     copy, n = root / "repo", 0
     env = dict(os.environ, AGENTENV_BESIDE="1", PYTHONPATH=str(copy), PYTHONUNBUFFERED="1")
+    # The main run's PYTEST_ADDOPTS (--beside, --busy-cores) are its own: the run beside takes
+    # only its own options, or each round would spin cores of its own on top of the main run's.
+    env.pop("PYTEST_ADDOPTS", None)
     while not (root / "stop").exists():
         try:
             os.kill(owner, 0)
