@@ -381,3 +381,23 @@ async def test_no_session_is_handed_out_before_the_isolation_check_completes():
         assert sb.checks == 2 and (await s.run("import os\nos.getpid()")).value == "1"
     finally:
         await sb.aclose()
+
+
+async def test_code_starved_of_cpu_at_its_deadline_gets_its_grace_in_cpu_and_keeps_its_state():
+    """A session capped at 1 % of a CPU is interrupted at its deadline and needs ~10 ms of CPU to
+    unwind: a kill grace of wall time (0.5 s: 5 ms of CPU) would kill it; graces it spends
+    waiting for the CPU are followed by more (GRACE_STRETCH), so it unwinds and keeps its state.
+    A session that sleeps through its grace (a stalled reader) gets no more: test_deadlines."""
+    from agentenv.sandboxes.local.limits import Limits
+    from agentenv.sandboxes.local.sessions import GRACE_STRETCH
+
+    code = "try:\n    while True:\n        pass\nexcept KeyboardInterrupt:\n    unwound = sum(range(10**6))"
+    async with LocalSandbox(limits=Limits(cpus=0.01), max_workers=1, kill_grace=0.5) as sb:
+        s = await sb.session()
+        await s.run("x = 41", timeout=30)
+        if s._cpu() is None:
+            pytest.skip("no cgroup v2 cpu.stat/cpu.pressure for the session on this host")
+        r = await s.run(code, timeout=1)
+        assert (r.status, r.state_lost) == ("timeout", False), r
+        assert r.duration_s < 1 + GRACE_STRETCH * 0.5 + 1, r
+        assert (await s.run("x + 1", timeout=30)).value == "42"

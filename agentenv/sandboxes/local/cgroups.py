@@ -130,6 +130,23 @@ class _Cgroups:
             return False
         return True
 
+    def cpu(self, dirs: list[str]) -> tuple[float, float] | None:
+        """The session's CPU seconds so far and its seconds with a task runnable but waiting
+        for a CPU (the v2 cgroup's ``cpu.stat`` usage and ``cpu.pressure`` "some" total), or
+        None where they cannot be read."""
+        v2 = self.bases.get("freeze")
+        ours = [d for d in dirs if v2 is not None and Path(d).is_relative_to(v2)]
+        if not ours:
+            return None
+        try:
+            with open(os.path.join(ours[0], "cpu.stat")) as f:
+                used = int(f.readline().split()[1])  # usage_usec
+            with open(os.path.join(ours[0], "cpu.pressure")) as f:
+                waited = int(f.readline().rsplit("total=", 1)[1])
+        except (OSError, IndexError, ValueError):
+            return None
+        return used / 1e6, waited / 1e6
+
     def _busy(self, dirs: list[str]) -> bool | None:
         """Whether a process is left in ``dirs``; None if they cannot be read. Every session
         process is in all of them, so the pids dir alone says (zombies included), where there

@@ -57,6 +57,10 @@ class _Worker:
             os.close(self.pidfd)
         self.pidfd = -1
 
+    def cpu(self, cgroups: _Cgroups) -> tuple[float, float] | None:
+        """The session's CPU seconds and seconds spent waiting for a CPU (None: unknown)."""
+        return cgroups.cpu(self.cgroups) if self.cgroups else None
+
     def freeze(self, cgroups: _Cgroups) -> bool:
         """Between calls: nothing of the session runs (threads, timers, signal handlers,
         processes started after the call's sweep); False if it could not be frozen."""

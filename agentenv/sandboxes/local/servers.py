@@ -222,6 +222,10 @@ class _ForkServers:
         """Let ``worker`` run again after :meth:`freeze`; False if it could not be."""
         return worker.thaw(self._cgroups)
 
+    def cpu(self, worker: _Worker) -> tuple[float, float] | None:
+        """``worker``'s session's CPU seconds and seconds waiting for a CPU (None: unknown)."""
+        return worker.cpu(self._cgroups)
+
     async def _spawn_from(self, server: _Control) -> _Worker:
         cgroups = await self._cgroups.acquire(self.limits)
         try:
