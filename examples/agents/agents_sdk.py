@@ -2,7 +2,7 @@
 
     pip install 'agentenv[agents-frameworks]'
     agentenv rollout --env examples/agents/agents_sdk.py:AgentsSdkMath --model agentenv/models/tiny-hermes \
-        --tasks 8 --group-size 2 --max-new-tokens 512 --out runs/agents_sdk.jsonl
+        --tasks 8 --group-size 2 --max-new-tokens 512 --out agents_sdk.jsonl
 
 An ``agents.Agent`` with one function tool, ``python``, whose code runs in the run's sandbox
 pool, on the Chat Completions API of the client the gateway hands over

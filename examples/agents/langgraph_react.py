@@ -3,7 +3,7 @@ gateway.
 
     pip install 'agentenv[agents-frameworks]'
     agentenv rollout --env examples/agents/langgraph_react.py:LangGraphMath --model agentenv/models/tiny-hermes \
-        --tasks 8 --group-size 2 --max-new-tokens 512 --out runs/langgraph.jsonl
+        --tasks 8 --group-size 2 --max-new-tokens 512 --out langgraph.jsonl
 
 ``langgraph.prebuilt.create_react_agent`` with a ``python`` tool whose code runs in the run's
 sandbox pool; its model is ``ChatOpenAI`` pointed at the gateway (the base URL and key of the

@@ -2,7 +2,7 @@
 token-exact rollouts.
 
     agentenv rollout --env examples/agents/openai_tool_loop.py:ToolLoopMath --tasks 8 --group-size 2 \
-        --out runs/tool_loop.jsonl
+        --out tool_loop.jsonl
 
 The agent asks the model (the bundled ``tiny-hermes``, through the gateway) with a ``python``
 tool, runs each call's code in the run's sandbox pool, sends the output back as a ``tool``

@@ -4,7 +4,7 @@ that knows nothing of agentenv), run once per sample with ``OPENAI_BASE_URL`` an
 the answer.
 
     agentenv rollout --env examples/agents/subprocess_agent.py:CommandMath --model agentenv/models/tiny-hermes \
-        --tasks 8 --group-size 2 --max-new-tokens 512 --out runs/command.jsonl
+        --tasks 8 --group-size 2 --max-new-tokens 512 --out command.jsonl
 
 The script runs its own ``python`` tool (arithmetic only): a sandbox session is for agents
 that run in the rollout's process (``agent()``).
