@@ -219,7 +219,8 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
     source = source or source_of(job)
     group = "k" if job.command == "eval" else "group"  # eval's group size is its --k
     console.print(phrases(console, f"[bold]agentenv[/] {job.command}:", f"env={job.env.id}", f"model={job.model}",
-                          f"engine={job.engine_spec.kind}", f"tasks={len(job.tasks)} x {group} {job.group_size}",
+                          f"engine={job.engine_spec.kind}", f"format={_format_name(job.env)}",
+                          f"tasks={len(job.tasks)} x {group} {job.group_size}",
                           *([source.where.strip()] if source.where.strip() else [])))
     if job.format_warning:
         console.print(f"[bold yellow]warning:[/] {job.format_warning}")
@@ -343,3 +344,11 @@ def check_out(out: Path) -> None:
                 tempfile.TemporaryFile(dir=path.parent).close()
         except OSError as exc:
             raise AgentEnvError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _format_name(env: Any) -> str:
+    """The tool format the run's environment settled on (the model's own where it pins none)."""
+    from .formats import get_format
+
+    fmt = getattr(env, "tool_format", None)
+    return "none" if fmt is None else get_format(fmt).name
