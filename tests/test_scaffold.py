@@ -168,7 +168,27 @@ def test_the_package_data_carries_every_template():
     package = Path(scaffold.__file__).parent
     carried = {p for pattern in globs["agentenv.scaffold"] for p in package.glob(pattern)}
     templates = set(scaffold.TEMPLATES.rglob("*.tmpl"))
-    assert len(templates) == len(FILES) and templates == carried
+    assert len(templates) == len(FILES) and templates | set(scaffold.AGENT_TEMPLATES.values()) == carried
+
+
+def test_init_agent_writes_an_agent_environment_and_says_which_model_runs_it(capsys, tmp_path):
+    rc, out, _ = cli(capsys, "init", "demo", "--agent", "--dir", str(tmp_path))
+    assert rc == 0 and "agentenv rollout --env demo --model tiny-hermes" in out, out
+    project = tmp_path / "demo"
+    assert "class DemoEnv(AgentEnvironment)" in (project / "demo" / "env.py").read_text()
+    assert 'dependencies = ["agentenv[agents]"]' in (project / "pyproject.toml").read_text()
+    assert "--env demo --model tiny-hermes" in (project / "README.md").read_text()
+    assert set(scaffold.files("demo", agent=True)) == set(scaffold.files("demo"))  # the same files, other texts
+
+
+@pytest.mark.slow
+def test_the_generated_agent_project_passes_its_own_tests(capsys, tmp_path):
+    """``agentenv init demo --agent && cd demo && python -m pytest``: the agent's calls go through
+    the gateway on the bundled tiny-hermes model, and it calls the tool and scores."""
+    assert cli(capsys, "init", "demo", "--agent", "--dir", str(tmp_path))[0] == 0
+    r = python("-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=tmp_path / "demo", timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "3 passed" in r.stdout
 
 
 @pytest.mark.slow

@@ -33,6 +33,9 @@ from ..errors import ConfigError
 from ..options import option
 
 TEMPLATES = Path(__file__).parent / "templates"
+#: ``--agent``: the files an agent environment has in place of the default's (same paths).
+AGENT_TEMPLATES = {Path("PACKAGE", "env.py.tmpl"): Path(__file__).parent / "agent" / "env.py.tmpl",
+                   Path("tests", "test_env.py.tmpl"): Path(__file__).parent / "agent" / "test_env.py.tmpl"}
 
 #: What the project's tests need installed, as ``init`` tells the user to install it.
 INSTALL = "pip install -e '.[test]'"
@@ -50,6 +53,8 @@ class InitConfig:
     dir: Path = option(Path("."), "the folder to create NAME/ in (default: the current directory)")
     force: bool = option(False, "write into an existing non-empty NAME/ folder (its files of the same names are "
                                 "replaced, others kept)")
+    agent: bool = option(False, "an AgentEnvironment instead: your agent over the OpenAI API (an openai SDK tool "
+                                "loop to start from), its calls through the run's gateway (docs/agents.md)")
 
 
 def class_name(name: str) -> str:
@@ -100,20 +105,23 @@ def starter_digest(env_source: str) -> str:
     return hashlib.sha256(repr((values["PROBLEMS"], values["SYSTEM_PROMPT"])).encode()).hexdigest()[:16]
 
 
-def files(name: str) -> dict[Path, str]:
-    """The project's files: path relative to the project folder -> text."""
-    values = {"name": name, "env_class": class_name(name)}
+def files(name: str, agent: bool = False) -> dict[Path, str]:
+    """The project's files: path relative to the project folder -> text (``agent``: an
+    :class:`~agentenv.AgentEnvironment`'s)."""
+    values = {"name": name, "env_class": class_name(name), "agentenv": "agentenv[agents]" if agent else "agentenv",
+              "model": " --model tiny-hermes" if agent else ""}
     out = {}
     for template in sorted(TEMPLATES.rglob("*.tmpl"), key=lambda t: ("tests" in t.parts, t)):  # env.py first
-        parts = list(template.relative_to(TEMPLATES).with_suffix("").parts)
-        parts = [name if p == "PACKAGE" else ".gitignore" if p == "gitignore" else p for p in parts]
+        rel = template.relative_to(TEMPLATES)
+        source = AGENT_TEMPLATES.get(rel, template) if agent else template
+        parts = [name if p == "PACKAGE" else ".gitignore" if p == "gitignore" else p for p in rel.with_suffix("").parts]
         if parts[0] == "tests":
             values["starter"] = starter_digest(out[Path(name, "env.py")])
-        out[Path(*parts)] = Template(template.read_text("utf-8")).substitute(values)
+        out[Path(*parts)] = Template(source.read_text("utf-8")).substitute(values)
     return out
 
 
-def init(name: str, parent: str | Path = ".", force: bool = False) -> Path:
+def init(name: str, parent: str | Path = ".", force: bool = False, agent: bool = False) -> Path:
     """Write the package ``name`` into ``parent/name`` and return that folder. Raises
     :class:`~agentenv.errors.ConfigError` (nothing written) for a name the package cannot
     have, or for an existing non-empty folder unless ``force``."""
@@ -129,7 +137,7 @@ def init(name: str, parent: str | Path = ".", force: bool = False) -> Path:
                           "(files of the same names are replaced), or choose another NAME or --dir")
     created = not target.exists()
     try:
-        for rel, text in files(name).items():
+        for rel, text in files(name, agent).items():
             path = target / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
@@ -143,16 +151,17 @@ def init(name: str, parent: str | Path = ".", force: bool = False) -> Path:
 def run(opts: InitConfig) -> int:
     """``agentenv init``: write the package, then say what was written and what to run next."""
     try:
-        target = init(opts.name, opts.dir, opts.force)
+        target = init(opts.name, opts.dir, opts.force, opts.agent)
     except OSError as exc:
         raise ConfigError(f"cannot write {exc.filename or opts.dir}: {exc.strerror or exc}") from None
     print(f"agentenv init: created {target}/")
-    for rel in sorted(files(opts.name)):
+    model = " --model tiny-hermes" if opts.agent else ""
+    for rel in sorted(files(opts.name, opts.agent)):
         print(f"  {target / rel}")
     print(f"next:\n  cd {target}\n"
           f"  {INSTALL}   # the package and pytest (its test extra); --env {opts.name} then works anywhere\n"
           "  python -m pytest           # check_env, and a 2 x 2 rollout on the bundled model\n"
-          f"  agentenv rollout --env {opts.name} --out rollouts.jsonl\n"
+          f"  agentenv rollout --env {opts.name}{model} --out rollouts.jsonl\n"
           f"and edit {opts.name}/env.py: its docstring says what to change first.")
     return 0
 
