@@ -122,6 +122,11 @@ def _keep_paths() -> list[str]:
     return [p for p in real if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in real)]
 
 
+def _kept_under_tmp() -> list[str]:
+    """The kept paths (``_keep_paths``) that a session's private /tmp would cover."""
+    return [p for p in _keep_paths() if p.startswith("/tmp/")]
+
+
 def _sources() -> dict[str, int | str]:
     """What the new root holds, taken from the host's tree before anything covers it: a
     detached copy of each mount to attach (an fd), or a system dir's symlink target."""
@@ -234,7 +239,14 @@ def enter_session(tmp_mb: int, shm_mb: int) -> None:
     number in their names), and the only writable places, a fresh private tmpfs at /tmp and
     at /dev/shm."""
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
+    # The Python installation may live under /tmp (a virtualenv in a temporary checkout): its
+    # read-only view is taken before the private /tmp covers it and put back inside, read-only.
+    kept = [(path, _clone_tree(path)) for path in _kept_under_tmp()]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+    for path, fd in kept:
+        os.makedirs(path, 0o755, exist_ok=True)
+        _attach(fd, path)
+        _setattr(path, AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={shm_mb}m,mode=1777")
 
 
