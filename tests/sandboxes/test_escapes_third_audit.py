@@ -252,7 +252,10 @@ async def test_linux_aio_a_machine_wide_quota_is_denied(sandbox, nr, args):
 HOLD = """
 import os, time
 def hold(state):
-    open('/tmp/ready', 'w').write(repr(state))
+    # Written whole, then renamed into place: the host polls for the name and reads it at once.
+    with open('/tmp/ready.part', 'w') as f:
+        f.write(repr(state))
+    os.rename('/tmp/ready.part', '/tmp/ready')
     end = time.monotonic() + 60
     while not os.path.exists('/tmp/go') and time.monotonic() < end:
         time.sleep(0.01)
