@@ -199,7 +199,9 @@ class RayRollouts:
         # An instance: the workers make its class, under its id; a user's one-file module goes
         # with it, for workers on nodes without the file. The workers' sys.path is extended
         # with this one's, so what this process imports, a worker on this machine does too.
-        env_spec, env_id = ({"env": env, "source": None}, None) if isinstance(env, str) else (portable_spec(env), env.id)
+        env_spec, env_id = (
+            ({"env": env, "source": None}, None) if isinstance(env, str) else (portable_spec(env), env.id)
+        )
         self.spec = WorkerSpec(env_spec, env_id, dict(env_args or {}), engine, sandbox, self.config, workers,
                                list(sys.path))
         self.engines_wanted = engines

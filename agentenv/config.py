@@ -72,7 +72,9 @@ class RolloutConfig:
         return replace(
             self,
             max_turns=self.max_turns if self.max_turns is not None else int(getattr(env, "max_turns", 4)),
-            tool_timeout=self.tool_timeout if self.tool_timeout is not None else float(getattr(env, "tool_timeout", 5.0)),
+            tool_timeout=self.tool_timeout
+            if self.tool_timeout is not None
+            else float(getattr(env, "tool_timeout", 5.0)),
         )
 
 
@@ -413,6 +415,21 @@ class EvalRunConfig(RolloutRunConfig):
         return Path(f"{out}.report.json") if out.suffix != ".jsonl" else out.with_suffix(".report.json")
 
 
-__all__ = ["HELP_GROUPS", "SANDBOX_LIMITS", "ClusterOptions", "EngineOptions", "EnvModules", "EnvOptions", "EvalOptions",
-           "EvalRunConfig", "JudgeOptions", "OutputOptions", "RolloutConfig", "RolloutRunConfig", "RunOptions",
-           "SandboxOptions", "engine_args", "open_sandbox"]
+__all__ = [
+    "HELP_GROUPS",
+    "SANDBOX_LIMITS",
+    "ClusterOptions",
+    "EngineOptions",
+    "EnvModules",
+    "EnvOptions",
+    "EvalOptions",
+    "EvalRunConfig",
+    "JudgeOptions",
+    "OutputOptions",
+    "RolloutConfig",
+    "RolloutRunConfig",
+    "RunOptions",
+    "SandboxOptions",
+    "engine_args",
+    "open_sandbox",
+]

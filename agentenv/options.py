@@ -260,7 +260,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: Mapping
         kw: dict[str, Any] = {"help": _help(opt, default, shape), "metavar": opt.metavar or _metavar(f.name, shape)}
         if not flag.startswith("-"):  # positional
             kind = _value_parser(shape.kind, opt.check) if shape.kind in (int, float) else shape.kind
-            parser_.add_argument(path, type=kind, help=kw["help"], metavar=opt.metavar, nargs="+" if shape.repeat else None)
+            parser_.add_argument(
+                path, type=kind, help=kw["help"], metavar=opt.metavar, nargs="+" if shape.repeat else None
+            )
             continue
         kw["dest"] = path
         if shape.kind is bool:

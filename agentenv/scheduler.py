@@ -35,8 +35,8 @@ Policies (:class:`SchedulingPolicy`):
   a program that wants the engine and does not fit takes the KV of programs on their tools
   that are expected to stay there longer than the break-even (the re-prefill against the
   throughput one more decode slot adds: :meth:`CostModel.hold_seconds`), longest on its tool
-  first; without costs, acting programs keep their KV for their whole tool. ``max_requests`` caps requests in flight (the
-  engine's decode slots); a program on a tool holds none. Environments are prepared for
+  first; without costs, acting programs keep their KV for their whole tool. ``max_requests`` caps requests in flight
+  (the engine's decode slots); a program on a tool holds none. Environments are prepared for
   admitted programs and ``session_lookahead`` queued ones; a program decodes before its
   session is ready and waits for it only when it calls a tool.
 * ``fifo``: a per-request reactor: ``max_programs`` programs in flight, each holding its

@@ -62,7 +62,11 @@ def cpu_seconds() -> float:
 
 def check(trajs: list, env) -> None:
     """Every program ran its whole trace (a broken run must not look fast)."""
-    bad = [t for t in trajs if t.finish_reason != "stop" or len(t.tool_calls) != env.trace_of(t.task_id, t.sample_index).turns - 1]
+    bad = [
+        t
+        for t in trajs
+        if t.finish_reason != "stop" or len(t.tool_calls) != env.trace_of(t.task_id, t.sample_index).turns - 1
+    ]
     if bad:
         raise SystemExit(f"{len(bad)} of {len(trajs)} programs did not follow their trace; first: "
                          f"{bad[0].finish_reason} {bad[0].error}")
@@ -139,8 +143,14 @@ def projection(a: argparse.Namespace) -> None:
               f"engine ({workers * a.worker_cpus:3d} sandbox CPUs each): wall {wall:7.1f}s  {rate:8.0f} tok/s  "
               f"scaling {rate / base:5.2f}x  imbalance {wall / (sum(walls) / len(walls)):.2f}  "
               f"(simulated in {time.perf_counter() - t0:.1f}s)", flush=True)
-        rows[f"{engines}x{workers}"] = {"engines": engines, "workers_per_engine": workers, "wall_s": wall,
-                                        "tok_s": rate, "scaling": rate / base, "imbalance": wall / (sum(walls) / len(walls))}
+        rows[f"{engines}x{workers}"] = {
+            "engines": engines,
+            "workers_per_engine": workers,
+            "wall_s": wall,
+            "tok_s": rate,
+            "scaling": rate / base,
+            "imbalance": wall / (sum(walls) / len(walls)),
+        }
     _report.write("cluster-projection", {"rows": rows, "projected_scaling": rows[f"{a.engines}x1"]["scaling"]},
                   headline="projected_scaling", args=a)
 

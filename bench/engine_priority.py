@@ -84,8 +84,14 @@ async def retool(engine, tasks: int, seed: int) -> dict:
         wall = time.perf_counter() - t0
     s = reactor.stats
     d = s.summary()
-    return {"wall": wall, "tok_s": s.outcomes.sampled_tokens / wall, "waits": s.sessions.env_waits, "wait_s": s.sessions.env_wait_s,
-            "p50": d["env_start_p50_ms"], "p90": d["env_start_p90_ms"]}
+    return {
+        "wall": wall,
+        "tok_s": s.outcomes.sampled_tokens / wall,
+        "waits": s.sessions.env_waits,
+        "wait_s": s.sessions.env_wait_s,
+        "p50": d["env_start_p50_ms"],
+        "p90": d["env_start_p90_ms"],
+    }
 
 
 async def main_async(args) -> None:

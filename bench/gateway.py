@@ -7,13 +7,14 @@
 extending the previous one (its messages, the reply, a new user turn), on
 :class:`~agentenv.testing.InstantEngine` (every reply ``--tokens`` tokens, no model). The same
 number of native programs, ``--calls`` turns of ``--tokens`` each, run on the reactor's own
-path for comparison. The HTTP path runs twice: agents on the ``openai`` SDK, and the same loop posting JSON over
-one shared ``httpx`` client (the gateway without the SDK's own cost). For each path it prints this process's CPU time per generated token (every
-thread, less the engine's own CPU; the HTTP path's includes the agents' SDK clients, which run
-in this process too), tokens per second, and for the HTTP path the latency of a call as the
-agent sees it (p50 / p99: with the engine at no cost this is the gateway, the client and the
-event loop's queue of every other program's work). Last line: ``gateway_overhead_ratio: X``,
-HTTP (openai SDK agents) µs/token over in-process µs/token.
+path for comparison. The HTTP path runs twice: agents on the ``openai`` SDK, and the same loop
+posting JSON over one shared ``httpx`` client (the gateway without the SDK's own cost). For
+each path it prints this process's CPU time per generated token (every thread, less the
+engine's own CPU; the HTTP path's includes the agents' SDK clients, which run in this process
+too), tokens per second, and for the HTTP path the latency of a call as the agent sees it (p50
+/ p99: with the engine at no cost this is the gateway, the client and the event loop's queue of
+every other program's work). Last line: ``gateway_overhead_ratio: X``, HTTP (openai SDK agents)
+µs/token over in-process µs/token.
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ class HttpAgent(AgentEnvironment):
         if self._http is None:
             self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2000, max_keepalive_connections=2000),
                                            timeout=600)
-        url, head = f"{str(client.base_url).rstrip('/')}/chat/completions", {"Authorization": f"Bearer {client.api_key}"}
+        url, head = (
+            f"{str(client.base_url).rstrip('/')}/chat/completions",
+            {"Authorization": f"Bearer {client.api_key}"},
+        )
         messages = [{"role": "user", "content": task.question}]
         for k in range(self.calls):
             t0 = time.perf_counter()
@@ -133,8 +137,10 @@ def main() -> None:
     lat = sorted(HttpAgent.latencies)
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}  cpus: {os.cpu_count()}")
     for name, r in (("in-process", native), ("http httpx", raw), ("http openai", http)):
-        print(f"{name:>10}: {r['programs']} programs ({r['failed']} failed), {r['tokens']} tokens in {r['wall_s']:.1f}s: "
-              f"{r['us_per_token']:.2f} µs/token client CPU, {r['tok_s']:.0f} tok/s")
+        print(
+            f"{name:>10}: {r['programs']} programs ({r['failed']} failed), {r['tokens']} tokens in {r['wall_s']:.1f}s: "
+            f"{r['us_per_token']:.2f} µs/token client CPU, {r['tok_s']:.0f} tok/s"
+        )
     for name, r in (("http httpx", raw), ("http openai", http)):
         if r["first_error"]:
             print(f"{name} first failure: {r['first_error']}")

@@ -21,8 +21,9 @@ Two parts, each printing one line of figures as soon as it has them:
   engine generates for fixed prompts, with the error printed.
 
 Peak memory is ``torch.cuda.max_memory_allocated`` on a GPU (reset before each part), the
-process's peak resident set so far on the CPU. A GPU machine without internet gets pure-Python dependencies from ``<repo>/.gpu-deps``
-(put first on ``sys.path`` when it exists). The last line is ``gpu_results: {json}``.
+process's peak resident set so far on the CPU. A GPU machine without internet gets pure-Python
+dependencies from ``<repo>/.gpu-deps`` (put first on ``sys.path`` when it exists). The last
+line is ``gpu_results: {json}``.
 """
 
 from __future__ import annotations
@@ -98,8 +99,15 @@ def synthetic_batch(rows: int, tokens: int, vocab: int, seed: int):
     mask[:, tokens // 2:] = 1
     blp = torch.full((rows, tokens), -math.log(vocab)) * mask
     adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(rows)])
-    return Batch(ids, torch.ones(rows, tokens, dtype=torch.long), mask, blp, torch.zeros(rows, tokens, dtype=torch.long),
-                 adv, [float(i % 2 == 0) for i in range(rows)])
+    return Batch(
+        ids,
+        torch.ones(rows, tokens, dtype=torch.long),
+        mask,
+        blp,
+        torch.zeros(rows, tokens, dtype=torch.long),
+        adv,
+        [float(i % 2 == 0) for i in range(rows)],
+    )
 
 
 def qwen_shaped(args, device) -> dict:
@@ -185,11 +193,16 @@ def bundled(args, device, engine: str) -> dict:
         wall = time.perf_counter() - start
     rows = trainer.rows
     train_s = sum(r["train_s"] for r in rows)
-    out = {"engine": engine, "steps": len(rows), "wall_s": round(wall, 2),
-           "train_tok_per_s": round(sum(r["trained_tokens"] for r in rows) / max(train_s, 1e-9), 1),
-           "gen_tok_per_s": round(sum(r["gen_tokens_per_s"] for r in rows) / max(len(rows), 1), 1),
-           "peak_mem_gib": round(peak_gib(device), 3), "sync_s": round(sum(r["sync_s"] for r in rows) / max(len(rows), 1), 4),
-           "rewards": [round(r["reward_mean"], 3) for r in rows]}
+    out = {
+        "engine": engine,
+        "steps": len(rows),
+        "wall_s": round(wall, 2),
+        "train_tok_per_s": round(sum(r["trained_tokens"] for r in rows) / max(train_s, 1e-9), 1),
+        "gen_tok_per_s": round(sum(r["gen_tokens_per_s"] for r in rows) / max(len(rows), 1), 1),
+        "peak_mem_gib": round(peak_gib(device), 3),
+        "sync_s": round(sum(r["sync_s"] for r in rows) / max(len(rows), 1), 4),
+        "rewards": [round(r["reward_mean"], 3) for r in rows],
+    }
     say(f"bundled: engine={engine} train_tok_per_s={out['train_tok_per_s']:.0f} "
         f"gen_tok_per_s={out['gen_tok_per_s']:.0f} peak_mem_gib={out['peak_mem_gib']:.3f} "
         f"sync_s={out['sync_s']:.4f} ({out['steps']} steps, {wall:.1f} s)")
@@ -227,7 +240,10 @@ def bundled_direct(args, device) -> dict:
                 gen_tokens += sum(len(o.token_ids) for o in outs)
                 seqs = [p + o.token_ids for p, o in zip(prompts, outs)]
                 width = max(map(len, seqs))
-                ids, attn = torch.zeros(len(seqs), width, dtype=torch.long), torch.zeros(len(seqs), width, dtype=torch.long)
+                ids, attn = (
+                    torch.zeros(len(seqs), width, dtype=torch.long),
+                    torch.zeros(len(seqs), width, dtype=torch.long),
+                )
                 mask, blp = torch.zeros(len(seqs), width), torch.zeros(len(seqs), width)
                 for i, (p, o) in enumerate(zip(prompts, outs)):
                     n = len(p) + len(o.token_ids)

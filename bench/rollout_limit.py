@@ -44,7 +44,9 @@ import _report  # noqa: E402  (bench/_report.py: the figures as JSON)
 
 def mean_lengths(groups) -> tuple[int, int]:
     turns = [x for g in groups for t in g.trajectories for x in t.turns]
-    return round(statistics.mean(t.prompt_tokens for t in turns)), max(1, round(statistics.mean(t.new_tokens for t in turns)))
+    return round(statistics.mean(t.prompt_tokens for t in turns)), max(
+        1, round(statistics.mean(t.new_tokens for t in turns))
+    )
 
 
 async def main_async(args) -> None:
@@ -73,11 +75,14 @@ async def main_async(args) -> None:
             s = reactor.stats
             d = s.summary()
             rate = s.outcomes.sampled_tokens / wall
-            print(f"{policy:12s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
-                  f"in flight {s.occupancy.mean_in_flight:.1f}, engine idle {100 * s.occupancy.idle_fraction:.1f}%, under half the slots "
-                  f"{100 * s.occupancy.under_half_fraction:.1f}%, session waits "
-                  f"{s.sessions.env_waits} ({s.sessions.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
-                  f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.outcomes.resume_reuse:.1f}%", flush=True)
+            print(
+                f"{policy:12s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
+                f"in flight {s.occupancy.mean_in_flight:.1f}, engine idle {100 * s.occupancy.idle_fraction:.1f}%, "
+                f"under half the slots {100 * s.occupancy.under_half_fraction:.1f}%, session waits "
+                f"{s.sessions.env_waits} ({s.sessions.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
+                f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.outcomes.resume_reuse:.1f}%",
+                flush=True,
+            )
             # Right after each run (this VM's speed drifts over minutes), at that run's own mean
             # prompt and turn lengths (the model's turns vary from run to run, and tok/s with them).
             prompt, turn = mean_lengths(groups)

@@ -137,17 +137,30 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
     n = sum(len(g.trajectories) for g in groups)
     bad = [t.finish_reason for g in groups for t in g.trajectories if t.finish_reason != "stop"]
     path, _ = longest_path(groups)
-    return {"policy": label, "programs": n, "wall_s": wall, "tokens": s.outcomes.sampled_tokens,
-            "tok_s": s.outcomes.sampled_tokens / wall, "in_flight": s.occupancy.mean_in_flight, "idle": s.occupancy.idle_fraction,
-            "under_half": s.occupancy.under_half_fraction,
-            "reuse": s.outcomes.resume_reuse, "reprefilled": s.outcomes.reprefilled, "pauses": s.sessions.pauses, "restores": s.sessions.restores,
-            "not_stop": len(bad), "peak_ws": reactor.scheduler.peak_working_set,
-            # Body and tail: the seconds with >= 90 % of the slots busy, and what follows the last.
-            "full_and_tail": s.occupancy.full_and_tail(), "timeline": [[b[0], round(b[1], 2)] for b in s.occupancy.bins],
-            "max_programs": reactor.scheduler.config.max_programs, "longest_path_s": path,
-            # This process's CPU (reactor, sandbox client, engine client; vLLM's engine core is
-            # another process) per generated token.
-            "client_cpu_us_per_token": 1e6 * cpu / max(1, s.outcomes.sampled_tokens)}
+    return {
+        "policy": label,
+        "programs": n,
+        "wall_s": wall,
+        "tokens": s.outcomes.sampled_tokens,
+        "tok_s": s.outcomes.sampled_tokens / wall,
+        "in_flight": s.occupancy.mean_in_flight,
+        "idle": s.occupancy.idle_fraction,
+        "under_half": s.occupancy.under_half_fraction,
+        "reuse": s.outcomes.resume_reuse,
+        "reprefilled": s.outcomes.reprefilled,
+        "pauses": s.sessions.pauses,
+        "restores": s.sessions.restores,
+        "not_stop": len(bad),
+        "peak_ws": reactor.scheduler.peak_working_set,
+        # Body and tail: the seconds with >= 90 % of the slots busy, and what follows the last.
+        "full_and_tail": s.occupancy.full_and_tail(),
+        "timeline": [[b[0], round(b[1], 2)] for b in s.occupancy.bins],
+        "max_programs": reactor.scheduler.config.max_programs,
+        "longest_path_s": path,
+        # This process's CPU (reactor, sandbox client, engine client; vLLM's engine core is
+        # another process) per generated token.
+        "client_cpu_us_per_token": 1e6 * cpu / max(1, s.outcomes.sampled_tokens),
+    }
 
 
 async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None) -> dict:
@@ -168,8 +181,10 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
     mean_ctx = round(statistics.mean(ctx))
     async with engine:
         cap = engine.kv_capacity_tokens
-        print(f"[{label}] engine={args.engine} kv_capacity={cap} tokens; mean context {mean_ctx}, mean turn {mean_turn}",
-              flush=True)
+        print(
+            f"[{label}] engine={args.engine} kv_capacity={cap} tokens; mean context {mean_ctx}, mean turn {mean_turn}",
+            flush=True,
+        )
         await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, 2.0)  # warm-up
         limit = await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, args.decode_seconds)
         print(f"[{label}] pure decode: {limit:.0f} tok/s ({args.concurrency} requests in flight)", flush=True)
@@ -259,13 +274,22 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
                 ratio = sr.tok_s / r["pure_decode_tok_s"]  # the model engine decodes that fast at `concurrency`
                 sim.append({"policy": r["policy"], **sr.row(), "error": err, "ratio": ratio,
                             "sim_seconds": time.perf_counter() - t})
-                print(f"[{label}] simulated {r['policy']:9s} wall {sr.wall_s:6.1f}s (real {r['wall_s']:.1f}s, "
-                      f"error {100 * err:+.1f}%)  {sr.tok_s:7.0f} tok/s  ratio {ratio:.2f}  in flight {sr.in_flight:5.1f}  "
-                      f"reuse {100 * sr.reuse:5.1f}%  pauses {sr.pauses}", flush=True)
-    return {"label": label, "kv_capacity": cap, "pure_decode_tok_s": statistics.mean(around), "pure_decode_runs": around,
-            "results": results, "simulated": sim,
-            "simulator_engine": dataclasses.asdict(sim_engine) if args.simulate else None,
-            "session_starts_per_s": starts if args.simulate else None}
+                print(
+                    f"[{label}] simulated {r['policy']:9s} wall {sr.wall_s:6.1f}s (real {r['wall_s']:.1f}s, "
+                    f"error {100 * err:+.1f}%)  {sr.tok_s:7.0f} tok/s  ratio {ratio:.2f}  in flight "
+                    f"{sr.in_flight:5.1f}  reuse {100 * sr.reuse:5.1f}%  pauses {sr.pauses}",
+                    flush=True,
+                )
+    return {
+        "label": label,
+        "kv_capacity": cap,
+        "pure_decode_tok_s": statistics.mean(around),
+        "pure_decode_runs": around,
+        "results": results,
+        "simulated": sim,
+        "simulator_engine": dataclasses.asdict(sim_engine) if args.simulate else None,
+        "session_starts_per_s": starts if args.simulate else None,
+    }
 
 
 def spec_kwargs(args) -> dict:
@@ -328,7 +352,8 @@ def main() -> None:
         if "program" in by:
             for other in ("lockstep", "fifo", "program-held"):
                 if other in by:
-                    print(f"[{s['label']}] program_vs_{other}: {by[other]['wall_s'] / by['program']['wall_s']:.2f}x wall time")
+                    ratio = by[other]["wall_s"] / by["program"]["wall_s"]
+                    print(f"[{s['label']}] program_vs_{other}: {ratio:.2f}x wall time")
             if "fifo" in by:
                 f, g = by["fifo"]["reuse"], by["program"]["reuse"]
                 print(f"[{s['label']}] resume reuse program {100 * g:.1f}% vs fifo {100 * f:.1f}% "

@@ -279,11 +279,13 @@ def overlap(sync: dict, alone: dict, asynchronous: dict) -> dict:
 def report(results: dict, alone: dict, ov: dict) -> None:
     for mode in ("sync", "async"):
         r = results[mode]
-        print(f"{mode:>5}: wall {r['train_wall_s']:.1f}s  {r['tokens']} tokens, {r['tokens_per_s']:.0f} tok/s  generator idle "
-              f"{r['gen_idle_frac']:.2f}  trainer idle {r['trainer_idle_frac']:.2f}  train {r['train_s_per_step']:.2f}"
-              f" s/step  staleness {json.dumps(r['staleness'])}  dropped {r['dropped_groups']} (cancelled in flight "
-              f"{r.get('cancelled_groups', 0)})  reward "
-              f"{r['reward_mean']:.3f}")
+        print(
+            f"{mode:>5}: wall {r['train_wall_s']:.1f}s  {r['tokens']} tokens, {r['tokens_per_s']:.0f} tok/s  "
+            f"generator idle {r['gen_idle_frac']:.2f}  trainer idle {r['trainer_idle_frac']:.2f}  "
+            f"train {r['train_s_per_step']:.2f} s/step  staleness {json.dumps(r['staleness'])}  "
+            f"dropped {r['dropped_groups']} (cancelled in flight {r.get('cancelled_groups', 0)})  "
+            f"reward {r['reward_mean']:.3f}"
+        )
     print(f"generation alone: wall {alone['wall_s']:.1f}s, {alone['tokens']} tokens "
           f"({alone['tokens'] / alone['wall_s']:.0f} tok/s), dropped {alone['dropped_groups']}")
     print(f"per step: generation alone {' '.join(f'{g:.1f}' for g in ov['gen_s'])} s (sum "
@@ -339,8 +341,19 @@ def main() -> None:
     speedup = sync["train_wall_s"] / asynchronous["train_wall_s"]
     print(f"async_speedup: {speedup:.2f}")
     print(f"ideal_overlap: {ov['ideal_overlap']:.2f}")
-    keep = ("train_wall_s", "tokens", "tokens_per_s", "gen_idle_frac", "trainer_idle_frac", "train_s_per_step", "staleness",
-            "dropped_groups", "cancelled_groups", "reward_mean", "decode")
+    keep = (
+        "train_wall_s",
+        "tokens",
+        "tokens_per_s",
+        "gen_idle_frac",
+        "trainer_idle_frac",
+        "train_s_per_step",
+        "staleness",
+        "dropped_groups",
+        "cancelled_groups",
+        "reward_mean",
+        "decode",
+    )
     _report.write("trainer", {
         "ideal_overlap": ov["ideal_overlap"], "async_speedup": speedup,
         "torch_threads_per_pool": os.environ["OMP_NUM_THREADS"],

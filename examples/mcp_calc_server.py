@@ -60,7 +60,11 @@ def calculate(code: str) -> str:
         if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
             value = _value(stmt.value, names)
             names.update({t.id: value for t in stmt.targets})  # type: ignore[attr-defined]
-        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and getattr(stmt.value.func, "id", "") == "print":
+        elif (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Call)
+            and getattr(stmt.value.func, "id", "") == "print"
+        ):
             out.append(" ".join(str(_value(a, names)) for a in stmt.value.args))
         elif isinstance(stmt, ast.Expr) and i == len(body) - 1:
             out.append(repr(_value(stmt.value, names)))

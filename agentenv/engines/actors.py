@@ -307,7 +307,9 @@ class RayEngine(Engine):
             except self._died as exc:  # restarting: it gets everything pushed so far
                 self.failures += 1
                 if time.monotonic() > deadline:
-                    raise EngineError(f"engine actor {idx} did not come back in {self.reconnect_s:.0f} s: {exc}") from exc
+                    raise EngineError(
+                        f"engine actor {idx} did not come back in {self.reconnect_s:.0f} s: {exc}"
+                    ) from exc
                 await asyncio.sleep(0.5)
                 ref = self.ray.put(self._pushed)
                 if self._lora is not None:

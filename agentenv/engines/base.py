@@ -99,7 +99,9 @@ class Engine(abc.ABC):
             raise EngineError("engine is closed")
         room = self.max_model_len - len(prompt_ids)
         if room <= 0:
-            raise PromptTooLongError(f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})")
+            raise PromptTooLongError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room (max_model_len={self.max_model_len})"
+            )
         return room
 
     @abc.abstractmethod

@@ -370,7 +370,9 @@ class OpenAIEngine(Sleeper, Engine):
 
         url = self.urls[idx]
         async with httpx.AsyncClient(timeout=600) as http:
-            r = await http.post(f"{url.removesuffix('/v1')}/collective_rpc", json={"method": method, "args": list(args)})
+            r = await http.post(
+                f"{url.removesuffix('/v1')}/collective_rpc", json={"method": method, "args": list(args)}
+            )
         if r.status_code != 200:
             raise EngineError(f"{url}/collective_rpc ({method}) failed ({r.status_code}): {r.text[:300]} "
                               "(start the server with VLLM_SERVER_DEV_MODE=1 and the agentenv worker extension)")

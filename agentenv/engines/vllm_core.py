@@ -59,8 +59,16 @@ class VLLMCore:
     from them; None: never restarted). ``prime(llm)``: gives a new core what the dead one
     served, before it takes over. ``reset()``: called right after a new core took over."""
 
-    def __init__(self, llm: Any, args: dict[str, Any] | None, *, max_restarts: int = 3, nice: int = 0,
-                 prime: Callable[[Any], Awaitable[None]] | None = None, reset: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        args: dict[str, Any] | None,
+        *,
+        max_restarts: int = 3,
+        nice: int = 0,
+        prime: Callable[[Any], Awaitable[None]] | None = None,
+        reset: Callable[[], None] | None = None,
+    ) -> None:
         self.llm = llm
         self.args = args
         self.max_restarts = max_restarts

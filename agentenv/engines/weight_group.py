@@ -576,6 +576,28 @@ class GroupLink:
         self.drop()
 
 
-__all__ = ["BUCKET_BYTES", "GroupLink", "GroupSender", "HeldWeights", "JoinCancelled", "Meta", "Rendezvous", "TIMEOUT_S",
-           "WEIGHT_SYNC_MODES", "WeightSync", "backend", "buckets", "fetched", "join", "kept", "leave", "listen",
-           "local_address", "metadata", "receive", "root_error", "send", "weight_bytes"]
+__all__ = [
+    "BUCKET_BYTES",
+    "GroupLink",
+    "GroupSender",
+    "HeldWeights",
+    "JoinCancelled",
+    "Meta",
+    "Rendezvous",
+    "TIMEOUT_S",
+    "WEIGHT_SYNC_MODES",
+    "WeightSync",
+    "backend",
+    "buckets",
+    "fetched",
+    "join",
+    "kept",
+    "leave",
+    "listen",
+    "local_address",
+    "metadata",
+    "receive",
+    "root_error",
+    "send",
+    "weight_bytes",
+]

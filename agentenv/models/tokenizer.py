@@ -20,7 +20,8 @@ from transformers import PreTrainedTokenizerFast
 
 # Qwen2's pre-tokenization regex (transformers/models/qwen2/tokenization_qwen2.py).
 QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 BOS, EOS, PAD = "<|endoftext|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

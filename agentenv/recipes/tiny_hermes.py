@@ -174,7 +174,9 @@ def warm_start(model, tok, base: Path) -> None:
                                  old_tok.get_vocab())
     for text, i in tok.get_vocab().items():
         j = old_vocab.get(text)
-        spelled = [j] if j is not None else old_tok.encode(tok.convert_tokens_to_string([text]), add_special_tokens=False)
+        spelled = (
+            [j] if j is not None else old_tok.encode(tok.convert_tokens_to_string([text]), add_special_tokens=False)
+        )
         if spelled:
             rows[i] = old_rows[spelled].mean(0)
 
@@ -227,8 +229,11 @@ def _tokenizer(trs: list[dict], base: Path | None, keep: bool):
 def main(argv: list[str] | None = None) -> None:
     ap = arguments(__doc__, DEFAULT_DIR, 900)
     ap.set_defaults(batch=16, lr=1e-3, drills=2000, threads=1)
-    ap.add_argument("--base", default="tiny-retool",
-                    help="start from this model's weights: a bundled model's name or a directory ('none': from scratch)")
+    ap.add_argument(
+        "--base",
+        default="tiny-retool",
+        help="start from this model's weights: a bundled model's name or a directory ('none': from scratch)",
+    )
     ap.add_argument("--tools-share", type=float, default=0.5,
                     help="share of the transcripts laid out as OpenAI requests with tools=[python] (default 0.5)")
     ap.add_argument("--keep-tokenizer", action="store_true",

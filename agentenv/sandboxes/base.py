@@ -45,8 +45,11 @@ class ExecResult:
         if self.error:
             parts.append(self.error.rstrip("\n"))
         if self.state_lost:
-            parts.append("[session restarted: earlier variables are lost]" if restored is None else
-                         f"[session restarted: {restored} earlier call{'s were' if restored != 1 else ' was'} run again]")
+            parts.append(
+                "[session restarted: earlier variables are lost]"
+                if restored is None
+                else f"[session restarted: {restored} earlier call{'s were' if restored != 1 else ' was'} run again]"
+            )
         return "\n".join(parts)
 
 

@@ -50,5 +50,19 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["Batch", "LoraSpec", "LossConfig", "Policy", "RolloutBuffer", "RolloutProducer", "StalenessGate", "TrainConfig",
-           "Trainer", "collate", "group_advantages", "grpo_loss", "latest_checkpoint", "train"]
+__all__ = [
+    "Batch",
+    "LoraSpec",
+    "LossConfig",
+    "Policy",
+    "RolloutBuffer",
+    "RolloutProducer",
+    "StalenessGate",
+    "TrainConfig",
+    "Trainer",
+    "collate",
+    "group_advantages",
+    "grpo_loss",
+    "latest_checkpoint",
+    "train",
+]

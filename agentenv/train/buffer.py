@@ -6,8 +6,8 @@
   groups started (consumed + queued + running) may not exceed ``(v + max_staleness + 1) *
   batch``.
 * :class:`RolloutBuffer`: bounded; accepts *complete* GRPO groups only (every trajectory
-  scored, or its reward failure recorded); hands out batches oldest first; drops a group whose oldest sampled token is more
-  than ``max_staleness`` versions behind (the safety net); records the staleness of every
+  scored, or its reward failure recorded); hands out batches oldest first; drops a group whose oldest sampled token is
+  more than ``max_staleness`` versions behind (the safety net); records the staleness of every
   consumed token.
 """
 

@@ -75,8 +75,13 @@ class TrainConfig:
     activation_checkpointing: bool = option(
         False, "recompute each decoder layer's activations in the backward pass instead of keeping them: less "
                "memory for long rows, about one more forward of compute", group="optimiser")
-    lora_rank: int = option(0, "train a LoRA adapter of this rank and sync only it (default {default}; 0: full fine-tuning)",
-                            check=NON_NEGATIVE, resume=True, group="optimiser")
+    lora_rank: int = option(
+        0,
+        "train a LoRA adapter of this rank and sync only it (default {default}; 0: full fine-tuning)",
+        check=NON_NEGATIVE,
+        resume=True,
+        group="optimiser",
+    )
     lora_alpha: float = option(16.0, "LoRA scaling numerator: the update is scaled by alpha/rank", check=POSITIVE,
                                group="optimiser")
     clip_low: float = option(0.2, "PPO ratio clip below 1 (ratio >= 1 - clip_low)", group="loss")
@@ -148,8 +153,10 @@ class TrainConfig:
         if self.group_size < 2:
             raise ConfigError("GRPO needs group_size >= 2 (advantages are relative to the group)")
         if self.cluster == "ray" and not 1 <= self.trainer_ranks <= self.groups_per_step * self.group_size:
-            raise ConfigError(f"trainer_ranks must be between 1 and the batch's {self.groups_per_step * self.group_size} "
-                              f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}")
+            raise ConfigError(
+                f"trainer_ranks must be between 1 and the batch's {self.groups_per_step * self.group_size} "
+                f"trajectories (groups_per_step x group_size), got {self.trainer_ranks}"
+            )
         if self.fsdp and self.cluster != "ray":
             raise ConfigError("fsdp (sharding over trainer ranks) needs cluster='ray'")
         if self.weight_sync != "auto" and self.engine not in ("vllm", "openai"):

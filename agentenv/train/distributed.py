@@ -17,12 +17,13 @@ gradient, so the ranks' weights stay identical and equal one process's step on t
 (:meth:`Policy.train_step`). Rank 0 broadcasts its starting weights, so the ranks start equal
 whatever their seeds.
 
-Weights reach the engine from rank 0 (LoRA: the adapter only): an engine that takes them over
-a weight-update group gets them broadcast by rank 0 itself, the driver only coordinating
+Weights reach the engine from rank 0 (LoRA: the adapter only): an engine that takes them over a
+weight-update group gets them broadcast by rank 0 itself, the driver only coordinating
 (:meth:`RayPolicy.sync_weights`, ``rank_weights``); otherwise through the object store (host
-copies, from whichever device rank 0 trains on) and the driver, which loads them into its engine. Checkpoints are written by rank 0 into
-``out_dir``, so that must be storage rank 0's node can write (on a local cluster, the driver's
-own disk; across machines, a shared filesystem, as verl also requires).
+copies, from whichever device rank 0 trains on) and the driver, which loads them into its
+engine. Checkpoints are written by rank 0 into ``out_dir``, so that must be storage rank 0's
+node can write (on a local cluster, the driver's own disk; across machines, a shared
+filesystem, as verl also requires).
 
 With ``shard=True`` the ranks shard the parameters, gradients and optimiser state (FSDP2,
 ``agentenv.train.sharding``) instead of each holding all of them: the same step, 1/N of the

@@ -83,7 +83,9 @@ def grpo_loss(
             "loss": float(loss),
             "clip_frac": float(((unclipped != clipped).to(mask.dtype) * mask).sum() / n),
             "is_weight_mean": float((w * mask).sum() / n),
-            "is_truncated_frac": float(((torch.exp(old_logprobs - behaviour_logprobs) > cfg.is_cap).to(mask.dtype) * mask).sum() / n),
+            "is_truncated_frac": float(
+                ((torch.exp(old_logprobs - behaviour_logprobs) > cfg.is_cap).to(mask.dtype) * mask).sum() / n
+            ),
             "ratio_mean": float((ratio * mask).sum() / n),
             "kl_ref": float(kl.sum() / n),
         }

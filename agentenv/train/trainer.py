@@ -146,8 +146,13 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         lora = LoraSpec(rank=cfg.lora_rank, alpha=cfg.lora_alpha) if cfg.lora_rank else None
-        loss = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, aggregation=cfg.aggregation,
-                          kl_coef=cfg.kl_coef)
+        loss = LossConfig(
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            is_cap=cfg.is_cap,
+            aggregation=cfg.aggregation,
+            kl_coef=cfg.kl_coef,
+        )
         kwargs = dict(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, lora=lora,
                       micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens, loss=loss,
                       device=cfg.device, precision=cfg.precision, activation_checkpointing=cfg.activation_checkpointing,
@@ -173,10 +178,15 @@ class Trainer:
                 self.restarts += 1
                 ckpt = latest_checkpoint(self.out)
                 self.cfg = replace(self.cfg, resume=ckpt is not None)
-                self._engine, self._env, self._sandbox = (x if given else None for x, given in
-                                                          zip((self._engine, self._env, self._sandbox), self._given))
-                print(f"agentenv train: {exc}; starting the trainer ranks again ({self.restarts}/"
-                      f"{self.cfg.rank_restarts}) from {ckpt.name if ckpt else 'the start'}", file=sys.stderr, flush=True)
+                self._engine, self._env, self._sandbox = (
+                    x if given else None for x, given in zip((self._engine, self._env, self._sandbox), self._given)
+                )
+                print(
+                    f"agentenv train: {exc}; starting the trainer ranks again ({self.restarts}/"
+                    f"{self.cfg.rank_restarts}) from {ckpt.name if ckpt else 'the start'}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     async def _run_once(self) -> dict[str, Any]:
         checkpoints = Checkpoints(self.out, self.cfg)
@@ -193,7 +203,8 @@ class Trainer:
                 ray, started = connect()
                 if started:
                     stack.callback(ray.shutdown)
-                # Trainer ranks and engine actors share one node's CPUs when they need more (else some would wait forever).
+                # Trainer ranks and engine actors share one node's CPUs when they need more (else some would wait
+                # forever).
                 self._actor_cpus = cpu_share(ray, self.cfg.trainer_ranks + self.cfg.engines)
             await self._open(stack, sampling_seed=self.cfg.seed + start_step)
             self.policy = await anyio.to_thread.run_sync(self._policy)

@@ -71,7 +71,9 @@ def solve(question: str) -> str | None:
     client = OpenAI()
     messages = [{"role": "system", "content": PROMPT}, {"role": "user", "content": question}]
     for _ in range(MAX_CALLS):
-        message = client.chat.completions.create(model="tiny-hermes", messages=messages, tools=[PYTHON]).choices[0].message
+        message = (
+            client.chat.completions.create(model="tiny-hermes", messages=messages, tools=[PYTHON]).choices[0].message
+        )
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
             return message.content

@@ -31,12 +31,22 @@ def arithmetic(rng: random.Random) -> Problem:
 
 
 _WORD: list[tuple[str, str]] = [
-    ("A farm packs {a} crates with {b} eggs in each crate. Then {c} eggs break. How many eggs are left?", "{a} * {b} - {c}"),
+    (
+        "A farm packs {a} crates with {b} eggs in each crate. Then {c} eggs break. How many eggs are left?",
+        "{a} * {b} - {c}",
+    ),
     ("A shop sells {a} pens at {b} dollars each. How many dollars does it earn?", "{a} * {b}"),
     ("A train runs {a} km per hour for {b} hours, then {c} km more. How many km does it travel?", "{a} * {b} + {c}"),
     ("There are {c} candies shared equally by {b} children. How many candies are left over?", "{c} % {b}"),
-    ("A library has {a} shelves with {b} books each and gets {c} new books. How many books does it have?", "{a} * {b} + {c}"),
-    ("A tank holds {c} liters and a pump removes {b} liters per minute. How many full minutes until it holds less than {b} liters?", "{c} // {b}"),
+    (
+        "A library has {a} shelves with {b} books each and gets {c} new books. How many books does it have?",
+        "{a} * {b} + {c}",
+    ),
+    (
+        "A tank holds {c} liters and a pump removes {b} liters per minute. How many full minutes until it holds less "
+        "than {b} liters?",
+        "{c} // {b}",
+    ),
 ]
 
 

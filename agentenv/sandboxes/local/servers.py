@@ -293,9 +293,15 @@ class _ForkServers:
             await self.start()
         assert self._control is not None
         with anyio.fail_after(self.setup_timeout):
-            resp, fds = await self._control.request({"op": "template", "setup": setup_code or "",
-                                                     "isolate": self.isolate, "cgroup_root": str(self._cgroup_root)},
-                                                    timeout=self.setup_timeout + CONTROL_TIMEOUT)  # the setup's own limit first
+            resp, fds = await self._control.request(
+                {
+                    "op": "template",
+                    "setup": setup_code or "",
+                    "isolate": self.isolate,
+                    "cgroup_root": str(self._cgroup_root),
+                },
+                timeout=self.setup_timeout + CONTROL_TIMEOUT,
+            )  # the setup's own limit first
         if "error" in resp or not fds:
             raise SandboxError(f"environment setup code failed: {resp.get('error')}")
         return _Control(socket.socket(fileno=fds[0]))
