@@ -28,8 +28,10 @@ def test_each_familys_own_tool_format_is_exact(families, family, fmt):
 @pytest.mark.slow
 def test_the_spliced_tool_tokens_are_what_each_template_renders(families):
     """The same functions the reactor uses, compared with the template's own rendering."""
-    for family, fmt_name, role_text in (("qwen2.5", "hermes", "<|im_start|>user\n<tool_response>\n391\n"),
-                                        ("llama3", "llama3-json", "<|start_header_id|>ipython<|end_header_id|>\n\n391")):
+    for family, fmt_name, role_text in (
+        ("qwen2.5", "hermes", "<|im_start|>user\n<tool_response>\n391\n"),
+        ("llama3", "llama3-json", "<|start_header_id|>ipython<|end_header_id|>\n\n391"),
+    ):
         tok, fmt = families[family], get_format(fmt_name)
         msgs = [{"role": "user", "content": "17 * 23?"}]
         prompt = render_prompt(tok, msgs)

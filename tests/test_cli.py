@@ -480,7 +480,11 @@ def test_train_then_resume_then_plot(tmp_path, model_dir):
     line = next(ln for ln in r.stderr.splitlines() if "training defaults" in ln)
     assert "temperature=1.6" in line and "env_arg extra_digits=1" in line and "steps=" not in line
     config = json.loads((run / "config.json").read_text())
-    assert (config["temperature"], config["aggregation"], config["env_kwargs"]) == (1.6, "sequence", {"extra_digits": 1})
+    assert (config["temperature"], config["aggregation"], config["env_kwargs"]) == (
+        1.6,
+        "sequence",
+        {"extra_digits": 1},
+    )
     assert (config["groups_per_step"], config["steps"], config["eval_every"]) == (2, 2, 2)
     assert "eval after step 2 (v2)" in r.stderr
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 2
@@ -738,7 +742,9 @@ def test_a_train_stopped_before_its_first_step_leaves_no_run_directory(tmp_path,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal (see above)
     # config.json is written once the engine and the policy are up; the held-out evaluation
     # before step 1 (128 tasks x 4) is under way then.
-    wait_for(lambda: (run / "config.json").exists(), "the run wrote config.json", unless=lambda: proc.poll() is not None)
+    wait_for(
+        lambda: (run / "config.json").exists(), "the run wrote config.json", unless=lambda: proc.poll() is not None
+    )
     assert proc.poll() is None, proc.communicate()[1][-2000:]
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 
 from agentenv.cli import TrainRunConfig, build_parser
-from agentenv.config import (HELP_GROUPS, SANDBOX_LIMITS, EvalRunConfig, RolloutConfig, RolloutRunConfig, SandboxOptions,
-                             open_sandbox)
+from agentenv.config import (
+    HELP_GROUPS,
+    SANDBOX_LIMITS,
+    EvalRunConfig,
+    RolloutConfig,
+    RolloutRunConfig,
+    SandboxOptions,
+    open_sandbox,
+)
 from agentenv.errors import ConfigError
 from agentenv.options import (add_options, build, flag_of, groups_of, option, option_of, resume_keys, resume_settings,
                               walk)
@@ -233,7 +240,9 @@ async def test_sandbox_limits_given_on_the_command_line_hold_in_a_session():
     options = parsed(RolloutRunConfig, ["rollout", "--sandbox-memory-mb", "700", "--sandbox-pids", "40"]).sandbox
     async with open_sandbox(options) as sandbox:
         session = await sandbox.session()
-        result = await session.run("import resource as r\n(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NPROC)[0])")
+        result = await session.run(
+            "import resource as r\n(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NPROC)[0])"
+        )
         await session.aclose()
     assert result.value == repr((700 * 1024 * 1024, 40)), result
 

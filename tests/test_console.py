@@ -85,7 +85,8 @@ def test_the_cli_off_a_terminal_folds_no_line(tmp_path, capsys, narrow, model_di
     lines = err.splitlines()
     assert "\x1b" not in err and not [line for line in lines if line.startswith("rollouts")]  # nor a progress bar
     header = next(line for line in lines if line.startswith("agentenv eval: "))
-    assert "env=retool-math" in header and header.endswith("tasks=2 x k 2")  # eval names the group size by its flag, --k
+    # eval names the group size by its flag, --k
+    assert "env=retool-math" in header and header.endswith("tasks=2 x k 2")
     cells = body_cells(err)
     assert cells and all(len(row) == 2 and all(row) for row in cells), cells  # a folded row leaves a cell empty
     rows = dict(cells)

@@ -57,7 +57,8 @@ def test_site_builds_strictly_without_importing_torch(tmp_path):
     sources (griffe), so building it imports neither torch nor vLLM."""
     site = tmp_path / "site"
     probe = ("import atexit, sys\n"
-             "atexit.register(lambda: print('heavy modules loaded:', sorted(m for m in ('torch', 'vllm', 'transformers')"
+             "atexit.register(lambda: print('heavy modules loaded:', sorted(m for m in ('torch', 'vllm', "
+             "'transformers')"
              " if m in sys.modules)))\n"
              f"sys.argv = ['mkdocs', 'build', '--strict', '--site-dir', {str(site)!r}]\n"
              "from mkdocs.__main__ import cli\n"
@@ -181,9 +182,13 @@ def test_files_the_docs_name_exist():
     docs/architecture.md included), so a moved module cannot leave the docs pointing at
     nothing. A bench's results file is named before the bench has written it."""
     pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
-    named = {m for page in pages for m in re.findall(r"`((?:agentenv|tests|bench|examples)/[\w./-]+)`", page.read_text())}
+    named = {
+        m for page in pages for m in re.findall(r"`((?:agentenv|tests|bench|examples)/[\w./-]+)`", page.read_text())
+    }
     assert len(named) > 50
-    missing = sorted(p for p in named if not (ROOT / p).exists() and not p.startswith(("bench/results/", "tests/.artifacts/")))
+    missing = sorted(
+        p for p in named if not (ROOT / p).exists() and not p.startswith(("bench/results/", "tests/.artifacts/"))
+    )
     assert missing == [], f"the docs name paths that do not exist: {missing}"
 
 

@@ -112,7 +112,9 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
         assert table["programs"] == str(len(lines)), (title, table)
         assert table["mean reward"] == str(round(sum(scored) / len(scored), 4) if scored else None), table
         if resumed and "nothing to resume" in err:  # the kill came after the last line: the file's figures alone
-            assert title.startswith(f"{len(lines)} trajectories (0 this run, {len(lines)} from before the resume)"), title
+            assert title.startswith(f"{len(lines)} trajectories (0 this run, {len(lines)} from before the resume)"), (
+                title
+            )
         elif resumed:
             before = len(complete_before.splitlines())
             assert title.startswith(f"{len(lines)} trajectories ({len(lines) - before} this run, {before} from "
@@ -214,7 +216,8 @@ class SlowPrint(RetoolMathEnv):
     """print() takes 0.3 s, so sandbox calls are long enough to be killed in the middle."""
 
     def sandbox_setup(self):
-        return "import builtins, time\n_p = builtins.print\nbuiltins.print = lambda *a, **k: (time.sleep(0.3), _p(*a, **k))[1]"
+        return ("import builtins, time\n_p = builtins.print\n"
+                "builtins.print = lambda *a, **k: (time.sleep(0.3), _p(*a, **k))[1]")
 
 
 @pytest.mark.anyio
@@ -255,7 +258,9 @@ async def test_sandbox_workers_and_the_fork_server_killed_mid_run_lose_nothing(e
         f"precondition: the fork server and 3 workers in a call were killed {kills} " \
         f"{[(t.finish_reason, len(t.tool_calls), t.error) for t in trajs]}"
     assert sb.restarts >= 1
-    assert sorted((t.task_id, t.sample_index) for t in trajs) == sorted((t.id, i) for t in env.tasks(8, seed=3) for i in range(2))
+    assert sorted((t.task_id, t.sample_index) for t in trajs) == sorted(
+        (t.id, i) for t in env.tasks(8, seed=3) for i in range(2)
+    )
     assert not [t.finish_reason for t in trajs if t.finish_reason.startswith("error")], [t.error for t in trajs]
     crashed = [c for t in trajs for c in t.tool_calls if c.error == "crashed"]
     restores = [r for t in trajs for r in t.metadata.get("session_restores", [])]
@@ -281,8 +286,10 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
         with anyio.move_on_after(120):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(reactor.group, task, 4)
-                await until(lambda: any(p["stats"] for p in tracker.snapshot({task.id}).get(task.id, {}).get("partial", [])),
-                            "a program completed a turn")
+                await until(
+                    lambda: any(p["stats"] for p in tracker.snapshot({task.id}).get(task.id, {}).get("partial", [])),
+                    "a program completed a turn",
+                )
                 tg.cancel_scope.cancel()  # the "crash": mid-way through the group
         saved = tracker.snapshot({task.id})[task.id]
         snap = json.loads(json.dumps(saved))  # as the checkpoint stores it

@@ -33,7 +33,10 @@ def test_the_defaults_a_subclass_gets():
     task = env.tasks(1)[0]
     assert env.options == {"level": 3}
     assert env.prompt(task) == [{"role": "user", "content": "q0"}]
-    assert WithSystem().prompt(task) == [{"role": "system", "content": "Use Python."}, {"role": "user", "content": "q0"}]
+    assert WithSystem().prompt(task) == [
+        {"role": "system", "content": "Use Python."},
+        {"role": "user", "content": "q0"},
+    ]
     tools = env.tools()
     assert len(tools) == 1 and isinstance(tools[0], PythonTool) and tools[0].name == "python"
     assert env.sandbox_setup() is None and env.plan_turn(task, None, 0) is None

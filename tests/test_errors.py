@@ -57,7 +57,11 @@ async def test_describe_names_each_cause_in_a_task_groups_failure():
                 await anyio.wait_all_tasks_blocked()
             go.set()
     text = describe(info.value)
-    assert sorted(text.split("; ")) == ["EngineError: engine core died", "KeyError: 'task-3'", "SandboxError: worker died"]
+    assert sorted(text.split("; ")) == [
+        "EngineError: engine core died",
+        "KeyError: 'task-3'",
+        "SandboxError: worker died",
+    ]
     assert "ExceptionGroup" not in text and "TaskGroup" not in text
     nested = BaseExceptionGroup("outer", [ValueError("a"), ExceptionGroup("inner", [KeyError("b"), OSError("c")])])
     assert describe(nested) == "ValueError: a; KeyError: 'b'; OSError: c"

@@ -24,7 +24,8 @@ def line(task, reward, comps=None, finish="stop", error=None, calls=1):
 
 def test_report_on_a_fixed_set():
     rows = (
-        [line("a", 1.0, {"correct": 1.0, "tool_ran": 1.0})] * 2 + [line("a", 0.0, {"correct": 0.0, "tool_ran": 0.0})] * 2
+        [line("a", 1.0, {"correct": 1.0, "tool_ran": 1.0})] * 2
+        + [line("a", 0.0, {"correct": 0.0, "tool_ran": 0.0})] * 2
         + [line("b", 0.0, {"correct": 0.0, "tool_ran": 1.0})] * 3
         + [line("b", None, finish="error:reward", error="reward: ZeroDivisionError: x", calls=0)]
         + [line("c", 1.0, {"correct": 1.0, "tool_ran": 1.0})] * 4

@@ -44,7 +44,8 @@ def test_hermes_malformed_calls_are_data(text, reason):
 
 
 def test_hermes_parses_several_calls_and_string_arguments():
-    text = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
+    text = ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
+            '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>')
     assert HermesFormat().parse(text, ["add"]) == [
         ToolRequest("add", {"a": 1, "b": 2}),
         ToolRequest("add", {"a": 3, "b": 4}),

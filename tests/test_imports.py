@@ -25,7 +25,8 @@ def test_import_agentenv_loads_no_torch_or_transformers():
 
 def test_engine_interface_modules_load_no_torch():
     """The engine interface and the engines that only name torch in type hints."""
-    code = ("import agentenv.engines, agentenv.engines.openai, agentenv.engines.actors, agentenv.train.config, json, sys; "
+    code = ("import agentenv.engines, agentenv.engines.openai, agentenv.engines.actors, agentenv.train.config, json, "
+            "sys; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))))")
     r = python("-c", code)
     assert r.returncode == 0, r.stderr

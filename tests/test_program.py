@@ -72,7 +72,10 @@ def test_prompt_stop_tokens_and_observations_use_the_tokenizer_as_the_template_r
     retool, hermes = get_format("retool"), get_format("hermes")
     end_code = tokenizer.convert_tokens_to_ids("</code>")
     assert stop_token_ids(tokenizer, retool) == (tokenizer.eos_token_id, end_code)
-    assert stop_token_ids(tokenizer, hermes) == (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("</tool_call>"))
+    assert stop_token_ids(tokenizer, hermes) == (
+        tokenizer.eos_token_id,
+        tokenizer.convert_tokens_to_ids("</tool_call>"),
+    )
     obs = observation_ids(retool, tokenizer, ["391"], ended_with_eos=False)
     assert tokenizer.decode(obs) == retool.observation(["391"], tokenizer, False) and "391" in tokenizer.decode(obs)
 
@@ -146,7 +149,9 @@ async def test_a_program_resumed_from_its_logged_turns_continues_from_the_same_t
     assert resumed.tool_calls[:len(partial.tool_calls)] == partial.tool_calls
     meta = resumed.metadata["resumed"]
     assert meta["from_turn"] == len(partial.turns)
-    assert meta["replayed_calls"] == sum(c.status == "ok" for c in partial.tool_calls) and meta["replay_mismatches"] == 0
+    assert (
+        meta["replayed_calls"] == sum(c.status == "ok" for c in partial.tool_calls) and meta["replay_mismatches"] == 0
+    )
     assert len(hooks.before) == len(resumed.turns) - len(partial.turns)  # only the new turns were asked for
     resumed.validate()
 

@@ -188,7 +188,10 @@ async def test_cancelling_a_run_leaves_no_process_or_request_behind(engine):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
-            await until(lambda: reactor.stats.outcomes.started >= 4 and reactor.stats.outcomes.sampled_tokens, "programs mid-run")
+            await until(
+                lambda: reactor.stats.outcomes.started >= 4 and reactor.stats.outcomes.sampled_tokens,
+                "programs mid-run",
+            )
             tg.cancel_scope.cancel()
         assert seen < 256
     assert child_pids() - before == set()

@@ -96,11 +96,16 @@ def test_the_summary_leaves_out_what_its_source_did_not_measure():
                                startup="cluster, workers", extra=[("workers (pids)", "1, 2")]))
     assert here["engine occupancy (mean requests in flight)"] == 1.5 and here["pauses / restores (KV pressure)"]
     assert here["sandbox sessions prepared ahead (model loading)"] == 2
-    assert "engine occupancy (mean requests in flight)" not in driver and "pauses / restores (KV pressure)" not in driver
+    assert (
+        "engine occupancy (mean requests in flight)" not in driver and "pauses / restores (KV pressure)" not in driver
+    )
     assert driver["workers (pids)"] == "1, 2" and driver["  mean correct"] == 0.5
-    assert set(here) - set(driver) == {"engine occupancy (mean requests in flight)", "engine idle (no request in flight)",
-                                       "pauses / restores (KV pressure)",
-                                       "sandbox sessions prepared ahead (model loading)"}
+    assert set(here) - set(driver) == {
+        "engine occupancy (mean requests in flight)",
+        "engine idle (no request in flight)",
+        "pauses / restores (KV pressure)",
+        "sandbox sessions prepared ahead (model loading)",
+    }
 
 
 # The figures a run's stats give that depend on timing or on which programs shared an engine's

@@ -8,8 +8,17 @@ import random
 
 import pytest
 
-from agentenv.scheduler import (CostModel, Decision, EnvState, Scheduler, SchedulerConfig, SchedulingPolicy, SessionState,
-                                State, ToolTimes)
+from agentenv.scheduler import (
+    CostModel,
+    Decision,
+    EnvState,
+    Scheduler,
+    SchedulerConfig,
+    SchedulingPolicy,
+    SessionState,
+    State,
+    ToolTimes,
+)
 
 
 def sched(**kw) -> Scheduler:

@@ -23,17 +23,23 @@ CROSS_CUTTING = {
     "tests/test_sizes.py": "every function and class of the package fits the size limits",
     "tests/test_tiers.py": "this file",
     "tests/test_bench_client.py": "bench/client.py's figures (the benchmark lives outside the package)",
-    "tests/test_bench_overlap.py": "bench/_overlap.py's ideal-overlap arithmetic (the benchmark lives outside the package)",
-    "tests/engines/test_embedded_growth.py": "the embedded engine and transformers' continuous batching keep no state per request served",
-    "tests/test_packaging.py": "how the package installs: no shadowing by a clone's folder, what a wheel holds, what git ignores",
+    "tests/test_bench_overlap.py": "bench/_overlap.py's ideal-overlap arithmetic (the benchmark lives outside the "
+                                   "package)",
+    "tests/engines/test_embedded_growth.py": "the embedded engine and transformers' continuous batching keep no "
+                                             "state per request served",
+    "tests/test_packaging.py": "how the package installs: no shadowing by a clone's folder, what a wheel holds, what "
+                               "git ignores",
     "tests/engines/test_interface.py": "what the reactor reads from any engine (engines/base.py's interface)",
     "tests/sandboxes/test_hostile.py": "hostile code against the local sandbox",
     "tests/sandboxes/test_escapes.py": "the local sandbox's escape audits",
     "tests/sandboxes/test_escapes_third_audit.py": "the local sandbox's third escape audit",
-    "tests/sandboxes/test_escapes_fourth_audit.py": "the local sandbox's fourth escape audit: host locks, page cache, host identity, the syscall table",
-    "tests/sandboxes/test_deadlines.py": "every host-side operation on a local session under the call's deadline (host, worker, frames, fork server)",
+    "tests/sandboxes/test_escapes_fourth_audit.py": "the local sandbox's fourth escape audit: host locks, page "
+                                                    "cache, host identity, the syscall table",
+    "tests/sandboxes/test_deadlines.py": "every host-side operation on a local session under the call's deadline "
+                                         "(host, worker, frames, fork server)",
     "tests/view/test_words.py": "the viewer's words and colours in a real browser, against agentenv plot's colours",
-    "tests/test_agent_frameworks.py": "unmodified agent frameworks (openai SDK, Agents SDK, LangGraph, a command) through the gateway",
+    "tests/test_agent_frameworks.py": "unmodified agent frameworks (openai SDK, Agents SDK, LangGraph, a command) "
+                                      "through the gateway",
 }
 
 
@@ -64,11 +70,14 @@ def test_the_cross_cutting_files_exist():
 
 #: Test files whose every test is slow, and why; their modules run in the quick tier elsewhere.
 ALL_SLOW = {
-    "tests/sandboxes/test_escapes.py": "escape audits that wait out limits; hostile code stays quick in test_hostile.py",
+    "tests/sandboxes/test_escapes.py": "escape audits that wait out limits; hostile code stays quick in "
+                                       "test_hostile.py",
     "tests/sandboxes/test_escapes_third_audit.py": "as test_escapes.py",
     "tests/sandboxes/test_escapes_fourth_audit.py": "as test_escapes.py",
-    "tests/view/test_words.py": "a browser over real runs; the viewer's quick tests are test_runs.py and test_command.py",
-    "tests/train/test_sharding.py": "two spawned torch processes; sharding.full runs in every Policy step (test_policy.py)",
+    "tests/view/test_words.py": "a browser over real runs; the viewer's quick tests are test_runs.py and "
+                                "test_command.py",
+    "tests/train/test_sharding.py": "two spawned torch processes; sharding.full runs in every Policy step "
+                                    "(test_policy.py)",
 }
 
 

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.anyio
 
 async def call(tool: PythonTool, session, traj: Trajectory, code: str):
     out = await tool(ToolContext(session, 10.0, traj, len(traj.tool_calls)), code=code)
-    traj.tool_calls.append(ToolCall(len(traj.tool_calls), tool.name, {"code": code}, out.text, out.status, 0.0, out.error))
+    traj.tool_calls.append(
+        ToolCall(len(traj.tool_calls), tool.name, {"code": code}, out.text, out.status, 0.0, out.error)
+    )
     return out
 
 

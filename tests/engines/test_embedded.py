@@ -65,5 +65,7 @@ def test_a_transformers_release_outside_the_tested_range_is_a_one_line_error():
     require_transformers()  # the installed one is in range
     lo, hi = TRANSFORMERS_RANGE
     for found in (f"{lo[0]}.{lo[1] - 2}.0", f"{hi[0]}.{hi[1]}.1"):
-        with pytest.raises(ConfigError, match=rf"needs transformers>={lo[0]}\.{lo[1]},<{hi[0]}\.{hi[1]}, found {found}"):
+        with pytest.raises(
+            ConfigError, match=rf"needs transformers>={lo[0]}\.{lo[1]},<{hi[0]}\.{hi[1]}, found {found}"
+        ):
             require_transformers(found)

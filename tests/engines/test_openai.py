@@ -201,7 +201,8 @@ async def test_dead_server_is_a_clear_engine_error(model_dir):
         held.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{held.getsockname()[1]}"
         with pytest.raises(EngineError, match=re.escape(f"cannot reach {url}: APIConnectionError: Connection error. "
-                                                        "(is a server running there? start one with `vllm serve MODEL")):
+                                                        "(is a server running there? start one with `vllm serve "
+                                                        "MODEL")):
             await OpenAIEngine.create(url, model_dir, retries=2)
 
 

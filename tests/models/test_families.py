@@ -36,7 +36,9 @@ def test_a_copy_cached_on_disk_is_the_same_tokenizer(tmp_path):
     assert (tmp_path / "qwen3" / "tokenizer.json").is_file()
     again = family_tokenizer("qwen3", cache_dir=tmp_path)  # read from disk this time
     text = "<think>\nplan</think> <tool_call>{\"name\": \"python\"}</tool_call> 3.14159"
-    assert again is not tok and again.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert again is not tok and again.encode(text, add_special_tokens=False) == tok.encode(
+        text, add_special_tokens=False
+    )
     assert again.chat_template == tok.chat_template and again.eos_token == tok.eos_token
 
 

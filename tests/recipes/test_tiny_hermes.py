@@ -243,7 +243,9 @@ def test_rollouts_make_calls_that_run_and_keep_every_array_aligned(hermes_engine
         t.validate()
         mask, ids = t.loss_mask, t.input_ids
         assert [x for x, m in zip(ids, mask) if m] == [i for s in t.segments if s.kind == "model" for i in s.token_ids]
-        assert len(t.logprobs) == len(ids) and all(lp <= 0 for s in t.segments if s.kind == "model" for lp in s.logprobs)
+        assert len(t.logprobs) == len(ids) and all(
+            lp <= 0 for s in t.segments if s.kind == "model" for lp in s.logprobs
+        )
         assert tok.decode(t.prompt_ids).startswith(prompt[:40])
         assert tok.decode(ids) == tok.decode(t.prompt_ids) + t.text
     for t in ran:

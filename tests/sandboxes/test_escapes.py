@@ -35,7 +35,8 @@ async def test_proc_is_mounted_read_only_and_kernel_leaks_read_empty(sandbox):
 
 
 async def test_runs_as_its_own_unprivileged_uid_without_capabilities(sandbox):
-    code = ("import os\nstatus = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+    code = ("import os\nstatus = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if "
+            "':\\t' in l)\n"
             "(os.getuid(), os.geteuid(), os.getgid(), os.getgroups(), "
             "[status[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp')])")
     r = await hostile(sandbox, code)
@@ -53,7 +54,8 @@ async def test_cannot_regain_root_or_capabilities(sandbox):
             "             lambda: os.chown('/tmp', 0, 0), lambda: os.chmod('/tmp', 0o777)):\n"
             "    try:\n        call()\n        out.append('ALLOWED')\n    except PermissionError:\n"
             "        out.append('denied')\n"
-            "hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)\ndata = (ctypes.c_uint32 * 6)(0xffffffff, 0, 0xffffffff, 0, 0, 0)\n"
+            "hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)\ndata = (ctypes.c_uint32 * 6)(0xffffffff, 0, 0xffffffff, 0, "
+            "0, 0)\n"
             "out.append(libc.capset(hdr, data))\nout")
     r = await hostile(sandbox, code)
     assert r.value == "['denied', 'denied', 'denied', 'denied', 'denied', -1]"
@@ -104,9 +106,17 @@ async def test_clone3_is_unavailable_so_its_flags_cannot_hide(sandbox):
 
 
 @x86_64
-@pytest.mark.parametrize("nr,args", [(430, (b"tmpfs", 0)), (428, (-100, b"/", 1)), (429, (-100, b"/tmp", -100, b"/mnt", 0)),
-                                     (433, (-100, b"/", 0)), (442, (-100, b"/", 0x8000, 0, 32))],
-                         ids=["fsopen", "open_tree", "move_mount", "fspick", "mount_setattr"])
+@pytest.mark.parametrize(
+    "nr,args",
+    [
+        (430, (b"tmpfs", 0)),
+        (428, (-100, b"/", 1)),
+        (429, (-100, b"/tmp", -100, b"/mnt", 0)),
+        (433, (-100, b"/", 0)),
+        (442, (-100, b"/", 0x8000, 0, 32)),
+    ],
+    ids=["fsopen", "open_tree", "move_mount", "fspick", "mount_setattr"],
+)
 async def test_new_mount_api_is_denied(sandbox, nr, args):
     r = await hostile(sandbox, syscall(nr, *args))
     assert r.value == "(-1, 1)"
@@ -228,7 +238,10 @@ async def test_a_frame_written_by_a_thread_after_the_call_is_refused(sandbox):
     # next call, before or after that call's answer; either way a call refuses it.
     s = await sandbox.session()
     try:
-        code = FORGE + "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.05), forge(seq + 1))).start()"
+        code = (
+            FORGE
+            + "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.05), forge(seq + 1))).start()"
+        )
         assert (await s.run(code)).status == "ok"
         results = [await s.run("import time\ntime.sleep(0.2)\n'next'"), await s.run("'after'")]
         refused = [r for r in results if r.status == "error"]
@@ -351,7 +364,8 @@ async def test_two_pools_in_one_process_do_not_share_limits():
         # The flood's children live until its call ends (the call's sweep kills them); the other
         # pool's session starts a process once the flood's pids cgroup is full.
         flood = ("import os, time\nkids = []\ntry:\n    while True:\n        pid = os.fork()\n"
-                 "        if pid == 0:\n            time.sleep(600)\n            os._exit(0)\n        kids.append(pid)\n"
+                 "        if pid == 0:\n            time.sleep(600)\n            os._exit(0)\n        "
+                 "kids.append(pid)\n"
                  "except OSError:\n    pass\ntime.sleep(5)\nlen(kids)")
         other = "import subprocess\nsubprocess.run(['true']).returncode"
         full = Path(next(d for d in sa._cgroups if "/pids/" in d), "pids.current")
@@ -446,7 +460,9 @@ async def test_code_that_swallows_the_interrupt_and_returns_is_still_a_timeout(s
 
 
 async def test_hanging_repr_of_the_value_is_a_timeout(sandbox):
-    r = await hostile(sandbox, "class V:\n    def __repr__(self):\n        while True:\n            pass\nV()", timeout=1)
+    r = await hostile(
+        sandbox, "class V:\n    def __repr__(self):\n        while True:\n            pass\nV()", timeout=1
+    )
     assert r.status == "timeout"
 
 
@@ -477,7 +493,8 @@ async def test_sessions_of_one_template_are_isolated_from_each_other(sandbox):
         pid, port = eval((await a.run(leave)).value)
         assert pid == 1
         look = (f"import os, socket\nfound = [p for p in ('/tmp/left', '/dev/shm/left') if os.path.exists(p)]\n"
-                f"def reach(fam, addr):\n    s = socket.socket(fam)\n    try:\n        s.connect(addr)\n        return True\n"
+                f"def reach(fam, addr):\n    s = socket.socket(fam)\n    try:\n        s.connect(addr)\n        "
+                f"return True\n"
                 f"    except OSError:\n        return False\n"
                 f"(found, reach(socket.AF_INET, ('127.0.0.1', {port})), reach(socket.AF_UNIX, '\\0agentenv-left'), "
                 f"os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")

@@ -142,7 +142,9 @@ async def test_a_read_that_does_not_wait_is_denied_and_one_that_waits_is_not(san
 
 
 @x86_64
-@pytest.mark.parametrize("nr,args", [(451, (0, 0, 0, 0)), (440, (0, 0, 0, 21, 0))], ids=["cachestat", "process_madvise"])
+@pytest.mark.parametrize(
+    "nr,args", [(451, (0, 0, 0, 0)), (440, (0, 0, 0, 21, 0))], ids=["cachestat", "process_madvise"]
+)
 async def test_page_cache_syscalls_are_denied(sandbox, nr, args):
     r = await hostile(sandbox, syscall(nr, *args))
     assert r.value == f"(-1, {errno.EPERM})", r
@@ -181,8 +183,11 @@ async def test_mountinfo_shows_no_host_path_or_hidden_directory(sandbox):
     hidden = _host_top_level_hidden()
     leaks = [line for line in text.splitlines()
              if any(f.startswith(h + "/") or f == h for h in hidden for f in line.split()[3:5])]
-    roots = [line for line in text.splitlines()
-             if line.split()[3] not in ("/", line.split()[4], "/null") and not line.split()[3].startswith("/devices/system/")]
+    roots = [
+        line
+        for line in text.splitlines()
+        if line.split()[3] not in ("/", line.split()[4], "/null") and not line.split()[3].startswith("/devices/system/")
+    ]
     assert hidden and not leaks and not roots, (leaks, roots)
 
 
@@ -193,7 +198,8 @@ async def test_the_root_holds_no_hidden_host_entry(sandbox):
 
 async def test_sys_shows_no_network_interface_or_device(sandbox):
     code = ("import os\n(sorted(os.listdir('/sys')), [p for p in ('/sys/class/net', '/sys/class', '/sys/block', "
-            "'/sys/kernel', '/sys/devices/virtual/net', '/sys/bus') if os.path.exists(p)], os.listdir('/sys/fs/cgroup'))")
+            "'/sys/kernel', '/sys/devices/virtual/net', '/sys/bus') if os.path.exists(p)], "
+            "os.listdir('/sys/fs/cgroup'))")
     r = await hostile(sandbox, code)
     assert r.value == "(['devices', 'fs'], [], [])", r
 
@@ -226,7 +232,8 @@ out
 
 
 @pytest.mark.parametrize("call", ["s.getsockopt(socket.SOL_SOCKET, 17, 12)", "s.getsockopt(socket.SOL_SOCKET, 77)",
-                                  "s.getsockopt(socket.SOL_SOCKET, 59, 256)", "s.getsockopt(socket.SOL_SOCKET, 31, 256)",
+                                  "s.getsockopt(socket.SOL_SOCKET, 59, 256)", "s.getsockopt(socket.SOL_SOCKET, 31, "
+                                  "256)",
                                   "s.setsockopt(socket.SOL_SOCKET, 16, 1)", "s.setsockopt(socket.SOL_SOCKET, 76, 1)"],
                          ids=["SO_PEERCRED", "SO_PEERPIDFD", "SO_PEERGROUPS", "SO_PEERSEC", "SO_PASSCRED",
                               "SO_PASSPIDFD"])
@@ -245,9 +252,23 @@ async def test_its_own_sockets_still_answer_ordinary_options(sandbox):
 
 # -- 18. syscalls by family, not by name (issue 48) -------------------------------------------
 # Numbers the installed libseccomp may not know yet (x86_64), from the kernel's syscall table.
-NEWER_X86_64 = {335: "uretprobe", 336: "uprobe", 457: "statmount", 458: "listmount", 459: "lsm_get_self_attr", 460: "lsm_set_self_attr",
-                461: "lsm_list_modules", 462: "mseal", 463: "setxattrat", 464: "getxattrat", 465: "listxattrat",
-                466: "removexattrat", 467: "open_tree_attr", 468: "file_getattr", 469: "file_setattr"}
+NEWER_X86_64 = {
+    335: "uretprobe",
+    336: "uprobe",
+    457: "statmount",
+    458: "listmount",
+    459: "lsm_get_self_attr",
+    460: "lsm_set_self_attr",
+    461: "lsm_list_modules",
+    462: "mseal",
+    463: "setxattrat",
+    464: "getxattrat",
+    465: "listxattrat",
+    466: "removexattrat",
+    467: "open_tree_attr",
+    468: "file_getattr",
+    469: "file_setattr",
+}
 TABLE_TOP = 512
 # Calls the kernel passes through seccomp unfiltered: only a uprobe's own trampoline may make
 # them, and anyone else gets SIGILL (checked below).
@@ -280,7 +301,8 @@ def test_every_syscall_of_the_table_is_allowed_with_a_reason_or_denied():
     if platform.machine() == "x86_64":  # a typo in the allow-list would allow nothing, silently
         assert set(syscalls.ALLOWED) <= names, set(syscalls.ALLOWED) - names
     print(f"\nsyscall table ({platform.machine()}, {len(names)} calls): allowed with a reason {len(allowed)}, "
-          f"denied by name {len(denied_by_name)}, denied by default {len(by_default)}, exempt by the kernel {len(exempt)}, unknown {len(unknown)}")
+          f"denied by name {len(denied_by_name)}, denied by default {len(by_default)}, exempt by the kernel "
+          f"{len(exempt)}, unknown {len(unknown)}")
     assert not unknown and len(allowed) + len(denied_by_name) + len(by_default) + len(exempt) == len(names)
 
 
@@ -304,8 +326,10 @@ async def test_every_call_off_the_allow_list_fails_in_a_session(sandbox):
     table = syscall_table()
     nrs = sorted(nr for nr in range(TABLE_TOP) if table.get(nr) not in set(syscalls.ALLOWED) | KERNEL_EXEMPT)
     code = (LIBC + f"nrs = {nrs!r}\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n"
-            "    bad = []\n    for nr in nrs:\n        ctypes.set_errno(0)\n        ret = libc.syscall(nr, 0, 0, 0, 0, 0, 0)\n"
-            "        if ret != -1 or ctypes.get_errno() not in (1, 38):\n            bad.append((nr, ret, ctypes.get_errno()))\n"
+            "    bad = []\n    for nr in nrs:\n        ctypes.set_errno(0)\n        ret = libc.syscall(nr, 0, 0, 0, "
+            "0, 0, 0)\n"
+            "        if ret != -1 or ctypes.get_errno() not in (1, 38):\n            bad.append((nr, ret, "
+            "ctypes.get_errno()))\n"
             "    os.write(w, repr(bad).encode())\n    os._exit(0)\nos.close(w)\nout = os.read(r, 1 << 16)\n"
             "_, status = os.waitpid(pid, 0)\n(out.decode(), status)")
     r = await hostile(sandbox, code, timeout=20)
@@ -347,7 +371,8 @@ HIGH_BITS = {
     "fcntl F_NOTIFY": "fd = os.open('/tmp', os.O_RDONLY)\nargs = (72, fd, HIGH | 1026, 0x80000001)",
     "fcntl F_SETLEASE": "fd = os.open('/tmp/x', os.O_RDONLY | os.O_CREAT)\nargs = (72, fd, HIGH | 1024, 0)",
     "getsockopt SO_PEERCRED": "import socket\na, b = socket.socketpair()\nbuf = ctypes.create_string_buffer(64)\n"
-                              "n = ctypes.c_uint32(64)\nargs = (55, a.fileno(), HIGH | 1, HIGH | 17, buf, ctypes.byref(n))",
+                              "n = ctypes.c_uint32(64)\nargs = (55, a.fileno(), HIGH | 1, HIGH | 17, buf, "
+                              "ctypes.byref(n))",
     "setsockopt SO_PASSCRED": "import socket\na, b = socket.socketpair()\none = ctypes.c_int(1)\n"
                               "args = (54, a.fileno(), 1, HIGH | 16, ctypes.byref(one), 4)",
     "madvise MADV_PAGEOUT": "libc.mmap.restype = ctypes.c_void_p\nfd = os.open('/usr/bin/env', os.O_RDONLY)\n"
@@ -376,7 +401,8 @@ ORDINARY = {
     "files": "import shutil, tempfile, pathlib, threading\nd = tempfile.mkdtemp()\np = pathlib.Path(d, 'a')\n"
              "p.write_text('hi')\nshutil.copy2(p, pathlib.Path(d, 'b'))\nt = threading.Thread(target=lambda: None)\n"
              "t.start()\nt.join()\npathlib.Path(d, 'b').read_text()",
-    "a new interpreter": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import json, numpy; print(7)'], "
+    "a new interpreter": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import json, numpy; "
+                         "print(7)'], "
                          "capture_output=True, text=True).stdout.strip()",
 }
 EXPECTED = {"numpy": "3", "sympy": "'x**3/3'", "multiprocessing": "25", "subprocess": "0", "files": "'hi'",

@@ -218,7 +218,8 @@ async def test_dnotify_on_a_directory_is_denied(sandbox, path):
 
 async def test_a_lease_on_a_host_file_is_denied(sandbox):
     code = ("import fcntl, os\nfd = os.open('/etc/hostname', os.O_RDONLY)\ntry:\n"
-            "    fcntl.fcntl(fd, 1024, fcntl.F_RDLCK)\n    out = 'LEASED'\nexcept OSError as e:\n    out = e.errno\nout")
+            "    fcntl.fcntl(fd, 1024, fcntl.F_RDLCK)\n    out = 'LEASED'\nexcept OSError as e:\n    out = "
+            "e.errno\nout")
     r = await hostile(sandbox, code)
     assert r.value == "1", r
 
@@ -370,7 +371,8 @@ async def test_pending_signals_are_capped_per_session(sandbox):
 
 
 async def test_session_rlimits_for_per_user_counts(sandbox):
-    code = ("import resource as r\n[r.getrlimit(x)[0] for x in (r.RLIMIT_NPROC, r.RLIMIT_MSGQUEUE, r.RLIMIT_SIGPENDING, "
+    code = ("import resource as r\n[r.getrlimit(x)[0] for x in (r.RLIMIT_NPROC, r.RLIMIT_MSGQUEUE, "
+            "r.RLIMIT_SIGPENDING, "
             "r.RLIMIT_MEMLOCK)]")
     r = await hostile(sandbox, code)
     assert r.value == repr([LIMITS.pids, 0, 1024, 0])
@@ -544,7 +546,8 @@ async def test_nothing_runs_while_a_session_idles(sandbox, code):
         # (one killed by the call's sweep may still have been leaving: fewer is fine, none new)
         assert set((v2_dir(s) / "cgroup.procs").read_text().split()) <= procs, "a process started between calls"
         assert not [p for p in spinners() if _status(p) == psutil.STATUS_RUNNING]
-        assert (await s.run("6 * 7", timeout=60)).value == "42"  # thawed for its call (its spinners compete with it), then frozen again
+        # thawed for its call (its spinners compete with it), then frozen again
+        assert (await s.run("6 * 7", timeout=60)).value == "42"
         await wait_for(lambda: is_frozen(s), "frozen again after the next call")
     finally:
         await s.aclose()
@@ -555,7 +558,10 @@ async def test_nothing_runs_while_a_session_idles(sandbox, code):
 async def test_nothing_is_written_on_the_channel_between_calls(sandbox):
     s = await sandbox.session()
     try:
-        code = FORGE + "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.05), forge(seq + 1))).start()"
+        code = (
+            FORGE
+            + "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.05), forge(seq + 1))).start()"
+        )
         assert (await s.run(code)).status == "ok"
         await wait_for(lambda: is_frozen(s), "the idle session frozen")
         await anyio.sleep(IDLE)

@@ -21,7 +21,9 @@ async def test_fork_bomb(sandbox):
     # Counted in this test's own process tree (the pool's fork server and its sessions are
     # pytest's descendants), never machine-wide: other work on the machine must not fail it.
     before = len(child_pids())
-    r = await hostile(sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout=2)
+    r = await hostile(
+        sandbox, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", timeout=2
+    )
     assert r.status in ("timeout", "error", "crashed")
     assert len(child_pids()) < before + 40  # nothing of the bomb outlived its call
 
@@ -75,7 +77,9 @@ async def test_sleeping_forever(sandbox):
 
 
 async def test_ignoring_sigint_is_killed(sandbox):
-    r = await hostile(sandbox, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass", timeout=2)
+    r = await hostile(
+        sandbox, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass", timeout=2
+    )
     assert r.status == "timeout" and r.state_lost
 
 
@@ -85,7 +89,9 @@ async def test_too_many_open_files(sandbox):
 
 
 async def test_filling_the_temp_disk(sandbox):
-    r = await hostile(sandbox, "with open('/tmp/big', 'wb') as f:\n    for _ in range(100):\n        f.write(b'x' * 10**6)")
+    r = await hostile(
+        sandbox, "with open('/tmp/big', 'wb') as f:\n    for _ in range(100):\n        f.write(b'x' * 10**6)"
+    )
     assert r.status in ("error", "crashed")  # EFBIG / ENOSPC / SIGXFSZ
 
 
@@ -225,12 +231,16 @@ async def test_spawning_subprocesses(sandbox):
 
 
 async def test_forked_child_cannot_answer_for_the_worker(sandbox):
-    r = await hostile(sandbox, "import os, time\nif os.fork() == 0:\n    time.sleep(0.2)\nelse:\n    time.sleep(0.5)\n'parent'")
+    r = await hostile(
+        sandbox, "import os, time\nif os.fork() == 0:\n    time.sleep(0.2)\nelse:\n    time.sleep(0.5)\n'parent'"
+    )
     assert r.value == "'parent'"
 
 
 async def test_leaving_daemon_threads(sandbox):
-    r = await hostile(sandbox, "import threading, time\nthreading.Thread(target=time.sleep, args=(1000,), daemon=True).start()")
+    r = await hostile(
+        sandbox, "import threading, time\nthreading.Thread(target=time.sleep, args=(1000,), daemon=True).start()"
+    )
     assert r.status == "ok"
 
 
@@ -240,7 +250,9 @@ async def test_stdin_reads(sandbox):
 
 
 async def test_privilege_escalation_via_setuid_binary(sandbox):
-    r = await hostile(sandbox, "import subprocess\nsubprocess.run(['su', '-c', 'id'], capture_output=True, timeout=2).returncode")
+    r = await hostile(
+        sandbox, "import subprocess\nsubprocess.run(['su', '-c', 'id'], capture_output=True, timeout=2).returncode"
+    )
     assert r.status in ("ok", "error") and r.value != "0"
 
 

@@ -38,7 +38,9 @@ def groups(model_dir):
 
     out = anyio.run(collect)
     assert [len(g.trajectories) for g in out] == [3, 3], "precondition: two complete groups of 3"
-    assert all(len(set(g.rewards)) > 1 for g in out), f"precondition: reward variance in each group {[g.rewards for g in out]}"
+    assert all(len(set(g.rewards)) > 1 for g in out), (
+        f"precondition: reward variance in each group {[g.rewards for g in out]}"
+    )
     sampled = sum(sum(t.loss_mask) for g in out for t in g.trajectories)
     assert sampled > 50, f"precondition: the rollout sampled tokens to train on ({sampled})"
     return out

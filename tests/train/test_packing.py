@@ -91,9 +91,15 @@ def _step(model_dir, batch, pack: bool, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("aggregation,lora,kl_coef", [
-    ("token", None, 0.0), ("sequence", None, 0.0), ("sequence", None, 0.05), ("token", LoraSpec(rank=4, alpha=8.0), 0.05),
-])
+@pytest.mark.parametrize(
+    "aggregation,lora,kl_coef",
+    [
+        ("token", None, 0.0),
+        ("sequence", None, 0.0),
+        ("sequence", None, 0.05),
+        ("token", LoraSpec(rank=4, alpha=8.0), 0.05),
+    ],
+)
 def test_a_packed_step_has_the_padded_steps_loss_and_gradients(groups, model_dir, aggregation, lora, kl_coef):
     batch = collate(groups)
     budget = 2 * max(batch.lengths) - 1  # several passes either way, planned differently

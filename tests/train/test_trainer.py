@@ -320,7 +320,9 @@ async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch
     png = plot(tmp_path)
     assert png.stat().st_size > 10_000
     wall = json.loads((tmp_path / "summary.json").read_text())["wall_s"]
-    assert wall == summary["wall_s"] and figure(tmp_path)._suptitle.get_text() == f"{tmp_path.name}: 2 steps, {wall:.1f} s"
+    assert (
+        wall == summary["wall_s"] and figure(tmp_path)._suptitle.get_text() == f"{tmp_path.name}: 2 steps, {wall:.1f} s"
+    )
     with pytest.raises(ConfigError, match="unknown tracker"):
         await Trainer(TrainConfig(steps=1, out_dir=str(tmp_path / "x"), report_to=["mlflow"], **SMALL),
                       print_steps=False).run()
@@ -363,7 +365,9 @@ def test_the_default_evaluation_scales_with_the_run_and_says_what_it_costs():
 
 def test_a_weight_sync_setting_the_engine_cannot_use_is_refused():
     for sync in ("group", "host"):
-        with pytest.raises(ConfigError, match=rf"weight_sync='{sync}' needs a vllm or openai engine, got engine='embedded'"):
+        with pytest.raises(
+            ConfigError, match=rf"weight_sync='{sync}' needs a vllm or openai engine, got engine='embedded'"
+        ):
             TrainConfig(engine="embedded", weight_sync=sync)
     assert TrainConfig(engine="embedded").engine_args() == {}
     assert TrainConfig(engine="vllm", weight_sync="host").engine_args()["weight_sync"] == "host"
