@@ -152,6 +152,24 @@ def test_benchmark_figures_are_the_ones_in_the_results_files():
     assert gen.main(["--check"]) == 0, "run: python docs/gen_benchmarks.py"
 
 
+def test_the_cli_synopses_are_the_parsers(tmp_path, monkeypatch):
+    """docs/cli.md's and docs/training.md's synopses are what docs/gen_cli.py makes of the CLI's
+    parser now; a flag added to an options dataclass shows up in them when they are regenerated."""
+    gen = _load(ROOT / "docs" / "gen_cli.py", "gen_cli")
+    assert gen.main(["--check"]) == 0, "run: python docs/gen_cli.py"
+    text = gen.synopsis("train")
+    assert "  sandbox " in text and "[--sandbox-memory-mb N]" in text
+    assert "[--report-to tensorboard|wandb|none]..." in text
+    assert max(len(line) for line in text.splitlines()) <= gen.WIDTH
+    page = tmp_path / "cli.md"
+    page.write_text("before\n<!-- synopsis:eval:start -->\nold\n<!-- synopsis:eval:end -->\nafter\n")
+    monkeypatch.setattr(gen, "PAGES", {"eval": page})
+    assert gen.main(["--check"]) == 1 and "old" in page.read_text()
+    assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+    assert page.read_text().startswith("before\n<!-- synopsis:eval:start -->\n```\nagentenv eval\n")
+    assert "[--k 4]" in page.read_text() and page.read_text().endswith("<!-- synopsis:eval:end -->\nafter\n")
+
+
 def test_a_bench_result_reaches_the_page(tmp_path, monkeypatch):
     """bench/_report.write records the figures with the machine and versions; the generator
     shows them (the headline in bold) and turns its headline rows to the new figure."""
