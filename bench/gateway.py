@@ -13,20 +13,26 @@ each path it prints this process's CPU time per generated token (every thread, l
 engine's own CPU; the HTTP path's includes the agents' SDK clients, which run in this process
 too), tokens per second, and for the HTTP path the latency of a call as the agent sees it (p50
 / p99: with the engine at no cost this is the gateway, the client and the event loop's queue of
-every other program's work). Last line: ``gateway_overhead_ratio: X``, HTTP (openai SDK agents)
-µs/token over in-process µs/token.
+every other program's work). A fourth run puts the agents in another process (one shared
+``httpx`` client there, :class:`ElsewhereAgent`): this process then runs only the reactor and the
+gateway, so its CPU per token is the gateway path's own cost, without any agent's
+(``gateway_overhead_ratio_agents_elsewhere``). Last line: ``gateway_overhead_ratio: X``, HTTP
+(openai SDK agents in this process) µs/token over in-process µs/token.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.abc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -101,6 +107,117 @@ class HttpAgent(AgentEnvironment):
         return 0.0
 
 
+class ElsewhereAgent(AgentEnvironment):
+    """The same loop with the agents in another process (``--load-process``: one shared ``httpx``
+    client there): each program hands its key to that process and waits for its calls to be
+    done, so this process runs only the reactor and the gateway, as a rollout whose agents run
+    in their own processes or containers does. Its CPU per token is the gateway path's own."""
+
+    id = "bench-gateway-elsewhere"
+    agent_timeout = 3600.0
+    latencies: list[float] = []
+
+    def __init__(self, calls: int, tokens: int) -> None:
+        super().__init__()
+        self.calls, self.tokens = calls, tokens
+        self.max_turns = calls  # type: ignore[misc]
+        self.stream: Any = None
+        self.pending: dict[str, tuple[anyio.Event, list]] = {}
+        self.lock = anyio.Lock()
+
+    def tasks(self, n, seed=0):
+        return [Task(f"b/{i}", "Say x.") for i in range(n)]
+
+    async def agent(self, task, client, model):
+        key, done = str(client.api_key), anyio.Event()
+        self.pending[key] = (done, [])
+        job = {"key": key, "url": f"{str(client.base_url).rstrip('/')}/chat/completions", "model": model,
+               "question": task.question, "calls": self.calls, "tokens": self.tokens}
+        async with self.lock:
+            await self.stream.send((json.dumps(job) + "\n").encode())
+        await done.wait()
+        error, lat = self.pending.pop(key)[1]
+        if error:
+            raise RuntimeError(error)
+        self.latencies.extend(lat)
+        return "done"
+
+    async def read_results(self, stream) -> None:
+        buf = b""
+        async for chunk in stream:
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                r = json.loads(line)
+                done, box = self.pending[r["key"]]
+                box[:] = [r["error"], r["latencies"]]
+                done.set()
+
+    async def reward(self, task, trajectory):
+        return 0.0
+
+
+async def load_process(port: int) -> None:
+    """The agents of :class:`ElsewhereAgent`: each job a program's loop of calls over one shared
+    ``httpx`` client; a line back per job with its calls' latencies (or its error)."""
+    import httpx
+
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2000, max_keepalive_connections=2000), timeout=3600)
+    lock = anyio.Lock()
+
+    async def run(job: dict) -> None:
+        lat, error = [], None
+        messages = [{"role": "user", "content": job["question"]}]
+        try:
+            for k in range(job["calls"]):
+                t0 = time.perf_counter()
+                r = await http.post(job["url"], headers={"Authorization": f"Bearer {job['key']}"},
+                                    json={"model": job["model"], "messages": messages, "max_tokens": job["tokens"]})
+                lat.append(time.perf_counter() - t0)
+                r.raise_for_status()
+                messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"More {k}."}]
+        except Exception as exc:  # reported to the program, which fails with it
+            error = f"{type(exc).__name__}: {exc}"
+        async with lock:
+            await stream.send((json.dumps({"key": job["key"], "latencies": lat, "error": error}) + "\n").encode())
+
+    async with anyio.create_task_group() as tg:
+        buf = b""
+        async for chunk in stream:
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                tg.start_soon(run, json.loads(line))
+    await http.aclose()
+
+
+async def measure_elsewhere(env: ElsewhereAgent, programs: int, tokens: int) -> dict:
+    """:func:`measure` with the agents in a ``--load-process`` started for it."""
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0) as listener:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        proc = await anyio.open_process([sys.executable, __file__, "--load-process", str(port)], stdout=None,
+                                        stderr=None)
+        accepted = anyio.Event()
+
+        async def accept(stream) -> None:
+            env.stream = stream
+            accepted.set()
+            await env.read_results(stream)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listener.serve, accept)
+                await accepted.wait()
+                result = await measure(env, programs, tokens)
+                tg.cancel_scope.cancel()
+        finally:
+            if env.stream is not None:
+                await env.stream.aclose()
+            await proc.wait()
+    return result
+
+
 _TOKENIZER: list = []
 
 
@@ -121,35 +238,45 @@ async def measure(env, programs: int, tokens: int) -> dict:
             "gateway": trajs[0].metadata.get("gateway") if trajs else None}
 
 
+def latency_line(name: str, xs: list[float]) -> str:
+    xs = sorted(xs)
+    p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+    return (f"{name} call latency as the agent sees it: p50 {1e3 * statistics.median(xs):.1f} ms, "
+            f"p99 {1e3 * p99:.1f} ms ({len(xs)} calls)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--programs", type=int, default=1000)
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--load-process", type=int, metavar="PORT", help=argparse.SUPPRESS)  # ElsewhereAgent's agents
     a = ap.parse_args()
+    if a.load_process:
+        return anyio.run(load_process, a.load_process)
     for env in (Native(a.calls), HttpAgent(a.calls, a.tokens), HttpAgent(a.calls, a.tokens, raw=True)):  # warm
         anyio.run(measure, env, 4, a.tokens)
+    anyio.run(measure_elsewhere, ElsewhereAgent(a.calls, a.tokens), 4, a.tokens)
     native = anyio.run(measure, Native(a.calls), a.programs, a.tokens)
+    ElsewhereAgent.latencies = []
+    away = anyio.run(measure_elsewhere, ElsewhereAgent(a.calls, a.tokens), a.programs, a.tokens)
     HttpAgent.latencies = []
     raw = anyio.run(measure, HttpAgent(a.calls, a.tokens, raw=True), a.programs, a.tokens)
-    raw_lat, HttpAgent.latencies = sorted(HttpAgent.latencies), []
+    raw_lat, HttpAgent.latencies = list(HttpAgent.latencies), []
     http = anyio.run(measure, HttpAgent(a.calls, a.tokens), a.programs, a.tokens)
-    lat = sorted(HttpAgent.latencies)
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}  cpus: {os.cpu_count()}")
-    for name, r in (("in-process", native), ("http httpx", raw), ("http openai", http)):
-        print(
-            f"{name:>10}: {r['programs']} programs ({r['failed']} failed), {r['tokens']} tokens in {r['wall_s']:.1f}s: "
-            f"{r['us_per_token']:.2f} µs/token client CPU, {r['tok_s']:.0f} tok/s"
-        )
-    for name, r in (("http httpx", raw), ("http openai", http)):
+    runs = (("in-process", native), ("http, agents elsewhere", away), ("http httpx", raw), ("http openai", http))
+    for name, r in runs:
+        print(f"{name:>22}: {r['programs']} programs ({r['failed']} failed), {r['tokens']} tokens in "
+              f"{r['wall_s']:.1f}s: {r['us_per_token']:.2f} µs/token client CPU, {r['tok_s']:.0f} tok/s")
+    for name, r in runs[1:]:
         if r["first_error"]:
             print(f"{name} first failure: {r['first_error']}")
-    for name, xs in (("httpx", raw_lat), ("openai", lat)):
+    for name, xs in (("elsewhere", ElsewhereAgent.latencies), ("httpx", raw_lat), ("openai", HttpAgent.latencies)):
         if xs:
-            p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))]
-            print(f"{name} call latency as the agent sees it: p50 {1e3 * statistics.median(xs):.1f} ms, "
-                  f"p99 {1e3 * p99:.1f} ms ({len(xs)} calls)")
+            print(latency_line(name, xs))
     print(f"gateway figures of one program: {http['gateway']}")
+    print(f"gateway_overhead_ratio_agents_elsewhere: {away['us_per_token'] / native['us_per_token']:.2f}")
     print(f"gateway_overhead_ratio_httpx_client: {raw['us_per_token'] / native['us_per_token']:.2f}")
     print(f"gateway_overhead_ratio: {http['us_per_token'] / native['us_per_token']:.2f}")
 
