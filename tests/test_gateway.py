@@ -435,10 +435,11 @@ async def test_a_responses_tool_loop_extends_its_history_as_the_same_chat_would(
         assert (g["calls"], g["extended"], g["branched"]) == (2, 1, 1) and not t.branches, g
         assert [c.name for c in t.tool_calls] == ["add"] and t.tool_calls[0].arguments == {"a": 2, "b": 3}
         model = [s for s in t.segments if s.kind == "model"]
-        assert sampled(t)[0] == [[i for s in model for i in s.token_ids]] and t.loss_mask.count(1) == t.num_sampled_tokens
+        assert sampled(t)[0] == [[i for s in model for i in s.token_ids]]
+        assert t.loss_mask.count(1) == t.num_sampled_tokens
         rows[type(env)] = (tok.decode(t.input_ids, skip_special_tokens=False), [s.token_ids for s in t.segments])
     assert rows[Calc] == rows[ResponsesCalc]
-    digests = lambda log: [c["d"] for calls in log.calls.values() for c in calls]  # noqa: E731
+    digests = lambda log: [c["d"] for calls in log.calls.values() for c in calls]
     assert digests(chat_log) == digests(responses_log) and len(digests(chat_log)) == 2
 
 
@@ -480,7 +481,7 @@ async def test_responses_stream_through_the_sdk_and_give_what_was_sampled(tok):
         del part["logprobs"]  # asked for on the plain request only
     assert [i["id"] for i in got["plain"]] == ["msg_" + t.id + "_2", "fc_" + t.id + "_2_0"]
     assert got["plain"][1]["call_id"] == "call_2_0"  # ids are named after the request: the same on a replay
-    unnamed = lambda items: [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]  # noqa: E731
+    unnamed = lambda items: [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]
     assert unnamed(got["final"]) == unnamed(got["plain"])
     # The three requests are the same messages: each a new branch; the logprobs are the third's.
     assert t.metadata["gateway"]["branched"] == 3

@@ -65,7 +65,8 @@ def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
         if not isinstance(item.get(key), str):
             raise MessageError(f"{where}.{key} must be a string (a function_call item is "
                                '{"type": "function_call", "call_id", "name", "arguments"})')
-    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+    fn = {"name": item["name"], "arguments": item["arguments"]}
+    return {"id": item["call_id"], "type": "function", "function": fn}
 
 
 def _output(item: dict[str, Any], where: str) -> dict[str, Any]:

@@ -18,8 +18,7 @@ off the machine.
 from __future__ import annotations
 
 from agents import Agent, MaxTurnsExceeded, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig, Runner
-from agents import function_tool
-from agents import set_tracing_disabled
+from agents import function_tool, set_tracing_disabled
 
 from agentenv import AgentEnvironment
 from agentenv.agent import sandbox_session
