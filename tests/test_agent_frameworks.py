@@ -37,6 +37,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples" / "agents"
 STYLES = {
     "openai-loop": ("openai_tool_loop.py:ToolLoopMath", "openai"),
     "agents-sdk": ("agents_sdk.py:AgentsSdkMath", "agents"),
+    "agents-sdk-responses": ("agents_sdk.py:AgentsSdkResponsesMath", "agents"),
     "langgraph": ("langgraph_react.py:LangGraphMath", "langgraph.prebuilt"),
     "command": ("subprocess_agent.py:CommandMath", "openai"),
 }
@@ -176,6 +177,43 @@ async def test_each_agent_style_extends_its_history_and_runs_its_tool(style, off
         assert (g["calls"], g["extended"], g["branched"], g["malformed_tool_calls"]) == (2, 1, 1, 0), g
         assert [(c.name, c.status) for c in t.tool_calls] == [("python", "ok")]
         check_token_exact(tok, t, seen[t.id])
+
+
+@pytest.mark.anyio
+async def test_the_agents_sdk_streams_on_the_responses_api(offline, seen):
+    """``Runner.run_streamed`` on ``OpenAIResponsesModel`` (the SDK's default model): the raw
+    Responses events arrive through the SDK, the tool runs, and the second turn extends the
+    first, token-exact."""
+    import inspect
+
+    from agents import Agent, RunConfig, Runner
+
+    base = type(env_of("agents-sdk-responses"))
+    example = inspect.getmodule(base)
+    kinds: list[str] = []
+
+    class Streamed(base):
+        async def agent(self, task, client, model):
+            solver = Agent(name="solver", instructions=example.HERMES_PROMPT, tools=[example.python],
+                           model=self.sdk_model(client, model))
+            run = Runner.run_streamed(solver, task.question, max_turns=self.max_turns,
+                                      run_config=RunConfig(tracing_disabled=True))
+            async for event in run.stream_events():
+                if event.type == "raw_response_event":
+                    kinds.append(event.data.type)
+            return run.final_output
+
+    env, tok = Streamed(), _tokenizer()
+    async with LocalSandbox() as sb:
+        async with Reactor(ScriptedEngine(solver, tok), env, sb, RolloutConfig(max_new_tokens=512)) as reactor:
+            t = (await reactor.collect(compute_tasks(env, 1), 1))[0].trajectories[0]
+    assert t.finish_reason == "stop" and t.reward == 1.0, (t.error, t.text)
+    g = t.metadata["gateway"]
+    assert (g["calls"], g["extended"], g["branched"], g["malformed_tool_calls"]) == (2, 1, 1, 0), g
+    assert [(c.name, c.status) for c in t.tool_calls] == [("python", "ok")]
+    assert kinds.count("response.completed") == 2 and "response.function_call_arguments.delta" in kinds
+    assert kinds.count("response.output_text.delta") == 2  # "I will compute it." and the answer
+    check_token_exact(tok, t, seen[t.id])
 
 
 def _tokenizer():

@@ -343,10 +343,16 @@ class Recorder:
 
 
 async def test_a_replay_answers_from_the_log_and_a_mismatch_restarts_the_agent_fresh(tok):
+    await replay_then_tamper(tok, Calc())
+
+
+async def replay_then_tamper(tok, env):
+    """``env``'s program run, replayed from its log (no live call), then replayed from a log
+    whose first digest was changed (restarted fresh)."""
     from agentenv.journal import LogState
     from agentenv.trajectory import Trajectory
 
-    env, log = Calc(), Recorder()
+    log = Recorder()
     async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig(), journal=log) as reactor:
         first = (await reactor.collect(env.tasks(1), 1))[0].trajectories[0]
     logged = log.calls[first.id]
@@ -387,3 +393,152 @@ def test_an_agent_environment_trains_and_stops_with_agents_in_flight(tmp_path):
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["first_reward"] is not None, summary
+
+
+# -- the Responses API ------------------------------------------------------------------------
+
+#: ``ADD`` in the Responses API's flat form.
+ADD_FLAT = {"type": "function", **ADD["function"]}
+
+
+class ResponsesCalc(Calc):
+    """:class:`Calc` on the Responses API: each turn sends the whole conversation as input
+    items (the output items sent back, a ``function_call_output`` per call)."""
+
+    async def agent(self, task, client, model):
+        items = [{"role": "user", "content": task.question}]
+        for _ in range(4):
+            r = await client.responses.create(model=model, instructions="You add.", input=items, tools=[ADD_FLAT])
+            assert r.status == "completed" and r.usage.output_tokens > 0
+            items += [item.model_dump(exclude_none=True) for item in r.output]
+            calls = [item for item in r.output if item.type == "function_call"]
+            if not calls:
+                return r.output_text
+            for c in calls:
+                a = json.loads(c.arguments)
+                items.append({"type": "function_call_output", "call_id": c.call_id, "output": str(a["a"] + a["b"])})
+        return None
+
+
+async def test_a_responses_tool_loop_extends_its_history_as_the_same_chat_would(tok):
+    """A function_call and its function_call_output sent back extend the sequence; the row is
+    the one the same conversation on Chat Completions gives, and the requests log the same
+    digests (so either API replays the other's journal)."""
+    chat_log, responses_log = Recorder(), Recorder()
+    rows = {}
+    for env, log in ((Calc(), chat_log), (ResponsesCalc(), responses_log)):
+        async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig(max_new_tokens=1024),
+                           journal=log) as reactor:
+            t = (await reactor.collect(env.tasks(1), 1))[0].trajectories[0]
+        assert t.finish_reason == "stop" and t.reward == 1.0, t.error
+        g = t.metadata["gateway"]
+        assert (g["calls"], g["extended"], g["branched"]) == (2, 1, 1) and not t.branches, g
+        assert [c.name for c in t.tool_calls] == ["add"] and t.tool_calls[0].arguments == {"a": 2, "b": 3}
+        model = [s for s in t.segments if s.kind == "model"]
+        assert sampled(t)[0] == [[i for s in model for i in s.token_ids]]
+        assert t.loss_mask.count(1) == t.num_sampled_tokens
+        rows[type(env)] = (tok.decode(t.input_ids, skip_special_tokens=False), [s.token_ids for s in t.segments])
+    assert rows[Calc] == rows[ResponsesCalc]
+    digests = lambda log: [c["d"] for calls in log.calls.values() for c in calls]
+    assert digests(chat_log) == digests(responses_log) and len(digests(chat_log)) == 2
+
+
+class ResponsesStreamer(Calc):
+    """The same request three ways through the ``openai`` SDK: ``stream=True`` events, the
+    SDK's stream helper, and plain with logprobs; returns what each gave."""
+
+    async def agent(self, task, client, model):
+        ask = {"model": model, "input": task.question, "tools": [ADD_FLAT]}
+        kinds, text, args = [], "", ""
+        async for e in await client.responses.create(**ask, stream=True):
+            kinds.append(e.type)
+            text += e.delta if e.type == "response.output_text.delta" else ""
+            args += e.delta if e.type == "response.function_call_arguments.delta" else ""
+        async with client.responses.stream(**ask) as stream:
+            helper = [e.type async for e in stream]
+            final = await stream.get_final_response()
+        plain = await client.responses.create(**ask, include=["message.output_text.logprobs"])
+        calls = [i for i in plain.output if i.type == "function_call"]
+        return json.dumps({"kinds": kinds, "helper": helper, "text": text, "args": args,
+                           "final": [i.model_dump(exclude_none=True) for i in final.output],
+                           "plain": [i.model_dump(exclude_none=True) for i in plain.output],
+                           "plain_text": plain.output_text, "calls": [c.arguments for c in calls],
+                           "lp": [x.logprob for x in plain.output[0].content[0].logprobs]})
+
+
+async def test_responses_stream_through_the_sdk_and_give_what_was_sampled(tok):
+    t = (await collect(ResponsesStreamer(), ScriptedEngine(calculator, tok), n=1, group=1))[0]
+    assert t.finish_reason == "stop", t.error
+    got = json.loads(t.text)
+    assert got["kinds"] == got["helper"] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert got["text"] == got["plain_text"] == "I will add." and got["calls"] == [got["args"]]
+    assert json.loads(got["args"]) == {"a": 2, "b": 3}
+    for part in got["plain"][0]["content"]:
+        del part["logprobs"]  # asked for on the plain request only
+    assert [i["id"] for i in got["plain"]] == ["msg_" + t.id + "_2", "fc_" + t.id + "_2_0"]
+    assert got["plain"][1]["call_id"] == "call_2_0"  # ids are named after the request: the same on a replay
+    unnamed = lambda items: [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]
+    assert unnamed(got["final"]) == unnamed(got["plain"])
+    # The three requests are the same messages: each a new branch; the logprobs are the third's.
+    assert t.metadata["gateway"]["branched"] == 3
+    third = t.branches[1].segments[-1]
+    assert got["lp"] == third.logprobs  # every sampled token's, the call's included (as on the chat path)
+
+
+class ResponsesProbe(Calc):
+    """Sends bad Responses requests itself; keeps its key and URL for after the program."""
+
+    seen: dict = {}
+
+    async def agent(self, task, client, model):
+        url, key = str(client.base_url).rstrip("/"), client.api_key
+        ResponsesProbe.seen.update(url=url, key=key)
+        good = {"model": model, "input": "hi"}
+        bad = {
+            "previous_response_id": {**good, "previous_response_id": "resp_1"},
+            "store": {**good, "store": True},
+            "conversation": {**good, "conversation": "conv_1"},
+            "tools[0]": {**good, "tools": [{"type": "web_search"}]},
+            "input[1]": {**good, "input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "x"}]},
+            "input[0].content[0]": {**good, "input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input": {"model": model},
+            "n": {**good, "n": 2},
+            "tool_choice": {**good, "tool_choice": {"type": "web_search"}},
+        }
+        async with httpx.AsyncClient() as h:
+            head = {"Authorization": f"Bearer {key}"}
+            out = {k: await h.post(f"{url}/responses", json=body, headers=head) for k, body in bad.items()}
+            out["missing"] = await h.post(f"{url}/responses", json=good)
+            out["ok"] = await h.post(f"{url}/responses", json={**good, "store": False}, headers=head)
+        ResponsesProbe.seen.update({k: (r.status_code, r.json()) for k, r in out.items()})
+        return "done"
+
+
+async def test_bad_responses_requests_get_400_naming_the_field_and_an_ended_program_410(tok):
+    env = ResponsesProbe()
+    async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig()) as reactor:
+        groups = await reactor.collect(env.tasks(1), 1)
+        async with httpx.AsyncClient() as h:
+            s = ResponsesProbe.seen
+            after = await h.post(f"{s['url']}/responses", headers={"Authorization": f"Bearer {s['key']}"},
+                                 json={"model": "m", "input": "hi"})
+    assert groups[0].trajectories[0].finish_reason == "stop"
+    for param in ("previous_response_id", "store", "conversation", "tools[0]", "input[1]", "input[0].content[0]",
+                  "input", "n", "tool_choice"):
+        status, body = s[param]
+        assert status == 400 and body["error"]["type"] == "invalid_request_error", (param, body)
+        assert body["error"]["param"] == param and body["error"]["message"].startswith(param), (param, body)
+    assert "send the whole conversation as input items" in s["previous_response_id"][1]["error"]["message"]
+    assert "function tools only" in s["tools[0]"][1]["error"]["message"]
+    assert "'item_reference'" in s["input[1]"][1]["error"]["message"]
+    assert s["missing"][0] == 401 and s["missing"][1]["error"]["code"] == "invalid_api_key"
+    assert s["ok"][0] == 200 and s["ok"][1]["object"] == "response" and s["ok"][1]["store"] is False
+    assert after.status_code == 410 and after.json()["error"]["code"] == "program_ended"
+
+
+async def test_a_responses_program_replays_from_the_log_and_restarts_on_a_mismatch(tok):
+    await replay_then_tamper(tok, ResponsesCalc())

@@ -1,12 +1,16 @@
-"""A Chat Completions request, checked: what the gateway takes from the body, or a
-:class:`RequestError` (answered with 400 and OpenAI's error object) naming the bad field."""
+"""A request, checked: what the gateway takes from a Chat Completions or a Responses body, or
+a :class:`RequestError` (answered with 400 and OpenAI's error object) naming the bad field.
+Both become a :class:`ChatRequest`: the messages, tools and sampling settings a program
+session serves (a Responses request's items are translated by ``agentenv.gateway.items``)."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .items import function_tools, input_messages
 from .messages import MessageError, digest, normalise_all, normalise_tools
 
 #: Fields accepted and ignored: they change nothing a token-exact rollout records.
@@ -76,8 +80,8 @@ def _stop(value: Any) -> list[str]:
     return stops
 
 
-def parse_chat(body: Any) -> ChatRequest:
-    """The checked request of a decoded JSON body."""
+def _common(body: Any) -> None:
+    """What both APIs check alike: a JSON object, one choice, a model name."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     n = body.get("n")
@@ -86,18 +90,101 @@ def parse_chat(body: Any) -> ChatRequest:
                            "is several programs, each its own agent run); send n=1 or leave it out", "n")
     if not isinstance(body.get("model"), str):
         raise RequestError("model must be a string (the gateway serves one model; see GET /v1/models)", "model")
+
+
+def _top_logprobs(body: dict[str, Any]) -> int:
+    top = _int(body, "top_logprobs", 0)
+    if top is not None and top > 20:
+        raise RequestError("top_logprobs must be at most 20", "top_logprobs")
+    return top or 0
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    """The checked request of a decoded Chat Completions body."""
+    _common(body)
     try:
         messages, tools = normalise_all(body.get("messages")), normalise_tools(body.get("tools"))
     except MessageError as exc:
         raise RequestError(str(exc), "messages" if "message" in str(exc) else "tools") from None
-    top = _int(body, "top_logprobs", 0)
-    if top is not None and top > 20:
-        raise RequestError("top_logprobs must be at most 20", "top_logprobs")
+    top = _top_logprobs(body)
     max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
     opts = body.get("stream_options")
     return ChatRequest(
         model=body["model"], messages=messages, tools=tools, tool_choice=body.get("tool_choice"),
         stream=bool(body.get("stream")), include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-        logprobs=bool(body.get("logprobs")), top_logprobs=top or 0,
+        logprobs=bool(body.get("logprobs")), top_logprobs=top,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         seed=_int(body, "seed", -(2**63)), stop=_stop(body.get("stop")), max_tokens=max_tokens)
+
+
+# -- the Responses API -----------------------------------------------------------------------
+
+#: Responses fields that need state the gateway does not keep (it answers each request from
+#: the request alone; a program's only state is its token sequences), each with the fix.
+_STATEFUL = {
+    "previous_response_id": "the gateway keeps no responses; send the whole conversation as input items each call "
+                            "(the Agents SDK does unless previous_response_id or auto_previous_response_id is set)",
+    "conversation": "the gateway keeps no conversations; send the whole conversation as input items each call",
+    "prompt": "the gateway keeps no prompt templates; send the prompt as instructions and input",
+    "background": "the gateway answers each request in the call; leave background out",
+    "context_management": "the gateway does no server-side compaction; leave context_management out",
+}
+_LOGPROBS = "message.output_text.logprobs"
+_TOOL_CHOICES = ("auto", "none", "required")
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    """A Responses request: the chat request it is served as, and what its answer echoes."""
+
+    chat: ChatRequest
+    instructions: str | None
+    tools: list[dict[str, Any]]
+    tool_choice: Any
+    max_output_tokens: int | None
+    metadata: Any
+    parallel_tool_calls: bool
+    text: Any
+
+
+def _tool_choice(choice: Any) -> Any:
+    """Responses' ``tool_choice`` in the chat form (a named function nests under ``function``)."""
+    if choice is None or choice in _TOOL_CHOICES:
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise RequestError(f"tool_choice {choice!r} is not supported: send auto, none, required or "
+                       '{"type": "function", "name": ...} (function tools only)', "tool_choice")
+
+
+def _refuse_state(body: dict[str, Any]) -> None:
+    for key, fix in _STATEFUL.items():
+        if body.get(key) not in (None, False):
+            raise RequestError(f"{key} is not supported: {fix}", key, "unsupported_parameter")
+    if body.get("store"):
+        raise RequestError("store=true is not supported: the gateway stores no responses (nothing can be fetched or "
+                           "continued later); send store=false or leave it out", "store", "unsupported_parameter")
+
+
+def parse_responses(body: Any) -> ResponsesRequest:
+    """The checked request of a decoded Responses body (``POST /v1/responses``)."""
+    _common(body)
+    _refuse_state(body)
+    try:
+        messages = normalise_all(input_messages(body.get("instructions"), body.get("input")))
+        tools = function_tools(body.get("tools"))
+    except MessageError as exc:  # its text starts with the field it names: input[3].content, tools[0], ...
+        raise RequestError(str(exc), re.match(r"[\w\[\].]*", str(exc)).group().rstrip(".") or "input") from None
+    include = body.get("include") or []
+    if not isinstance(include, list):
+        raise RequestError("include must be a list of strings", "include")
+    top = _top_logprobs(body)
+    max_tokens = _int(body, "max_output_tokens", 1)
+    chat = ChatRequest(
+        model=body["model"], messages=messages, tools=tools, tool_choice=_tool_choice(body.get("tool_choice")),
+        stream=bool(body.get("stream")), include_usage=True, logprobs=_LOGPROBS in include,
+        top_logprobs=top, temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
+        max_tokens=max_tokens)
+    return ResponsesRequest(chat, body.get("instructions"), body.get("tools") or [], body.get("tool_choice") or "auto",
+                            max_tokens, body.get("metadata"), body.get("parallel_tool_calls") is not False,
+                            body.get("text") or {"format": {"type": "text"}})

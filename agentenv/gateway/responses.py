@@ -1,13 +1,17 @@
-"""OpenAI-shaped bodies of the gateway's answers: a chat completion, its stream of chunks
-(server-sent events), and the error object. Pure: no I/O."""
+"""OpenAI-shaped bodies of the gateway's answers: a chat completion and its stream of chunks,
+a Responses API response and its stream of events (server-sent events both), and the error
+object. Pure: no I/O."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from .items import output_items
 from .replies import Reply
+from .requests import ResponsesRequest
 
 
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
@@ -70,3 +74,68 @@ def stream_events(cid: str, model: str, reply: Reply, reason: str, usage: dict[s
                 "usage": usage}
         yield f"data: {json.dumps(body)}\n\n"
     yield "data: [DONE]\n\n"
+
+
+# -- the Responses API -----------------------------------------------------------------------
+
+def response_body(rid: str, model: str, req: ResponsesRequest, reply: Reply, reason: str, usage: dict[str, int],
+                  cached: int, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A ``response`` object. A reply cut short (``max_output_tokens``, the program's token
+    budget or call limit) is ``incomplete`` with reason ``max_output_tokens``, as OpenAI
+    answers one; a reply that parsed into calls is complete (the calls are whole)."""
+    cut = finish_reason(reply, reason) == "length"
+    status = "incomplete" if cut else "completed"
+    now = int(time.time())
+    return {
+        "id": rid, "object": "response", "created_at": now, "completed_at": None if cut else now, "status": status,
+        "error": None, "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": model,
+        "output": output_items(reply, rid.removeprefix("resp_"), status, logprobs),
+        "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None}, "store": False, "background": False,
+        "temperature": req.chat.temperature, "top_p": req.chat.top_p, "top_logprobs": req.chat.top_logprobs,
+        "text": req.text, "tool_choice": req.tool_choice, "tools": req.tools, "truncation": "disabled",
+        "metadata": req.metadata or {}, "user": None,
+        "usage": {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
+                  "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": usage["total_tokens"]}}
+
+
+def response_events(body: dict[str, Any]) -> Iterator[str]:
+    """``body`` (a finished response) as the Responses stream: ``response.created`` and
+    ``response.in_progress`` (no output yet), each output item added, its content or
+    arguments in one delta, done, then ``response.completed`` (or ``response.incomplete``)
+    with ``body`` itself. Every event is ``event: <type>`` + ``data: {"type", "sequence_number", ...}``."""
+    seq = itertools.count()
+
+    def event(kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": next(seq), **fields}
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    start = {**body, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None,
+             "completed_at": None}
+    yield event("response.created", response=start)
+    yield event("response.in_progress", response=start)
+    for i, item in enumerate(body["output"]):
+        yield from (_message_events if item["type"] == "message" else _call_events)(event, i, item)
+    yield event(f"response.{body['status']}", response=body)
+
+
+def _message_events(event: Callable[..., str], i: int, item: dict[str, Any]) -> Iterator[str]:
+    part = item["content"][0]
+    at = {"item_id": item["id"], "output_index": i, "content_index": 0}
+    yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress", "content": []})
+    yield event("response.content_part.added", **at, part={**part, "text": "", "logprobs": []})
+    lp = part.get("logprobs") or []
+    yield event("response.output_text.delta", **at, delta=part["text"], logprobs=lp)
+    yield event("response.output_text.done", **at, text=part["text"], logprobs=lp)
+    yield event("response.content_part.done", **at, part=part)
+    yield event("response.output_item.done", output_index=i, item=item)
+
+
+def _call_events(event: Callable[..., str], i: int, item: dict[str, Any]) -> Iterator[str]:
+    at = {"item_id": item["id"], "output_index": i}
+    yield event("response.output_item.added", output_index=i, item={**item, "status": "in_progress", "arguments": ""})
+    yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+    yield event("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+    yield event("response.output_item.done", output_index=i, item=item)

@@ -4,7 +4,20 @@ reactor, on Starlette and uvicorn, listening on loopback only.
     POST /v1/chat/completions   messages, tools, tool_choice, stream (SSE), logprobs,
                                 top_logprobs, temperature, top_p, seed, stop, max_tokens /
                                 max_completion_tokens; n > 1 refused
+    POST /v1/responses          the Responses API: instructions, input (a string, or message,
+                                function_call and function_call_output items), function tools,
+                                tool_choice, stream (SSE events), temperature, top_p,
+                                max_output_tokens, include=["message.output_text.logprobs"],
+                                top_logprobs; stateless: previous_response_id, conversation,
+                                store=true, background, prompt and built-in tools refused
     GET  /v1/models             the one model
+
+Both APIs take one path: a Responses request's items become the chat messages that the same
+conversation sent to Chat Completions would be (``agentenv.gateway.items``), and the program's
+session serves them as it serves a chat request, so extending a sequence, roles, the journal
+and a resume's replay hold alike; only the answer's shape differs (``.responses``). The gateway
+keeps no responses: a program's only state is its token sequences, which a stored response
+would duplicate and a resume would have to rebuild, so a request carries its whole conversation.
 
 Each agent program has a random key (``Authorization: Bearer <key>``, ``<key>:<role>`` for a
 role's own sequences, see :func:`role_client`); the key routes the request to the program's
@@ -19,12 +32,12 @@ from __future__ import annotations
 import json
 import socket
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import EngineError
-from .requests import RequestError, parse_chat
-from .responses import completion_body, error_body, logprobs_body, stream_events
-from .session import ProgramSession, ReplayMismatch, SessionEnded
+from .requests import ChatRequest, RequestError, ResponsesRequest, parse_chat, parse_responses
+from .responses import completion_body, error_body, logprobs_body, response_body, response_events, stream_events
+from .session import Answer, ProgramSession, ReplayMismatch, SessionEnded
 
 #: The largest request body taken (bytes).
 MAX_BODY = 8 << 20
@@ -97,6 +110,7 @@ class Gateway:
         from starlette.routing import Route
 
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                                Route("/v1/responses", self._responses, methods=["POST"]),
                                 Route("/v1/models", self._models, methods=["GET"])])
         config = uvicorn.Config(app, host=self.host, port=0, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30)
@@ -170,16 +184,17 @@ class Gateway:
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
-    async def _chat(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse, StreamingResponse
-
+    async def _serve(self, request: Any, parse: Callable[[Any], Any]) -> Any:
+        """Both endpoints' path: the key's session, the body parsed by ``parse`` (a
+        :class:`ChatRequest`, or a :class:`ResponsesRequest` served as its ``chat``), the
+        session's answer; ``(session, request, answer)``, or the error response."""
         self.requests += 1
         session, role, refused = self._session(request)
         if session is None:
             return refused
         try:
-            req = parse_chat(await self._body(request))
-            answer = await session.complete(req, role)
+            req = parse(await self._body(request))
+            answer = await session.complete(req.chat if isinstance(req, ResponsesRequest) else req, role)
         except RequestError as exc:
             return self._error(400, str(exc), param=exc.param, code=exc.code)
         except SessionEnded:
@@ -188,12 +203,38 @@ class Gateway:
             return self._error(409, f"{exc}: the agent program starts again", code="replay_mismatch")
         except EngineError as exc:
             return self._error(503, f"the engine failed: {exc}", code="engine_error")
+        return session, req, answer
+
+    def _logprobs(self, req: ChatRequest, answer: Answer) -> dict[str, Any] | None:
         gen = answer.gen
-        lp = (logprobs_body(self.tokenizer, gen.token_ids, gen.logprobs, req.top_logprobs)
-              if req.logprobs else None)
-        cid = f"chatcmpl-{session.program}-{session.calls - 1}"
+        return logprobs_body(self.tokenizer, gen.token_ids, gen.logprobs, req.top_logprobs) if req.logprobs else None
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        served = await self._serve(request, parse_chat)
+        if not isinstance(served, tuple):
+            return served
+        session, req, answer = served
+        gen, lp = answer.gen, self._logprobs(req, answer)
+        cid = f"chatcmpl-{session.program}-{answer.index}"
         if req.stream:
             usage = answer.usage() if req.include_usage else None
             return StreamingResponse(stream_events(cid, self.model_name, answer.reply, gen.finish_reason, usage, lp),
                                      media_type="text/event-stream")
         return JSONResponse(completion_body(cid, self.model_name, answer.reply, gen.finish_reason, answer.usage(), lp))
+
+    async def _responses(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        served = await self._serve(request, parse_responses)
+        if not isinstance(served, tuple):
+            return served
+        session, req, answer = served
+        lp = self._logprobs(req.chat, answer)
+        body = response_body(f"resp_{session.program}_{answer.index}", self.model_name, req, answer.reply,
+                             answer.gen.finish_reason, answer.usage(), answer.gen.cached_tokens,
+                             lp["content"] if lp else None)
+        if req.chat.stream:
+            return StreamingResponse(response_events(body), media_type="text/event-stream")
+        return JSONResponse(body)

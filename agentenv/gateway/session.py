@@ -42,12 +42,14 @@ class ReplayMismatch(Exception):
 
 
 class Answer:
-    """What one request produced: the reply and the generation behind it."""
+    """What one request produced: the reply, the generation behind it, and the request's index
+    among the program's calls (what the answer's ids are named after: the same on a replay)."""
 
-    __slots__ = ("reply", "gen", "prompt_tokens", "replayed")
+    __slots__ = ("reply", "gen", "prompt_tokens", "replayed", "index")
 
-    def __init__(self, reply: Reply, gen: Generation, prompt_tokens: int, replayed: bool) -> None:
+    def __init__(self, reply: Reply, gen: Generation, prompt_tokens: int, replayed: bool, index: int = 0) -> None:
         self.reply, self.gen, self.prompt_tokens, self.replayed = reply, gen, prompt_tokens, replayed
+        self.index = index
 
     def usage(self) -> dict[str, int]:
         n = len(self.gen.token_ids)
@@ -125,7 +127,7 @@ class ProgramSession:
         if logged is None and self.journal is not None and hasattr(self.journal, "call"):
             self.journal.call(self.program, n, dig, role, generation_record(gen))
         self.calls += 1
-        return Answer(reply, gen, len(plan.input_ids), logged is not None)
+        return Answer(reply, gen, len(plan.input_ids), logged is not None, n)
 
     async def _sample(self, ids: list[int], req: ChatRequest, n: int, branch: int) -> Generation:
         cfg, engine = self.config, self.engine

@@ -6,14 +6,19 @@
 
 An ``agents.Agent`` with one function tool, ``python``, whose code runs in the run's sandbox
 pool, on the Chat Completions API of the client the gateway hands over
-(``OpenAIChatCompletionsModel``). Tracing is off: its exporter would post spans to
-api.openai.com, and a rollout sends nothing off the machine.
+(``OpenAIChatCompletionsModel``); ``AgentsSdkResponsesMath`` is the same agent on the SDK's
+default, the Responses API (``OpenAIResponsesModel``, the gateway's ``POST /v1/responses``):
+
+    agentenv rollout --env examples/agents/agents_sdk.py:AgentsSdkResponsesMath ...
+
+Tracing is off: its exporter would post spans to api.openai.com, and a rollout sends nothing
+off the machine.
 """
 
 from __future__ import annotations
 
-from agents import Agent, MaxTurnsExceeded, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
-from agents import set_tracing_disabled
+from agents import Agent, MaxTurnsExceeded, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig, Runner
+from agents import function_tool, set_tracing_disabled
 
 from agentenv import AgentEnvironment
 from agentenv.agent import sandbox_session
@@ -45,9 +50,11 @@ class AgentsSdkMath(AgentEnvironment):
     def tasks(self, n, seed=0):
         return self.math.tasks(n, seed)
 
+    def sdk_model(self, client, model):
+        return OpenAIChatCompletionsModel(model=model, openai_client=client)
+
     async def agent(self, task, client, model):
-        solver = Agent(name="solver", instructions=HERMES_PROMPT, tools=[python],
-                       model=OpenAIChatCompletionsModel(model=model, openai_client=client))
+        solver = Agent(name="solver", instructions=HERMES_PROMPT, tools=[python], model=self.sdk_model(client, model))
         try:
             result = await Runner.run(solver, task.question, max_turns=self.max_turns,
                                       run_config=RunConfig(tracing_disabled=True))
@@ -57,3 +64,14 @@ class AgentsSdkMath(AgentEnvironment):
 
     async def reward(self, task, trajectory):
         return await self.math.reward(task, trajectory)
+
+
+class AgentsSdkResponsesMath(AgentsSdkMath):
+    """The same agent on the Responses API, the Agents SDK's default model: the whole
+    conversation goes as input items each turn (no ``previous_response_id``: the gateway keeps
+    no responses)."""
+
+    id = "agents-sdk-responses-math"
+
+    def sdk_model(self, client, model):
+        return OpenAIResponsesModel(model=model, openai_client=client)
