@@ -161,6 +161,9 @@ class Probe(Calc):
                 "big": await h.post(f"{url}/chat/completions", content=b" " * (9 << 20), headers=head),
                 "n": await h.post(f"{url}/chat/completions", json={**body, "n": 2}, headers=head),
                 "role": await h.post(f"{url}/chat/completions", json={**body, "messages": [{"role": "x"}]}, headers=head),
+                # well-formed, but the model's chat template cannot render an image part
+                "template": await h.post(f"{url}/chat/completions", headers=head, json={**body, "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}),
                 "models": await h.get(f"{url}/models", headers=head),
             }
         Probe.seen.update({k: (r.status_code, r.json()) for k, r in out.items()})
@@ -178,8 +181,9 @@ async def test_bad_keys_and_bodies_get_openai_errors_and_an_ended_program_410(to
     s = Probe.seen
     assert groups[0].trajectories[0].finish_reason == "stop"
     assert s["missing"][0] == s["foreign"][0] == 401 and s["missing"][1]["error"]["code"] == "invalid_api_key"
-    for k in ("json", "big", "n", "role"):
+    for k in ("json", "big", "n", "role", "template"):
         assert s[k][0] == 400 and s[k][1]["error"]["type"] == "invalid_request_error", (k, s[k])
+    assert "chat template cannot render" in s["template"][1]["error"]["message"]
     assert "n=2" in s["n"][1]["error"]["message"] and s["n"][1]["error"]["param"] == "n"
     assert s["models"][0] == 200 and s["models"][1]["data"][0]["id"] == "tiny-hermes"
     assert after.status_code == 410 and after.json()["error"]["code"] == "program_ended"

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..errors import EngineError
+from .messages import MessageError
 from .requests import ChatRequest, RequestError, ResponsesRequest, parse_chat, parse_responses
 from .responses import completion_body, error_body, logprobs_body, response_body, response_events, stream_events
 from .session import Answer, ProgramSession, ReplayMismatch, SessionEnded
@@ -197,6 +198,8 @@ class Gateway:
             answer = await session.complete(req.chat if isinstance(req, ResponsesRequest) else req, role)
         except RequestError as exc:
             return self._error(400, str(exc), param=exc.param, code=exc.code)
+        except MessageError as exc:  # well-formed, but the model's chat template cannot render it
+            return self._error(400, str(exc), param="messages", code="invalid_messages")
         except SessionEnded:
             return self._error(410, "this key's agent program has ended", code="program_ended")
         except ReplayMismatch as exc:
