@@ -58,43 +58,103 @@ class Headline:
 
 
 HEADLINES = [
-    Headline("program-aware scheduling vs lockstep / FIFO, wall time (512 trace programs, vLLM, 2 CPU cores)",
-             "scheduling", lambda f: "{:.2f}x / {:.2f}x".format(
-                 _walls(f)["lockstep"] / _walls(f)["program"], _walls(f)["fifo"] / _walls(f)["program"]),
-             "1.80-4.04x / 1.10-1.76x (twelve runs)"),
-    Headline("the same run's tok/s over the engine's pure decode (`limit_ratio`)", "scheduling",
-             lambda f: f"{f['limit_ratio']:.2f}", "0.62-0.80 (twelve runs)"),
-    Headline("program-aware vs lockstep at GPU scale (simulated: 10,000 programs, a 7B model on one H100)",
-             "simulate", lambda f: f"{f['program_vs_lockstep']:.2f}x", "2.45x"),
-    Headline("the same with the KV cut to 200k tokens: wall time vs FIFO; resume reuse vs FIFO's", "simulate-kv200000",
-             lambda f: f"{f['program_vs_fifo']:.2f}x; {100 * f['program']['reuse']:.1f} % vs "
-                       f"{100 * f['fifo']['reuse']:.1f} %", "1.18x; 88.3 % vs 1.2 %"),
-    Headline("retool-math's tok/s over pure decode, vLLM (`rollout_limit_ratio`)", "rollout_limit",
-             lambda f: f"{f['rollout_limit_ratio']:.2f}", "0.52-0.58 (four runs)"),
-    Headline("async vs sync GRPO training, wall time (slow tools and rewards; one torch thread each for the "
-             "engine and the trainer)", "trainer",
-             lambda f: f"{f['async_speedup']:.2f}x", "2.40x"),
-    Headline("the same async run's share of its ideal overlap (per step, the longer of generation and training "
-             "measured alone)", "trainer", lambda f: f"{f['ideal_overlap']:.2f}", "not measured"),
-    Headline("vLLM vs the embedded engine, tok/s (32 requests, CPU)", "engines",
-             lambda f: f"{f['vllm_vs_embedded_throughput']:.2f}x", "2.36x"),
-    Headline("a sandbox call vs a fresh `python3` per call (concurrency 32)", "sandbox",
-             lambda f: f"{f['sandbox_speedup']:.1f}x", "82.9x"),
-    Headline("isolated sandbox session starts, 64 at once", "sandbox",
-             lambda f: f"{f['starts_per_s_after_close']:.0f}/s ({f['starts_per_s_settled']:.0f}/s after teardown)",
-             "343-360/s (idle 2-core VM)"),
-    Headline("the event log's cost on rollout throughput", "journal",
-             lambda f: f"{f['log_overhead_pct']:+.1f} %", "none measurable (noise +-15 %)"),
-    Headline("RSS growth over a 10,000-program rollout", "memory",
-             lambda f: f"{f['rss_growth_mb_per_1k_programs']:.2f} MiB per 1,000 programs", "-0.24 MiB per 1,000 programs"),
-    Headline("client CPU per generated token, whole rollout path on the instant engine (1,000 programs, "
-             "57-token turns, a tool call each)", "client",
-             lambda f: f"{f['client_us_per_token']:.1f} us" + (
-                 f" ({f['baseline_client_us_per_token']:.1f} before)" if "baseline_client_us_per_token" in f else ""),
-             "14.7 us (21.4 before)"),
-    Headline("memory per idle program in the reactor", "overhead", lambda f: f"{f['idle_program_kb']:.1f} KB", "10.8 KB"),
-    Headline("8 engines vs 1 on Ray, tok/s (simulated: a 7B model on one H100 each)", "cluster-projection",
-             lambda f: f"{f['projected_scaling']:.2f}x", "6.83x"),
+    Headline(
+        "program-aware scheduling vs lockstep / FIFO, wall time (512 trace programs, vLLM, 2 CPU cores)",
+        "scheduling",
+        lambda f: "{:.2f}x / {:.2f}x".format(
+            _walls(f)["lockstep"] / _walls(f)["program"], _walls(f)["fifo"] / _walls(f)["program"]
+        ),
+        "1.80-4.04x / 1.10-1.76x (twelve runs)",
+    ),
+    Headline(
+        "the same run's tok/s over the engine's pure decode (`limit_ratio`)",
+        "scheduling",
+        lambda f: f"{f['limit_ratio']:.2f}",
+        "0.62-0.80 (twelve runs)",
+    ),
+    Headline(
+        "program-aware vs lockstep at GPU scale (simulated: 10,000 programs, a 7B model on one H100)",
+        "simulate",
+        lambda f: f"{f['program_vs_lockstep']:.2f}x",
+        "2.45x",
+    ),
+    Headline(
+        "the same with the KV cut to 200k tokens: wall time vs FIFO; resume reuse vs FIFO's",
+        "simulate-kv200000",
+        lambda f: (
+            f"{f['program_vs_fifo']:.2f}x; {100 * f['program']['reuse']:.1f} % vs {100 * f['fifo']['reuse']:.1f} %"
+        ),
+        "1.18x; 88.3 % vs 1.2 %",
+    ),
+    Headline(
+        "retool-math's tok/s over pure decode, vLLM (`rollout_limit_ratio`)",
+        "rollout_limit",
+        lambda f: f"{f['rollout_limit_ratio']:.2f}",
+        "0.52-0.58 (four runs)",
+    ),
+    Headline(
+        "async vs sync GRPO training, wall time (slow tools and rewards; one torch thread each for the "
+        "engine and the trainer)",
+        "trainer",
+        lambda f: f"{f['async_speedup']:.2f}x",
+        "2.40x",
+    ),
+    Headline(
+        "the same async run's share of its ideal overlap (per step, the longer of generation and training "
+        "measured alone)",
+        "trainer",
+        lambda f: f"{f['ideal_overlap']:.2f}",
+        "not measured",
+    ),
+    Headline(
+        "vLLM vs the embedded engine, tok/s (32 requests, CPU)",
+        "engines",
+        lambda f: f"{f['vllm_vs_embedded_throughput']:.2f}x",
+        "2.36x",
+    ),
+    Headline(
+        "a sandbox call vs a fresh `python3` per call (concurrency 32)",
+        "sandbox",
+        lambda f: f"{f['sandbox_speedup']:.1f}x",
+        "82.9x",
+    ),
+    Headline(
+        "isolated sandbox session starts, 64 at once",
+        "sandbox",
+        lambda f: f"{f['starts_per_s_after_close']:.0f}/s ({f['starts_per_s_settled']:.0f}/s after teardown)",
+        "343-360/s (idle 2-core VM)",
+    ),
+    Headline(
+        "the event log's cost on rollout throughput",
+        "journal",
+        lambda f: f"{f['log_overhead_pct']:+.1f} %",
+        "none measurable (noise +-15 %)",
+    ),
+    Headline(
+        "RSS growth over a 10,000-program rollout",
+        "memory",
+        lambda f: f"{f['rss_growth_mb_per_1k_programs']:.2f} MiB per 1,000 programs",
+        "-0.24 MiB per 1,000 programs",
+    ),
+    Headline(
+        "client CPU per generated token, whole rollout path on the instant engine (1,000 programs, "
+        "57-token turns, a tool call each)",
+        "client",
+        lambda f: (
+            f"{f['client_us_per_token']:.1f} us"
+            + (f" ({f['baseline_client_us_per_token']:.1f} before)" if "baseline_client_us_per_token" in f else "")
+        ),
+        "14.7 us (21.4 before)",
+    ),
+    Headline(
+        "memory per idle program in the reactor", "overhead", lambda f: f"{f['idle_program_kb']:.1f} KB", "10.8 KB"
+    ),
+    Headline(
+        "8 engines vs 1 on Ray, tok/s (simulated: a 7B model on one H100 each)",
+        "cluster-projection",
+        lambda f: f"{f['projected_scaling']:.2f}x",
+        "6.83x",
+    ),
 ]
 
 

@@ -86,9 +86,16 @@ def seen(monkeypatch):
         after = [b.calls for b in self.branches.all]
         branch = next(i for i, n in enumerate(after) if i >= len(before) or n != before[i])
         gen = answer.gen
-        calls[self.program].append({"branch": branch, "messages": req.messages, "tools": req.tools,
-                                    "ids": list(gen.token_ids), "lp": list(gen.logprobs),
-                                    "eos": gen.stop_token_id is not None and gen.stop_token_id == self.tokenizer.eos_token_id})
+        calls[self.program].append(
+            {
+                "branch": branch,
+                "messages": req.messages,
+                "tools": req.tools,
+                "ids": list(gen.token_ids),
+                "lp": list(gen.logprobs),
+                "eos": gen.stop_token_id is not None and gen.stop_token_id == self.tokenizer.eos_token_id,
+            }
+        )
         return answer
 
     monkeypatch.setattr(ProgramSession, "_complete", complete)

@@ -160,10 +160,20 @@ class Probe(Calc):
                 "json": await h.post(f"{url}/chat/completions", content=b"{not json", headers=head),
                 "big": await h.post(f"{url}/chat/completions", content=b" " * (9 << 20), headers=head),
                 "n": await h.post(f"{url}/chat/completions", json={**body, "n": 2}, headers=head),
-                "role": await h.post(f"{url}/chat/completions", json={**body, "messages": [{"role": "x"}]}, headers=head),
+                "role": await h.post(
+                    f"{url}/chat/completions", json={**body, "messages": [{"role": "x"}]}, headers=head
+                ),
                 # well-formed, but the model's chat template cannot render an image part
-                "template": await h.post(f"{url}/chat/completions", headers=head, json={**body, "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}),
+                "template": await h.post(
+                    f"{url}/chat/completions",
+                    headers=head,
+                    json={
+                        **body,
+                        "messages": [
+                            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+                        ],
+                    },
+                ),
                 "models": await h.get(f"{url}/models", headers=head),
             }
         Probe.seen.update({k: (r.status_code, r.json()) for k, r in out.items()})
@@ -302,7 +312,9 @@ def test_killed_mid_run_and_resumed_replays_agents_from_the_journal(tmp_path, to
                             start_new_session=True)
     calls = lambda: [r for r in journal.read(Path(f"{out}.log"))[0] if r.get("e") == "call"] \
         if Path(f"{out}.log").exists() else []
-    wait_for(lambda: len(calls()) >= 4, "every program's first call in the journal", unless=lambda: proc.poll() is not None)
+    wait_for(
+        lambda: len(calls()) >= 4, "every program's first call in the journal", unless=lambda: proc.poll() is not None
+    )
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = {r["k"]: r["g"]["ids"] for r in calls()}
@@ -389,10 +401,35 @@ def test_an_agent_environment_trains_and_stops_with_agents_in_flight(tmp_path):
     import subprocess
 
     example = Path(__file__).resolve().parents[1] / "examples" / "agents" / "short_answers.py"
-    r = subprocess.run([sys.executable, "-m", "agentenv.cli", "train", "--env", f"{example}:BoxedAnswer",
-                        "--model", "tiny-hermes", "--steps", "3", "--groups-per-step", "2", "--group-size", "4",
-                        "--max-new-tokens", "48", "--eval-every", "0", "--concurrency", "2", "--out-dir", str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=840)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentenv.cli",
+            "train",
+            "--env",
+            f"{example}:BoxedAnswer",
+            "--model",
+            "tiny-hermes",
+            "--steps",
+            "3",
+            "--groups-per-step",
+            "2",
+            "--group-size",
+            "4",
+            "--max-new-tokens",
+            "48",
+            "--eval-every",
+            "0",
+            "--concurrency",
+            "2",
+            "--out-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])

@@ -48,8 +48,12 @@ class Branch:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "prompt_ids": list(self.prompt_ids), "segments": [s.to_dict() for s in self.segments],
-                "calls": self.calls}
+        return {
+            "role": self.role,
+            "prompt_ids": list(self.prompt_ids),
+            "segments": [s.to_dict() for s in self.segments],
+            "calls": self.calls,
+        }
 
 
 @dataclass(slots=True)

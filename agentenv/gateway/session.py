@@ -117,7 +117,9 @@ class ProgramSession:
         if logged is not None:
             gen, self.replayed = generation_of(logged["g"]), self.replayed + 1
         else:
-            gen = await self._sample(plan.input_ids, req, n, plan.extends.index if plan.extends else len(self.branches.all))
+            gen = await self._sample(
+                plan.input_ids, req, n, plan.extends.index if plan.extends else len(self.branches.all)
+            )
         text, ended_with_eos = self._text(gen)
         text = _cut_at_stop(text, req.stop)
         reply = parse_reply(self.fmt, text, req.tool_names, req.tool_choice, call_id=f"call_{n}")
@@ -138,9 +140,13 @@ class ProgramSession:
         cap = min(req.max_tokens or cfg.max_tokens_per_turn, room, cfg.max_new_tokens - self.sampled)
         if cap <= 0 or n >= cfg.max_turns:  # the program's token budget or call limit is spent: an empty reply
             return Generation([], [], "length", len(ids), 0, engine.weight_version)
-        params = SamplingParams(max_tokens=cap, temperature=cfg.temperature if req.temperature is None else req.temperature,
-                                top_p=cfg.top_p if req.top_p is None else req.top_p, top_k=cfg.top_k,
-                                stop_token_ids=self.stop_ids + self._stop_ids(req.stop))
+        params = SamplingParams(
+            max_tokens=cap,
+            temperature=cfg.temperature if req.temperature is None else req.temperature,
+            top_p=cfg.top_p if req.top_p is None else req.top_p,
+            top_k=cfg.top_k,
+            stop_token_ids=self.stop_ids + self._stop_ids(req.stop),
+        )
         try:
             priority = await self.hooks.before_turn(len(ids), cap)
         except ProgramEndedError:

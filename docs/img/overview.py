@@ -39,9 +39,36 @@ def main() -> None:
     ax.set_ylim(0, 4.6)
     ax.axis("off")
 
-    box(ax, 0.2, 2.2, 2.7, 2.1, "engine", "embedded | vLLM | OpenAI server\nsamples a turn from the\nprefix cache: token ids,\nlogprobs, weight version", MODEL)
-    box(ax, 4.15, 2.2, 2.7, 2.1, "reactor", "schedules programs, not\nrequests; parses the tool\ncall; splices its output\nas tokens (never re-encoded)", "#555555")
-    box(ax, 8.1, 2.2, 2.7, 2.1, "sandbox session", "a stateful Python per\nprogram, isolated;\nruns the call,\nnever raises", ENV)
+    box(
+        ax,
+        0.2,
+        2.2,
+        2.7,
+        2.1,
+        "engine",
+        "embedded | vLLM | OpenAI server\nsamples a turn from the\nprefix cache: token ids,\nlogprobs, weight version",
+        MODEL,
+    )
+    box(
+        ax,
+        4.15,
+        2.2,
+        2.7,
+        2.1,
+        "reactor",
+        "schedules programs, not\nrequests; parses the tool\ncall; splices its output\nas tokens (never re-encoded)",
+        "#555555",
+    )
+    box(
+        ax,
+        8.1,
+        2.2,
+        2.7,
+        2.1,
+        "sandbox session",
+        "a stateful Python per\nprogram, isolated;\nruns the call,\nnever raises",
+        ENV,
+    )
     arrow(ax, (2.95, 3.55), (4.1, 3.55), "a turn: ids,\nlogprobs", MODEL)
     arrow(ax, (6.9, 3.55), (8.05, 3.55), "tool call", ENV)
     arrow(ax, (8.05, 2.75), (6.9, 2.75), "output", ENV, dy=-0.38)
