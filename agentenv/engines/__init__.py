@@ -1,9 +1,12 @@
-"""Inference engines behind one interface (``Engine``)."""
+"""Inference engines behind one interface (``Engine``), and what a trainer needs of one besides:
+``WeightSink`` (new weights in) and ``Sleepable`` (the device given to a colocated trainer)."""
 
-from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Engine, FinishReason, Generation, SamplingParams
+from .base import (DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Engine, FinishReason, Generation, SamplingParams, Sleepable,
+                   WeightSink, sleepable, weight_sink)
 from .spec import EngineSpec
 
-__all__ = ["Engine", "EngineSpec", "FinishReason", "Generation", "SamplingParams", "create_engine", "open_engine"]
+__all__ = ["Engine", "EngineSpec", "FinishReason", "Generation", "SamplingParams", "Sleepable", "WeightSink",
+           "create_engine", "open_engine", "sleepable", "weight_sink"]
 
 
 def create_engine(kind: str, model: str, **kwargs) -> Engine:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import AgentEnvError, ConfigError, EngineError, PromptTooLongError
 from ..raycluster import actor_options, died_errors, ray_module
-from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Engine, Generation, SamplingParams
+from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, Engine, Generation, SamplingParams, WeightSink
 from .routing import Router
 from .spec import EngineSpec
 
@@ -120,7 +120,7 @@ class EngineActor:
             await engine.aclose()
 
 
-class RayEngine(Engine):
+class RayEngine(WeightSink, Engine):
     """An :class:`Engine` over engine actors (see the module doc). :meth:`start` starts them and
     the engine owns them (``aclose`` stops them); :meth:`connect` is a client of actors
     someone else owns (each rollout worker's view of the driver's engines)."""

@@ -61,10 +61,15 @@ DEFAULT_PAGE_SIZE = 16
 
 
 class Engine(abc.ABC):
-    """An inference engine. Use as an async context manager; ``aclose`` is idempotent.
+    """An inference engine: tokens in, tokens out (``generate``, ``generate_turn``, ``abort``,
+    ``release``). Use as an async context manager; ``aclose`` is idempotent.
 
     Besides its methods, the reactor and its program scheduler read the attributes below;
-    each engine sets the ones it knows and inherits the documented default for the rest."""
+    each engine sets the ones it knows and inherits the documented default for the rest.
+    What a trainer needs besides is two further interfaces an engine may also implement:
+    :class:`WeightSink` (new weights in, a LoRA adapter) and :class:`Sleepable` (give the
+    device to a colocated trainer); :func:`weight_sink` and :func:`sleepable` check them where
+    a run needs them, with an error naming the engine."""
 
     #: Context window in tokens (prompt + generated).
     max_model_len: int
@@ -81,9 +86,6 @@ class Engine(abc.ABC):
     #: request's ``SamplingParams`` say (the embedded engine fixes them when it starts); None
     #: when each request is sampled with its own.
     sampling: tuple[float, float, int] | None = None
-    #: The ``sleep`` levels the engine implements (empty: it cannot sleep, and a colocated
-    #: trainer refuses it before the first step).
-    sleep_levels: tuple[int, ...] = ()
     _closed: bool = False
 
     @property
@@ -132,6 +134,20 @@ class Engine(abc.ABC):
         engine need not keep routing it to where its KV was. Optional."""
 
     @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> "Engine":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class WeightSink(abc.ABC):
+    """An engine whose weights a trainer replaces as it trains: the bundled trainer, the TRL
+    adapter and ``agentenv.testing.push_weights`` need it (:func:`weight_sink`)."""
+
+    @abc.abstractmethod
     async def load_weights(
         self, weights: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int | None = None
     ) -> int:
@@ -145,6 +161,15 @@ class Engine(abc.ABC):
 
         raise ConfigError(f"{type(self).__name__} does not support LoRA weight sync; train without --lora-rank")
 
+
+class Sleepable(abc.ABC):
+    """An engine that gives its device memory to a colocated trainer between steps
+    (``--mode colocated``, :func:`sleepable`)."""
+
+    #: The ``sleep`` levels the engine implements.
+    sleep_levels: tuple[int, ...] = ()
+
+    @abc.abstractmethod
     async def sleep(self, level: int = 1) -> None:
         """Give the device memory the engine holds to someone else (a trainer on the same
         devices), as vLLM's sleep mode does. The requests in flight finish first; a request
@@ -154,28 +179,37 @@ class Engine(abc.ABC):
         memory; ``wake_up`` brings them back as they were. ``level=2``: free the KV cache and
         discard the weights; after ``wake_up`` the engine serves nothing until ``load_weights``
         has installed every parameter again. An engine that keeps its weights in host memory
-        (on CPU) frees what it can, which is its KV cache, and says so in its docstring.
-        Engines that cannot sleep raise ``ConfigError`` (:attr:`sleep_levels` is empty)."""
-        from ..errors import ConfigError
+        (on CPU) frees what it can, which is its KV cache, and says so in its docstring."""
 
-        raise ConfigError(f"{type(self).__name__} cannot sleep; train with --mode async or sync")
-
+    @abc.abstractmethod
     async def wake_up(self) -> None:
         """Take back what :meth:`sleep` freed (the KV cache, empty, and at level 1 the weights)
         and serve the requests that waited. Awake already: nothing happens."""
-        from ..errors import ConfigError
-
-        raise ConfigError(f"{type(self).__name__} cannot sleep or wake up")
-
-    async def is_sleeping(self) -> bool:
-        """Whether the engine sleeps (between :meth:`sleep` and :meth:`wake_up`)."""
-        return False
 
     @abc.abstractmethod
-    async def aclose(self) -> None: ...
+    async def is_sleeping(self) -> bool:
+        """Whether the engine sleeps (between :meth:`sleep` and :meth:`wake_up`)."""
 
-    async def __aenter__(self) -> "Engine":
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+def weight_sink(engine: Engine, needs: str) -> WeightSink:
+    """``engine`` as a :class:`WeightSink`; a ``ConfigError`` naming it and ``needs`` (what
+    wanted its weights replaced) when it takes none."""
+    from ..errors import ConfigError
+
+    if not isinstance(engine, WeightSink):
+        raise ConfigError(f"{needs} replaces the engine's weights as it trains, and {type(engine).__name__} "
+                          "takes none (an inference-only engine); use the embedded, vllm or openai engine")
+    return engine
+
+
+def sleepable(engine: Engine, level: int, needs: str) -> Sleepable:
+    """``engine`` as a :class:`Sleepable` that sleeps at ``level``; a ``ConfigError`` naming it,
+    the levels it has and what to use instead when it does not."""
+    from ..errors import ConfigError
+
+    levels = engine.sleep_levels if isinstance(engine, Sleepable) else ()
+    if level not in levels:
+        can = f"sleeps at levels {levels}" if levels else "cannot sleep"
+        raise ConfigError(f"{needs} needs an engine that sleeps at level {level}; "
+                          f"{type(engine).__name__} {can} (use --mode sync or async)")
+    return engine  # type: ignore[return-value]

@@ -42,7 +42,8 @@ import torch
 from ..devices import resolve_device
 from ..errors import ConfigError, EngineError, ModelNotFoundError
 from ..models import quiet_loading
-from .base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Engine, Generation, SamplingParams
+from .base import (DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Engine, Generation, SamplingParams, Sleepable,
+                   WeightSink)
 from .embedded_sleep import SLEEP_LEVELS, Slumber, fall_asleep, kv_cache_bytes, wake
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def require_transformers(version: str | None = None) -> None:
                           f"pip install 'transformers{want}'")
 
 
-class EmbeddedEngine(Engine):
+class EmbeddedEngine(Sleepable, WeightSink, Engine):
     sleep_levels = SLEEP_LEVELS
 
     def __init__(

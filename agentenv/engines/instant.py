@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 import anyio
 import anyio.lowlevel
 
-from .base import DEFAULT_PAGE_SIZE, Engine, Generation, SamplingParams
+from .base import DEFAULT_PAGE_SIZE, Engine, Generation, SamplingParams, WeightSink
 
 
 class _Waiter:
@@ -51,7 +51,7 @@ class _Waiter:
         return (self.priority, self.seq) < (other.priority, other.seq)
 
 
-class InstantEngine(Engine):
+class InstantEngine(WeightSink, Engine):
     """An engine without a model, for measuring the rest (see the module docstring).
 
     ``tokenizer``: the tokenizer programs use (default: the bundled model's). ``tok_s``:

@@ -43,7 +43,7 @@ import anyio
 
 from ..errors import ConfigError, EngineError, PromptTooLongError
 from ..retry import retry_async
-from .base import Engine, Generation, SamplingParams
+from .base import Engine, Generation, SamplingParams, WeightSink
 from .routing import Router
 from .vllm_sleep import Sleeper
 from .vllm_worker import INSTANCE_HEADER, instance_id
@@ -94,7 +94,7 @@ def _address_for(url: str) -> str:
         return "127.0.0.1"
 
 
-class OpenAIEngine(Sleeper, Engine):
+class OpenAIEngine(Sleeper, WeightSink, Engine):
     def __init__(
         self,
         base_urls: str | list[str],

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterat
 import anyio
 
 from ..errors import EngineError
-from .base import Engine, Generation, SamplingParams
+from .base import Engine, Generation, SamplingParams, WeightSink
 from .embedded import check_model_dir, load_tokenizer
 from .vllm_core import VLLMCore, start_llm
 from .vllm_lora import LoraAdapters
@@ -128,7 +128,7 @@ def _kept(served: dict[str, Any], items: list[tuple[str, "torch.Tensor"]] | Held
         raise
 
 
-class VLLMEngine(Sleeper, Engine):
+class VLLMEngine(Sleeper, WeightSink, Engine):
     """vLLM's ``AsyncLLM`` behind the :class:`Engine` interface (see the module doc). Create
     with ``await VLLMEngine.create(model, ...)`` (engine start takes seconds)."""
 

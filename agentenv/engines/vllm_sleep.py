@@ -24,12 +24,13 @@ from typing import Any
 import anyio
 
 from ..errors import ConfigError, EngineError
+from .base import Sleepable
 
 #: The levels the vLLM engine implements.
 SLEEP_LEVELS = (1, 2)
 
 
-class Sleeper:
+class Sleeper(Sleepable):
     """The sleep mode, mixed into an engine that has ``_update_lock``: requests call
     :meth:`_until_awake` before admission, and weight updates :meth:`_check_awake` before and
     :meth:`_weights_installed` after. :meth:`_fall_asleep` and :meth:`_awaken` put vLLM to

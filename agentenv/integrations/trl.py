@@ -122,8 +122,11 @@ class AgentEnvRollout:
     # -- weight sync ----------------------------------------------------------------------------
     def sync_weights(self, model: Any, version: int | None = None) -> int:
         """Put ``model``'s parameters into the engine (what the callback does after each step)."""
+        from ..engines.base import weight_sink
+
+        sink = weight_sink(self.engine, "AgentEnvRollout.sync_weights (TRL's callback)")
         tensors = {n: p.detach().clone() for n, p in model.named_parameters()}
-        return self._portal.call(lambda: self.engine.load_weights(tensors, version))
+        return self._portal.call(lambda: sink.load_weights(tensors, version))
 
     def callback(self) -> Any:
         from transformers import TrainerCallback

@@ -111,7 +111,8 @@ class ServerManagerEngine(Engine):
     """An agentenv :class:`Engine` over verl's ``LLMServerClient``: every request goes through
     verl's server manager (its routing, its engines, its weights). One per program: it knows
     the program's request id (so verl routes every turn to the same server) and its context
-    budget (prompt + verl's ``response_length``)."""
+    budget (prompt + verl's ``response_length``). Inference only, no :class:`~agentenv.engines.WeightSink`:
+    verl syncs its own servers' weights."""
 
     def __init__(self, server_manager: Any, tokenizer: Any, max_model_len: int, *, request_id: str,
                  extra_sampling: dict[str, Any] | None = None) -> None:
@@ -158,9 +159,6 @@ class ServerManagerEngine(Engine):
 
     async def abort(self, request_id: str) -> None:  # cancellation reaches verl's client as such
         return None
-
-    async def load_weights(self, weights: Any, version: int | None = None) -> int:
-        raise ConfigError("under verl the trainer syncs weights into its own servers; agentenv does not")
 
     async def aclose(self) -> None:
         return None

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 
-from ..errors import ConfigError
+from ..engines.base import sleepable
 
 
 class Colocation:
@@ -34,10 +34,8 @@ class Colocation:
     ``enabled=False`` (the async and sync modes) makes :meth:`asleep` a no-op."""
 
     def __init__(self, engine: Any, policy: Any, *, level: int = 1, enabled: bool = True) -> None:
-        if enabled and level not in engine.sleep_levels:
-            can = f"sleeps at levels {engine.sleep_levels}" if engine.sleep_levels else "cannot sleep"
-            raise ConfigError(f"--mode colocated needs an engine that sleeps at level {level}; "
-                              f"{type(engine).__name__} {can} (use --mode sync or async)")
+        if enabled:
+            sleepable(engine, level, "--mode colocated")
         self.engine, self.policy, self.level, self.enabled = engine, policy, level, enabled
         #: The last step's timings (empty when disabled).
         self.last: dict[str, float] = {}

@@ -39,6 +39,7 @@ from .. import inflight
 from ..config import RolloutConfig
 from ..devices import check_device
 from ..errors import ConfigError, RankDiedError
+from ..engines.base import weight_sink
 from ..engines.spec import EngineSpec
 from ..runtime import Runtime, open_runtime
 from .checkpoints import Checkpoints, latest_checkpoint
@@ -121,6 +122,7 @@ class Trainer:
             self._env, self._engine_source(model, sampling_seed), sandbox, self.rollout,
             programs=cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1), journal=self.programs))
         self._engine, self._sandbox = self.runtime.engine, self.runtime.sandbox
+        weight_sink(self._engine, "agentenv train")  # before the policy is built: it pushes weights every step
         if self._judge is not None:
             self._judge.bind(self._engine)  # --judge policy: the engine it trains
             await self._judge.start()

@@ -92,3 +92,35 @@ def test_an_engine_that_cannot_say_gets_the_interfaces_defaults_everywhere(token
     reactor = _reactor(engine)
     assert reactor.stats.outcomes.block_size == reactor.scheduler.config.block_size == DEFAULT_PAGE_SIZE
     assert reactor.scheduler.config.kv_capacity is None
+
+
+def test_the_trainers_interfaces_are_apart_from_inference_and_checked_where_needed(tokenizer):
+    """Inference is ``Engine``; replacing weights (``WeightSink``) and giving the device away
+    (``Sleepable``) are separate interfaces, which the engines that have them implement and the
+    trainer checks by name before it needs them."""
+    pytest.importorskip("verl")
+    from agentenv.engines import Sleepable, WeightSink, sleepable, weight_sink
+    from agentenv.engines.actors import RayEngine
+    from agentenv.engines.embedded import EmbeddedEngine
+    from agentenv.engines.instant import InstantEngine
+    from agentenv.engines.openai import OpenAIEngine
+    from agentenv.engines.vllm import VLLMEngine
+    from agentenv.errors import ConfigError
+    from agentenv.integrations.verl import ServerManagerEngine
+
+    inference = {"generate", "generate_turn", "abort", "release", "aclose"}
+    assert inference <= set(dir(Engine)) and not {"load_weights", "enable_lora", "sleep", "wake_up"} & set(dir(Engine))
+    for kind in (EmbeddedEngine, VLLMEngine, OpenAIEngine, RayEngine, InstantEngine):
+        assert issubclass(kind, WeightSink), kind
+    assert [k.__name__ for k in (EmbeddedEngine, VLLMEngine, OpenAIEngine, RayEngine, InstantEngine)
+            if issubclass(k, Sleepable)] == ["EmbeddedEngine", "VLLMEngine", "OpenAIEngine"]
+    verl = ServerManagerEngine(None, tokenizer, 1024, request_id="p")
+    with pytest.raises(ConfigError, match="agentenv train replaces the engine's weights as it trains, and "
+                                          "ServerManagerEngine takes none"):
+        weight_sink(verl, "agentenv train")
+    with pytest.raises(ConfigError, match="ServerManagerEngine cannot sleep"):
+        sleepable(verl, 1, "--mode colocated")
+    instant = InstantEngine(tokenizer)
+    assert weight_sink(instant, "x") is instant
+    with pytest.raises(ConfigError, match="InstantEngine cannot sleep"):
+        sleepable(instant, 2, "--mode colocated")
