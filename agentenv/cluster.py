@@ -149,7 +149,9 @@ class RolloutWorker:
         if self.reactor is None:
             raise RuntimeError(self._error or "the rollout worker is not running")
         resume, finished = restore(saved) if saved else (None, ())
-        for t in finished:  # in this worker's snapshots too, should it die in turn
+        if saved:  # in this worker's snapshots too, should it die in turn: finished programs, agents' calls
+            self.in_flight.restored(saved)
+        for t in finished:
             self.in_flight.finished(t)
         try:
             group = await self.reactor.group(Task(**task), group_size, resume=resume, finished=finished)
