@@ -40,8 +40,8 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
-from ..config import RolloutConfig
 from ..agent import AgentEnvironment
+from ..config import RolloutConfig
 from ..env import Environment, Task
 from ..errors import ConfigError
 from ..program import render_prompt
