@@ -26,6 +26,8 @@ Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` 
   sends only the turns and finished programs the driver lacks, merged into what it holds), so the
   programs resume there (the notebook rebuilt by replaying their logged tool calls) and the
   group's finished programs are kept; a group with no snapshot yet runs again from the start.
+  An agent program's snapshot is its answered gateway calls: it runs again from its start,
+  answered from them while its requests match (``agentenv.gateway.program``).
   Only complete groups are ever yielded, so nothing is lost and nothing appears twice.
 
 Engines: with ``engines=N``, N engine actors (``engines.actors``: ``embedded``, ``vllm`` with
@@ -149,7 +151,9 @@ class RolloutWorker:
         if self.reactor is None:
             raise RuntimeError(self._error or "the rollout worker is not running")
         resume, finished = restore(saved) if saved else (None, ())
-        for t in finished:  # in this worker's snapshots too, should it die in turn
+        if saved:  # in this worker's snapshots too, should it die in turn: finished programs, agents' calls
+            self.in_flight.restored(saved)
+        for t in finished:
             self.in_flight.finished(t)
         try:
             group = await self.reactor.group(Task(**task), group_size, resume=resume, finished=finished)

@@ -178,7 +178,7 @@ class RayGroups:
             with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
             saved = {tid: inflight.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
         already = done | set(resume.held if resume is not None else ())
-        logged: dict[str, tuple[int, int, int]] = {}  # program -> how far its records in the log go
+        logged: dict[str, tuple[Any, ...]] = {}  # program -> how far its records in the log go
 
         async def groups() -> AsyncIterator[Group]:
             async for group in self.cluster.rollouts(

@@ -33,3 +33,27 @@ class ThreeCalls(AgentEnvironment):
 
     async def reward(self, task, trajectory):
         return float(len(trajectory.text or "") % 2)
+
+
+class TwoRoles(AgentEnvironment):
+    """One plain chat call, then one of a critic role in a context of its own: every program
+    is two token sequences (the second a branch labelled ``critic``), whatever the model says."""
+
+    id = "two-roles"
+    max_turns = 2
+
+    def tasks(self, n, seed=0):
+        return [Task(f"roles/{seed}/{i}", f"Name {i + 2} colours.", i + 2) for i in range(n)]
+
+    async def agent(self, task, client, model):
+        from agentenv.gateway import role_client
+
+        r = await client.chat.completions.create(model=model, max_tokens=8,
+                                                 messages=[{"role": "user", "content": task.question}])
+        critic = role_client(client, "critic")
+        c = await critic.chat.completions.create(model=model, max_tokens=8, messages=[
+            {"role": "user", "content": f"Critique: {r.choices[0].message.content}"}])
+        return c.choices[0].message.content
+
+    async def reward(self, task, trajectory):
+        return 0.0

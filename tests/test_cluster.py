@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -197,3 +198,127 @@ async def test_workers_share_engine_actors_and_a_killed_engine_loses_nothing(clu
     assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
     for t in got:  # every program ran its whole trace
         assert t.finish_reason == "stop" and len(t.tool_calls) == env.trace_of(t.task_id, t.sample_index).turns - 1
+
+
+# -- agent environments: the gateway inside each worker ------------------------------------
+def three_calls_seen(tok, traj, question: str) -> list[dict]:
+    """What the gateway answered a ``ThreeCalls`` program (``tests/agent_envs.py``), in the
+    form ``test_agent_frameworks.check_token_exact`` checks a row against: the messages the
+    agent sends each call (its replies are put in by the check, as sampled), and each call's
+    sampled ids and logprobs (the row's mask-1 ids, cut by each turn's new tokens)."""
+    row = traj.sequences()[0]
+    ids = [i for i, m in zip(row.input_ids, row.loss_mask) if m]
+    lps = [lp for lp, m in zip(row.logprobs, row.loss_mask) if m]
+    calls, at, messages = [], 0, [{"role": "user", "content": question}]
+    for k, turn in enumerate(traj.turns):
+        mine = ids[at: at + turn.new_tokens]
+        calls.append({"branch": 0, "messages": list(messages), "tools": None, "ids": mine,
+                      "lp": lps[at: at + turn.new_tokens], "eos": bool(mine) and mine[-1] == tok.eos_token_id})
+        messages += [{"role": "assistant", "content": ""}, {"role": "user", "content": f"Go on ({k})."}]
+        at += turn.new_tokens
+    assert at == len(ids)
+    return calls
+
+
+def check_three_calls(tok, trajs, tasks, replayed_ids: dict) -> None:
+    """Every program made its three calls, its row token-exact; those in ``replayed_ids``
+    (program id -> the ids its first call sampled before the loss) had that call answered
+    from the snapshot or log, the very ids, and none started again."""
+    from .test_agent_frameworks import check_token_exact
+
+    question = {t.id: t.question for t in tasks}
+    for t in trajs:
+        g = t.metadata["gateway"]
+        assert t.finish_reason == "stop" and (g["calls"], g["restarts"]) == (3, 0), g
+        assert g["replayed"] == (1 if t.id in replayed_ids else 0), (t.id, g)
+        check_token_exact(tok, t, three_calls_seen(tok, t, question[t.task_id]))
+        if t.id in replayed_ids:
+            first = next(s for s in t.segments if s.kind == "model")
+            assert first.token_ids == replayed_ids[t.id], "the replayed call's ids are not the ones sampled before"
+
+
+@pytest.mark.slow
+async def test_an_agent_environment_on_workers_a_killed_worker_replays_its_agents(cluster, tmp_path):
+    """An ``AgentEnvironment`` on two workers, each serving its programs' calls from its own
+    gateway. Every agent waits after its first call (until the file ``go`` exists); once the
+    driver holds a snapshot of the victim's programs with that call, the victim is killed: its
+    groups continue on the live workers, each agent replayed from its snapshotted call (the
+    ids sampled on the victim) then live. Every program exactly once, every row token-exact."""
+    from transformers import AutoTokenizer
+
+    from .agent_envs import ThreeCalls
+    from .test_gateway import HERMES
+
+    go, env = tmp_path / "go", ThreeCalls()
+    tasks = env.tasks(4, seed=1)
+    got = []
+    async with RayRollouts(env, workers=2, model=str(HERMES), config=RolloutConfig(concurrency=8),
+                           groups_per_worker=2, snapshot_interval=0.2,
+                           worker_options={"runtime_env": {"env_vars": {"AGENTENV_TEST_GO": str(go)}}}) as c:
+        victim = c.workers[0]
+
+        def kill_once_called() -> dict:
+            """The victim's two groups, each of whose programs the driver holds with a call."""
+            saved = {tid: s for tid, s in c.snapshots.items() if c.placed.get(tid) is victim
+                     and len(s["partial"]) == 2 and all(p.get("calls") for p in s["partial"])}
+            if len(saved) < 2:
+                return {}
+            ray.kill(victim)  # no await since `saved` was taken: the driver holds these
+            go.touch()
+            return saved
+
+        killer = asyncio.ensure_future(until(kill_once_called, "the victim's agents made their first calls"))
+        async for g in c.rollouts(tasks, group_size=2):
+            got += g.trajectories
+        saved = killer.result()
+        assert c.replaced == 1 and c.rerun == c.continued == 2 and victim not in c.workers
+    assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
+    before = {p["k"]: p["calls"][0]["g"]["ids"] for s in saved.values() for p in s["partial"]}
+    assert len(before) == 4
+    check_three_calls(AutoTokenizer.from_pretrained(HERMES), got, tasks, before)
+
+
+@pytest.mark.slow
+def test_cli_agent_rollout_on_ray_killed_and_resumed_replays_from_the_log(tmp_path):
+    """``agentenv rollout --cluster ray`` of an agent environment, its driver SIGKILLed while
+    every agent waits after its first call (logged from the workers' snapshots), then
+    ``--resume``: each agent replayed from the logged call, the very ids, then live; every
+    sample exactly once, every row token-exact."""
+    from transformers import AutoTokenizer
+
+    from agentenv import journal
+
+    from .agent_envs import ThreeCalls
+    from .test_durability import summary_of
+    from .test_gateway import HERMES
+    from .waiting import wait_for
+
+    out, go = tmp_path / "agents.jsonl", tmp_path / "go"
+    log = Path(f"{out}.log")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "AGENTENV_TEST_GO": str(go)}
+    env.pop("RAY_ADDRESS", None)  # the CLI starts a local cluster for the run, and stops it
+    cmd = [sys.executable, "-m", "agentenv.cli", "rollout", "--env", str(Path(__file__).parent / "agent_envs.py")
+           + ":ThreeCalls", "--model", str(HERMES), "--tasks", "2", "--group-size", "2", "--cluster", "ray",
+           "--workers", "2", "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+    def calls() -> list[dict]:
+        return [r for r in journal.read(log)[0] if r.get("e") == "call"] if log.exists() else []
+
+    wait_for(lambda: len(calls()) >= 4, "every program's first call in the driver's log",
+             timeout=300, unless=lambda: proc.poll() is not None)
+    proc.kill()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, f"the run ended before it could be killed: {err.decode()[-2000:]}"
+    before = {r["k"]: r["g"]["ids"] for r in calls()}
+    assert len(before) == 4 and not out.read_text()
+    go.touch()
+    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, rows = summary_of(r.stderr)
+    assert rows["gateway calls (extended / branched / from the journal)"] == "12 (8 / 4 / 4)", rows
+    assert rows["agent programs restarted (replay mismatch) / malformed tool calls"] == "0 / 0", rows
+    got = [Trajectory.from_dict(json.loads(x)) for x in out.read_text().splitlines()]
+    tasks = ThreeCalls().tasks(2)
+    assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # each exactly once
+    check_three_calls(AutoTokenizer.from_pretrained(HERMES), got, tasks, before)

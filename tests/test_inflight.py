@@ -96,3 +96,55 @@ def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whol
     empty = log.snapshot({"t"}, {"t": holding(held)})["t"]
     assert all(not e["segments"] and "prompt" not in e for e in empty["partial"]) and not empty["finished"]
     assert merge_snapshot(held, empty) == whole
+
+
+def test_an_agent_programs_calls_travel_in_snapshots_deltas_and_the_log(tmp_path: Path):
+    """An agent program completes no turns: its answered gateway calls are what a snapshot
+    carries. Polled as deltas they merge to the whole; logged by a driver they load back as
+    the ``gateway_log`` it is replayed from; restored on another holder they stay in its next
+    snapshot; an attempt started again (a replay mismatch) drops the old attempt's calls."""
+    from agentenv.inflight import InFlight, holding, merge_snapshot
+
+    def gen(i: int) -> dict:
+        return {"ids": [i, i + 1], "lp": [-0.1, -0.2], "v": [0, 0], "fin": "stop", "stop": None, "pt": 5, "ct": 0,
+                "wv": 0}
+
+    mem, held, written = InFlight(), None, {}
+    agent = Trajectory("a0", "env", "t", "t#g", 0, [])
+    disk = journal.Journal.create(tmp_path / "driver.log", {})
+    mem.start(agent)
+    for n in range(3):
+        mem.call("a0", n, f"d{n}", "main", gen(n))
+        whole = mem.snapshot({"t"})["t"]
+        reply = mem.snapshot({"t"}, {"t": holding(held)})["t"]
+        assert len(reply["partial"][0]["calls"]) == 1  # the new call only, never the ones held
+        held = merge_snapshot(held, reply)
+        assert held == whole
+        inflight.log_snapshot(disk, held, written)
+    disk.close()
+    logged = journal.load_state(journal.read(disk.path)[0]).partial[("t", 0)]
+    assert [c["d"] for c in logged.metadata["gateway_log"]] == ["d0", "d1", "d2"]
+    state, _ = inflight.restore(inflight.snapshot_of(journal.load_state(journal.read(disk.path)[0]), "t", []))
+    assert state.partial[("t", 0)].metadata["gateway_log"] == held["partial"][0]["calls"]
+    # Restored on another holder (a worker taking over): the calls stay; a live call follows on.
+    other = InFlight()
+    other.restored(held)
+    other.resumed(Trajectory("a0", "env", "t", "t#g", 0, []))
+    other.call("a0", 3, "d3", "main", gen(3))
+    again = merge_snapshot(held, other.snapshot({"t"}, {"t": holding(held)})["t"])
+    assert [c["d"] for c in again["partial"][0]["calls"]] == ["d0", "d1", "d2", "d3"]
+    # Started again: a new attempt, its calls alone, and the log's start record begins it anew.
+    other.start(Trajectory("a0", "env", "t", "t#g", 0, []))
+    other.call("a0", 0, "e0", "main", gen(7))
+    fresh = merge_snapshot(again, other.snapshot({"t"}, {"t": holding(again)})["t"])
+    assert [c["d"] for c in fresh["partial"][0]["calls"]] == ["e0"] and fresh == other.snapshot({"t"})["t"]
+    relog = journal.Journal.create(tmp_path / "relog.log", {})
+    written = {}
+    inflight.log_snapshot(relog, again, written)
+    inflight.log_snapshot(relog, fresh, written)
+    relog.close()
+    records = journal.read(relog.path)[0]
+    assert [r["e"] for r in records] == ["header", "start", "call", "call", "call", "call", "start", "call"]
+    assert [c["d"] for c in journal.load_state(records).partial[("t", 0)].metadata["gateway_log"]] == ["e0"]
+    other.forget("t")
+    assert other.snapshot({"t"}) == {} and not other._calls

@@ -17,6 +17,15 @@
   engine after every optimiser step (``engine.load_weights``, version = global step), so the
   next rollouts sample from the policy being trained.
 
+An :class:`~agentenv.AgentEnvironment` runs here too (its agent's calls through the gateway,
+which the reactor starts on the portal's loop): each program is one row, its first token
+sequence. TRL's ``rollout_func`` returns one completion per prompt it was given, so a program
+whose agent started a second sequence (a rewritten history, a sub-agent's role: its
+``branches``) cannot be handed over whole: the call refuses it (:class:`ConfigError`) rather
+than train part of the program; ``agentenv train`` trains every sequence as a row. An agent
+that failed before its first call has no tokens: its row is the task's prompt, rendered as the
+environment gives it, with an empty completion (and no reward: NaN).
+
 TRL calls ``rollout_func`` synchronously; the engine, sandbox and reactor live on an event
 loop in a background thread (an anyio blocking portal) for the trainer's whole life.
 ``close()`` shuts them down.
@@ -31,10 +40,13 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
+from ..agent import AgentEnvironment
 from ..config import RolloutConfig
 from ..env import Environment, Task
 from ..errors import ConfigError
+from ..program import render_prompt
 from ..reactor import Group, Reactor
+from ..trajectory import Trajectory
 
 
 def _key(prompt: Any) -> str:
@@ -100,7 +112,7 @@ class AgentEnvRollout:
         for group in self.groups:
             for t in sorted(group.trajectories, key=lambda t: t.sample_index):
                 n = len(t.prompt_ids)
-                out["prompt_ids"].append(list(t.prompt_ids))
+                out["prompt_ids"].append(self._prompt_ids(group.task, t))
                 out["completion_ids"].append(t.completion_ids)
                 out["logprobs"].append(t.logprobs[n:])
                 out["env_mask"].append(t.loss_mask[n:])
@@ -110,6 +122,19 @@ class AgentEnvRollout:
                 out["tool_errors"].append(sum(c.status != "ok" for c in t.tool_calls))
                 out["finish_reason"].append(t.finish_reason)
         return out
+
+    def _prompt_ids(self, task: Task, t: Trajectory) -> list[int]:
+        """The row's prompt: the program's (an agent's first sequence), checked to be all of it."""
+        if t.branches:
+            raise ConfigError(
+                f"{t.id}: the agent's program has {len(t.branches) + 1} token sequences (roles "
+                f"{t.metadata.get('gateway', {}).get('roles')}: a rewritten history or a sub-agent starts one), and "
+                "TRL's rollout_func returns one completion per prompt, so the others cannot be trained here; "
+                "train it with `agentenv train` (each sequence a row with the program's advantage), or have the "
+                "agent extend one history")
+        if not t.prompt_ids and isinstance(self.env, AgentEnvironment):  # no call made: the task's prompt
+            return render_prompt(self.engine.tokenizer, self.env.prompt(task))
+        return list(t.prompt_ids)
 
     async def _run(self, tasks: list[Task], group_size: int) -> list[Group]:
         groups: dict[str, Group] = {}

@@ -30,6 +30,15 @@ Using it::
     #   actor_rollout_ref.rollout.agent.agent_loop_config_path=<agent_loop_config_path()>
     #   actor_rollout_ref.rollout.calculate_log_probs=True
 
+An :class:`~agentenv.AgentEnvironment` runs here too: its agent's calls go through an agentenv
+gateway (one per verl worker process, on verl's event loop, loopback only) into verl's server
+manager, token-exact, and the row is the program's token sequence (``prompt_ids``: its first
+request's rendering; ``response_ids``: the replies as sampled and the later messages spliced,
+mask 0). verl's ``AgentLoopOutput`` holds one token sequence per sample, so a program whose
+agent started a second one (a rewritten history, a sub-agent's role: its ``branches``) is
+refused (:class:`ConfigError`) rather than trained in part; ``agentenv train`` trains every
+sequence as a row.
+
 Each row carries its environment and task (``agentenv`` column, JSON), so verl's workers need
 nothing but an installed agentenv. ``Environment.group_reward`` does not run here (verl forms
 groups itself; use its advantage estimators). verl pins ``transformers<5.11`` while agentenv
@@ -46,7 +55,7 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
@@ -55,6 +64,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without verl
         "agentenv.integrations.verl needs verl (>= 0.9): pip install --no-deps verl && pip install 'agentenv[verl]'"
     ) from exc
 
+from ..agent import AgentEnvironment
 from ..config import RolloutConfig
 from ..engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, Engine, Generation, SamplingParams
 from ..env import Environment, Task, bind_tool_format
@@ -63,6 +73,7 @@ from ..formats import get_format
 from ..program import ProgramContext, render_prompt, run_program, score_program, stop_token_ids
 from ..registry import make
 from ..tools import needs_sandbox
+from ..trajectory import Trajectory
 
 log = logging.getLogger("agentenv.integrations.verl")
 
@@ -188,6 +199,7 @@ class _VerlProcess:
     and one sandbox pool, open for the process's life (a task on verl's event loop owns it)."""
 
     envs: dict[str, Environment] = {}
+    gateways: ClassVar[dict[int, Any]] = {}  # id of the event loop -> the agentenv gateway started on it
     sandbox: Any = None
     _ready: asyncio.Event | None = None
     _holder: asyncio.Task | None = None
@@ -198,6 +210,19 @@ class _VerlProcess:
         if key not in cls.envs:
             cls.envs[key] = make(name, **args)
         return cls.envs[key]
+
+    @classmethod
+    async def gateway(cls, tokenizer: Any) -> Any:
+        """The gateway agent programs on this event loop call: started on first use, serving for
+        the loop's life (a verl worker's: the process's)."""
+        from ..extras import require
+        from ..gateway.server import start_gateway
+
+        loop = id(asyncio.get_running_loop())
+        if loop not in cls.gateways:
+            require("openai", "starlette", "uvicorn", extra="agents", what="an AgentEnvironment under verl")
+            cls.gateways[loop] = asyncio.ensure_future(start_gateway(tokenizer))  # one start, however many wait
+        return await asyncio.shield(cls.gateways[loop])
 
     @classmethod
     async def open_sandbox(cls) -> Any:
@@ -259,12 +284,12 @@ class AgentEnvAgentLoop(AgentLoopBase):
                                top_k=max(0, int(sampling_params.get("top_k", DEFAULT_TOP_K) or 0))).for_env(env)
         offered = [t.schema() for t in tools.values()] if getattr(env, "tools_in_prompt", False) else None
         prompt_ids = render_prompt(self.tokenizer, env.prompt(task), offered)
-        if len(prompt_ids) > prompt_length:
-            raise ConfigError(f"task {task.id}: the prompt is {len(prompt_ids)} tokens, over verl's "
-                              f"rollout.prompt_length={prompt_length}; raise it (verl would cut the prompt)")
+        agent = isinstance(env, AgentEnvironment)  # its prompt is its first request: checked once it is known
+        if len(prompt_ids) > prompt_length and not agent:
+            raise ConfigError(_too_long(task, len(prompt_ids), prompt_length))
         # The context budget: the prompt plus verl's response_length, so the response always fits
         # verl's padded tensors (and the server's own window).
-        limit = len(prompt_ids) + response_length
+        limit = (prompt_length if agent else len(prompt_ids)) + response_length
         if rollout.get("max_model_len", None):
             limit = min(limit, int(rollout.max_model_len))
         key = f"agentenv-{task.id}-{kwargs.get('index', '')}-{id(self):x}"
@@ -276,43 +301,77 @@ class AgentEnvAgentLoop(AgentLoopBase):
         hooks = _Direct(sandbox, env.sandbox_setup() if uses_sandbox else None)
         t0 = time.perf_counter()
         try:
-            traj = await run_program(ctx, task, group_id=task.id, sample_index=int(kwargs.get("index", 0) or 0),
-                                     hooks=hooks, program_id=key)
+            traj = await self._program(ctx, task, int(kwargs.get("index", 0) or 0), hooks, key)
         finally:
             if hooks.opened is not None:
                 await hooks.opened.aclose()
+        if agent:
+            _check_agent_row(traj, prompt_length)
+            traj.prompt_ids = traj.prompt_ids or prompt_ids  # no call made: the task's prompt, no response
         generated = time.perf_counter() - t0
         t1 = time.perf_counter()
         await score_program(env, task, traj, config.reward_timeout)
-        n = len(traj.prompt_ids)
-        versions = traj.weight_versions[n:]
-        model_versions = [v for v, m in zip(versions, traj.loss_mask[n:]) if m]
         if traj.reward is None:  # verl needs a number for every row: 0.0, flagged (and logged)
             log.warning("agentenv: no reward for %s (%s); verl gets 0.0", traj.id, traj.error)
-        tool_errors = sum(c.status != "ok" for c in traj.tool_calls)
-        return AgentLoopOutput(
-            prompt_ids=list(traj.prompt_ids),
-            response_ids=traj.completion_ids,
-            response_mask=traj.loss_mask[n:],
-            response_logprobs=traj.logprobs[n:],
-            reward_score=0.0 if traj.reward is None else traj.reward,
-            num_turns=1 + len(traj.turns) + sum(1 for seg in traj.segments if seg.mask == 0),  # user, assistant, tool
-            metrics=AgentLoopMetrics(generate_sequences=generated - sum(c.duration_s for c in traj.tool_calls),
-                                     tool_calls=sum(c.duration_s for c in traj.tool_calls),
-                                     compute_score=time.perf_counter() - t1),
-            extra_fields={
-                # Columns verl adds to the batch and logs with the rewards (same keys on every row).
-                "reward_extra_info": {"agentenv_reward_ok": traj.reward is not None,
-                                      "agentenv_tool_calls": len(traj.tool_calls),
-                                      "agentenv_tool_errors": tool_errors},
-                "min_global_steps": min(model_versions) if model_versions else None,
-                "max_global_steps": max(model_versions) if model_versions else None,
-                "agentenv_finish_reason": traj.finish_reason,
-                "agentenv_error": traj.error,
-                "agentenv_reward_components": dict(traj.reward_components),
-                "agentenv_trajectory_id": traj.id,
-            },
-        )
+        return _output(traj, generated, time.perf_counter() - t1)
+
+    async def _program(self, ctx: ProgramContext, task: Task, index: int, hooks: _Direct, key: str) -> Trajectory:
+        """The program: the reactor's turn loop, or an agent environment's agent through the gateway."""
+        if isinstance(ctx.env, AgentEnvironment):
+            from ..gateway.program import run_agent_program
+
+            gateway = await _VerlProcess.gateway(self.tokenizer)
+            return await run_agent_program(ctx, gateway, task, task.id, index, hooks, program_id=key)
+        return await run_program(ctx, task, group_id=task.id, sample_index=index, hooks=hooks, program_id=key)
+
+
+def _too_long(task: Task, n: int, prompt_length: int) -> str:
+    return (f"task {task.id}: the prompt is {n} tokens, over verl's rollout.prompt_length={prompt_length}; "
+            "raise it (verl would cut the prompt)")
+
+
+def _check_agent_row(traj: Trajectory, prompt_length: int) -> None:
+    """An agent's program is one verl row: one token sequence, its prompt within verl's."""
+    if traj.branches:
+        raise ConfigError(
+            f"{traj.id}: the agent's program has {len(traj.branches) + 1} token sequences (roles "
+            f"{traj.metadata.get('gateway', {}).get('roles')}: a rewritten history or a sub-agent starts one), and "
+            "verl's AgentLoopOutput holds one per sample, so the others cannot be trained here; train it with "
+            "`agentenv train` (each sequence a row with the program's advantage), or have the agent extend one "
+            "history")
+    if len(traj.prompt_ids) > prompt_length:
+        raise ConfigError(_too_long(Task(traj.task_id, ""), len(traj.prompt_ids), prompt_length))
+
+
+def _output(traj: Trajectory, generated: float, scored: float) -> AgentLoopOutput:
+    """verl's row for a scored trajectory (see the module doc)."""
+    n = len(traj.prompt_ids)
+    versions = traj.weight_versions[n:]
+    model_versions = [v for v, m in zip(versions, traj.loss_mask[n:]) if m]
+    tool_errors = sum(c.status != "ok" for c in traj.tool_calls)
+    return AgentLoopOutput(
+        prompt_ids=list(traj.prompt_ids),
+        response_ids=traj.completion_ids,
+        response_mask=traj.loss_mask[n:],
+        response_logprobs=traj.logprobs[n:],
+        reward_score=0.0 if traj.reward is None else traj.reward,
+        num_turns=1 + len(traj.turns) + sum(1 for seg in traj.segments if seg.mask == 0),  # user, assistant, tool
+        metrics=AgentLoopMetrics(generate_sequences=generated - sum(c.duration_s for c in traj.tool_calls),
+                                 tool_calls=sum(c.duration_s for c in traj.tool_calls),
+                                 compute_score=scored),
+        extra_fields={
+            # Columns verl adds to the batch and logs with the rewards (same keys on every row).
+            "reward_extra_info": {"agentenv_reward_ok": traj.reward is not None,
+                                  "agentenv_tool_calls": len(traj.tool_calls),
+                                  "agentenv_tool_errors": tool_errors},
+            "min_global_steps": min(model_versions) if model_versions else None,
+            "max_global_steps": max(model_versions) if model_versions else None,
+            "agentenv_finish_reason": traj.finish_reason,
+            "agentenv_error": traj.error,
+            "agentenv_reward_components": dict(traj.reward_components),
+            "agentenv_trajectory_id": traj.id,
+        },
+    )
 
 
 __all__ = ["AGENT_NAME", "AgentEnvAgentLoop", "ServerManagerEngine", "agent_loop_config_path", "dataset_rows",

@@ -140,6 +140,8 @@ class Generation:
         task = self.stream.task(index)
         saved = self.position.saved.pop(task.id, None)  # in flight at the checkpoint: continue it
         resume, finished = inflight.restore(saved) if saved is not None else (None, ())
+        if saved is not None:  # agents' calls so far stay in the next checkpoint's snapshot
+            self._programs.restored(saved)
         scope = anyio.CancelScope()
         self._running[index] = (task.id, scope)
         self.clock.enter()

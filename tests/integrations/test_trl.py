@@ -74,3 +74,65 @@ def test_the_trl_example_trains_and_prints_its_steps():
     lines = r.stdout.strip().splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert [s.split()[1] for s in steps] == ["1/2", "2/2"] and lines[-1] == "trl_steps: 2"
+
+
+def test_an_agent_environment_trains_through_trl_each_program_one_row(tmp_path):
+    """An ``AgentEnvironment`` (three chat calls, each extending the last: one token sequence)
+    through ``GRPOTrainer``: TRL's loss sees each program's row exactly as the gateway sampled
+    and spliced it, the user turns between calls out of the loss (``tool_mask`` 0)."""
+    from transformers import AutoTokenizer
+
+    from ..agent_envs import ThreeCalls
+    from ..test_gateway import HERMES
+
+    seen: list[tuple[dict, list]] = []
+    engine = EmbeddedEngine(str(HERMES), seed=0)
+    try:
+        with AgentEnvRollout(ThreeCalls(), engine) as rollout:
+
+            class Capturing(trl.GRPOTrainer):
+                def compute_loss(self, model, inputs, *args, **kwargs):
+                    seen.append(({k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)},
+                                 [t for g in rollout.groups for t in g.trajectories]))
+                    return super().compute_loss(model, inputs, *args, **kwargs)
+
+            args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=4,
+                                  num_generations=2, max_steps=1, max_completion_length=256, learning_rate=1e-4,
+                                  beta=0.0, report_to=[], save_strategy="no", logging_steps=1, seed=0)
+            trainer = Capturing(model=str(HERMES), args=args, processing_class=AutoTokenizer.from_pretrained(HERMES),
+                                train_dataset=rollout.dataset(4), reward_funcs=[env_reward], rollout_func=rollout)
+            trainer.train()
+    finally:
+        engine.close()
+    assert seen
+    for inputs, trajs in seen:
+        by_ids = {tuple(t.completion_ids): t for t in trajs}
+        assert inputs["completion_ids"].shape[0] == len(trajs) == 4  # one row per program
+        for row in range(4):
+            n = int(inputs["completion_mask"][row].sum())
+            t = by_ids[tuple(inputs["completion_ids"][row, :n].tolist())]  # the ids the gateway recorded
+            g = t.metadata["gateway"]
+            assert (g["calls"], g["branched"], len(t.sequences())) == (3, 1, 1), g
+            env_mask = t.loss_mask[len(t.prompt_ids):]
+            assert inputs["tool_mask"][row, :n].tolist() == env_mask and env_mask.count(0) > 0  # user turns
+            assert sum(env_mask) == t.num_sampled_tokens
+
+
+def test_an_agent_whose_program_branches_is_refused_naming_why():
+    """A program of several token sequences (a rewritten history, a critic role) cannot be one
+    TRL completion: the rollout refuses it, saying why and what trains it instead."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from agentenv.errors import ConfigError
+    from agentenv.testing import ScriptedEngine
+
+    from ..test_gateway import HERMES, Rewriter, calculator
+
+    trainer = SimpleNamespace(num_generations=2, model=SimpleNamespace(training=True))
+    with AgentEnvRollout(Rewriter(), ScriptedEngine(calculator, AutoTokenizer.from_pretrained(HERMES))) as rollout:
+        prompt = rollout.dataset(1)[0]["prompt"]
+        with pytest.raises(ConfigError, match="one completion per prompt.*agentenv train"):
+            rollout([prompt, prompt], trainer)
+        assert len(rollout.groups[0].trajectories[0].sequences()) == 3

@@ -24,7 +24,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from agentenv import make  # noqa: E402
 from agentenv.engines.base import SamplingParams  # noqa: E402
 from agentenv.errors import ConfigError  # noqa: E402
-from agentenv.integrations.verl import agent_loop_config_path, write_dataset  # noqa: E402
+from agentenv.integrations.verl import agent_loop_config_path, dataset_rows, write_dataset  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 PROMPT_LENGTH, RESPONSE_LENGTH = 256, 384
@@ -142,3 +142,70 @@ async def test_rows_without_an_agentenv_column_get_a_clear_error(model_dir, engi
     batch.non_tensor_batch.pop("agentenv")
     with pytest.raises(ConfigError, match="needs an 'agentenv' column"):
         await worker.generate_sequences(batch)
+
+
+def agent_dataset(cls, n: int, path) -> str:
+    """verl rows for ``n`` tasks of an agent environment of ``tests/agent_envs.py`` (the column
+    names it by path: verl's workers make it so)."""
+    import json
+
+    import pandas as pd
+
+    from .. import agent_envs
+
+    rows = dataset_rows(cls(), n)
+    for row in rows:
+        spec = json.loads(row["agentenv"])
+        row["agentenv"] = json.dumps({**spec, "env": f"{agent_envs.__file__}:{cls.__name__}"})
+    pd.DataFrame(rows).to_parquet(path)
+    return str(path)
+
+
+async def test_an_agent_environment_runs_in_verls_agent_loop_token_exact(model_dir, engine, tmp_path):
+    """An ``AgentEnvironment`` (three chat calls, each extending the last) through verl's
+    ``AgentLoopWorker``: its calls go through an agentenv gateway into verl's server manager,
+    and each row is the program's sequence: the model tokens exactly what verl's server
+    sampled (mask 1, its logprobs), the user turns between calls spliced (mask 0), the whole
+    the chat template's rendering of the conversation the agent sent."""
+    from ..agent_envs import ThreeCalls
+    from ..test_agent_frameworks import conversation_text
+
+    cfg = verl_config(model_dir)
+    server = EngineServer(engine)
+    worker = AgentLoopWorker(cfg, llm_client=LocalClient(cfg, server))
+    dataset = RLHFDataset([agent_dataset(ThreeCalls, 3, tmp_path / "a.parquet")], worker.tokenizer, cfg.data)
+    batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))])).repeat(2, interleave=True)
+    out = await worker.generate_sequences(batch)
+
+    tok, b, nt = worker.tokenizer, out.batch, out.non_tensor_batch
+    questions = [t.question for t in ThreeCalls().tasks(3) for _ in range(2)]
+    for i in range(6):
+        prompt = b["prompts"][i][b["attention_mask"][i, :PROMPT_LENGTH].bool()].tolist()
+        n = int(b["attention_mask"][i, PROMPT_LENGTH:].sum())
+        response, mask = b["responses"][i, :n].tolist(), b["response_mask"][i, :n].tolist()
+        logprobs = b["rollout_log_probs"][i, :n].tolist()
+        gens = [g for key, _, g in server.seen if key == nt["agentenv_trajectory_id"][i]]
+        assert len(gens) == 3 and nt["agentenv_finish_reason"][i] == "stop"
+        assert [t for t, m in zip(response, mask) if m] == [t for g in gens for t in g.token_ids]
+        model_lps = [lp for lp, m in zip(logprobs, mask) if m]
+        assert max(abs(x - y) for x, y in zip(model_lps, [x for g in gens for x in g.logprobs])) < 1e-5
+        assert mask.count(0) > 0 and all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+        messages = [{"role": "user", "content": questions[i]}]
+        calls = []
+        for k, g in enumerate(gens):
+            calls.append({"messages": list(messages), "tools": None, "ids": list(g.token_ids),
+                          "eos": g.stop_token_id == tok.eos_token_id})
+            messages += [{"role": "assistant", "content": ""}, {"role": "user", "content": f"Go on ({k})."}]
+        assert tok.decode(prompt + response, skip_special_tokens=False) == conversation_text(tok, calls)
+
+
+async def test_an_agent_whose_program_branches_is_refused_by_the_verl_loop(model_dir, engine, tmp_path):
+    """verl's ``AgentLoopOutput`` is one sequence per sample: a program of two (a critic role)
+    is refused, saying why and what trains it instead."""
+    from ..agent_envs import TwoRoles
+
+    cfg = verl_config(model_dir)
+    worker = AgentLoopWorker(cfg, llm_client=LocalClient(cfg, EngineServer(engine)))
+    dataset = RLHFDataset([agent_dataset(TwoRoles, 1, tmp_path / "r.parquet")], worker.tokenizer, cfg.data)
+    with pytest.raises(ConfigError, match="AgentLoopOutput holds one per sample.*agentenv train"):
+        await worker.generate_sequences(DataProto.from_single_dict(collate_fn([dataset[0]])))
