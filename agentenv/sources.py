@@ -109,20 +109,30 @@ class LocalGroups:
         return []
 
 
-def _regroup(resume: LogState, out: Path, tasks: Sequence[Task], group_size: int) -> None:
-    """A group cut short mid-write, or held back, is scored whole again: with its lines in the
-    output and its held samples, which do not run again (``resume`` is changed to say so)."""
+def unfinished_groups(resume: LogState, out: Path, tasks: Sequence[Task], group_size: int) -> dict[str, list[dict]]:
+    """Resume's regrouping, for every source: each group of ``tasks`` that is not whole in the
+    output, with the samples of it that finished (its lines in the output, cut short mid-write,
+    and its samples held back for their group's reward, in sample order), as trajectory dicts.
+    Those samples do not run again; the group is scored whole once its other samples end."""
     from . import journal
+
+    done = resume.done
+    ids = {t.id for t in tasks if any((t.id, i) not in done for i in range(group_size))}
+    finished = journal.lines_of(out, ids)
+    for (tid, i), d in sorted(resume.held.items()):
+        if (tid, i) not in done:
+            finished.setdefault(tid, []).append(d)
+    return finished
+
+
+def _regroup(resume: LogState, out: Path, tasks: Sequence[Task], group_size: int) -> None:
+    """The reactor's view of :func:`unfinished_groups`: ``resume.finished`` holds them as
+    trajectories and ``resume.done`` names the held samples, which do not run again."""
     from .trajectory import Trajectory
 
-    in_out = set(resume.done)
-    ids = {t.id for t in tasks if 0 < sum((t.id, i) in in_out for i in range(group_size)) < group_size}
-    resume.finished = {tid: [Trajectory.from_dict(d) for d in lines]
-                       for tid, lines in journal.lines_of(out, ids).items()}
-    held = {k: d for k, d in resume.held.items() if k not in in_out}
-    for (tid, _), d in held.items():
-        resume.finished.setdefault(tid, []).append(Trajectory.from_dict(d))
-    resume.done |= held.keys()
+    finished = unfinished_groups(resume, out, tasks, group_size)
+    resume.done |= {k for k in resume.held if k not in resume.done}
+    resume.finished = {tid: [Trajectory.from_dict(d) for d in lines] for tid, lines in finished.items()}
 
 
 class RayGroups:
@@ -164,17 +174,14 @@ class RayGroups:
     @contextlib.asynccontextmanager
     async def results(self, tasks: Sequence[Task], group_size: int, resume: LogState | None
                       ) -> AsyncIterator[AsyncIterator[Trajectory | Group]]:
-        from . import inflight, journal
+        from . import inflight
 
         done = set(resume.done) if resume is not None else set()
         todo = [t for t in tasks if any((t.id, i) not in done for i in range(group_size))]
         saved: dict[str, Any] = {}
         if resume is not None:  # unfinished groups continue: their finished lines and their programs' logged turns
             ids = {t.id for t in todo}
-            finished = journal.lines_of(self.out, ids)
-            for (tid, i), d in sorted(resume.held.items()):  # finished, held back with its group
-                if (tid, i) not in done:
-                    finished.setdefault(tid, []).append(d)
+            finished = unfinished_groups(resume, self.out, todo, group_size)
             with_work = ids & ({tid for tid, _ in resume.partial} | set(finished))
             saved = {tid: inflight.snapshot_of(resume, tid, finished.get(tid, [])) for tid in with_work}
         already = done | set(resume.held if resume is not None else ())
@@ -209,4 +216,4 @@ class RayGroups:
                 ("workers replaced / groups run again (from a snapshot)", f"{c.replaced} / {c.rerun} ({c.continued})")]
 
 
-__all__ = ["GroupSource", "LocalGroups", "RayGroups", "WORKER_SIDE"]
+__all__ = ["GroupSource", "LocalGroups", "RayGroups", "WORKER_SIDE", "unfinished_groups"]
