@@ -13,7 +13,9 @@ Every file is followed: :class:`Tail` keeps the byte offset it has read to and, 
 ``refresh()``, reads only the bytes appended since, keeping a torn last line for later. A file
 that was rewritten (``--overwrite``, with a server up across it) is read again from the start,
 whether it is now shorter or longer: it is another file (inode), shorter than what was read, or
-its first bytes or the bytes before the offset are no longer the ones read there.
+its first bytes or the bytes before the offset are no longer the ones read there. The event
+log is read by the journal's own reader (:class:`LogTail` on :func:`agentenv.journal.scan`),
+so the viewer sees exactly the records a resume would.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ import json
 import math
 import os
 import threading
-import zlib
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import journal
 from ..errors import ConfigError
 from .tokens import TokenText, tokenizer_dir
 
@@ -109,6 +111,11 @@ class Tail:
                 at += len(line) + 1
             self.offset += end
             pending = data[end:]
+        self._remember(f)
+
+    def _remember(self, f: Any) -> None:
+        """Keep the first bytes of the file and those before ``offset``, as read: what
+        :meth:`_rewritten` compares the next time."""
         if self.offset:
             if len(self._head) < self.PROBE:
                 f.seek(0)
@@ -123,6 +130,24 @@ class Tail:
             return f.read(length)
 
 
+class LogTail(Tail):
+    """A run's event log followed as it grows, read by the journal's own reader
+    (:func:`agentenv.journal.scan`, the one a resume reads with): ``parse(record, at)`` gets
+    each good record's JSON object and where its line starts. Reading stops at a torn or
+    corrupted line and starts there again on the next :meth:`refresh`: a torn line is being
+    written and is read once whole; a corrupted one ends the run's records, as it does for a
+    resume, which truncates the log there and appends (then read on like any growth)."""
+
+    def _read(self, f: Any, size: int) -> None:
+        f.seek(self.offset)
+        for obj, length in journal.scan(f):
+            item = self.parse(obj, self.offset)
+            if item is not None:
+                self.items.append(item)
+            self.offset += length
+        self._remember(f)
+
+
 def _json_line(line: bytes, at: int = 0) -> Any:
     try:
         return json.loads(line)
@@ -130,25 +155,12 @@ def _json_line(line: bytes, at: int = 0) -> Any:
         return None
 
 
-def _log_record(line: bytes) -> dict[str, Any] | None:
-    """An event-log record (``<crc32> <json>``, agentenv.journal) as its JSON object; None when
-    its checksum fails."""
-    if len(line) < 10 or line[8:9] != b" ":
-        return None
-    body = line[9:]
-    try:
-        rec = json.loads(body) if int(line[:8], 16) == zlib.crc32(body) else None
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
 class Progress:
     """What a rollout's event log says of its programs, folded record by record as the log is
     read: the header, the keys started and done, and the programs in flight (started, not
     done) with their task, sample and turns. Nothing is kept per record, so memory grows with
     the programs, not the turns, and :meth:`figures` does not walk the log. Used as the log's
-    :class:`Tail` parse (it keeps no items) and restart."""
+    :class:`LogTail` parse (it keeps no items) and restart."""
 
     def __init__(self) -> None:
         self.clear()
@@ -160,10 +172,8 @@ class Progress:
         self.done: set[Any] = set()
         self.flight: dict[Any, list[Any]] = {}  # key -> [task, sample, turns], in order of start
 
-    def __call__(self, line: bytes, at: int = 0) -> None:
-        rec = _log_record(line)
-        if rec is None:
-            return None
+    def __call__(self, rec: dict[str, Any], at: int = 0) -> None:
+        """Fold one record (its JSON object, as :func:`agentenv.journal.scan` reads it)."""
         e, key = rec.get("e"), rec.get("k")
         if e == "header":
             self.header = self.header or rec
@@ -282,7 +292,7 @@ class RolloutFile:
         self.lock = threading.Lock()
         self.rows = Tail(path, _trajectory_line)
         self.events = Progress()
-        self.log = Tail(path.with_name(path.name + ".log"), self.events, restart=self.events.clear)
+        self.log = LogTail(path.with_name(path.name + ".log"), self.events, restart=self.events.clear)
         self._index: dict[str, int] = {}
         self._tokens: TokenText | None = None
 
@@ -531,5 +541,5 @@ def _check_rollout(path: Path) -> None:
                           "view takes a rollout JSONL, an eval report (.json) or a run directory")
 
 
-__all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutFile", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages",
-           "derived", "open_run", "summary_of"]
+__all__ = ["EvalRun", "LogTail", "MalformedLine", "Progress", "RolloutFile", "RolloutRun", "Run", "Tail",
+           "TrainingRun", "advantages", "derived", "open_run", "summary_of"]

@@ -156,6 +156,34 @@ def test_progress_is_folded_as_the_log_is_read_and_keeps_no_record(rollout):
     assert got["in_flight_count"] == 6 and {f["turns"] for f in got["in_flight"]} == {0, 1}
 
 
+def test_the_log_is_read_as_a_resume_reads_it(rollout):
+    """The viewer reads the event log through the journal's reader: a torn record waits for
+    its newline, and a corrupted one ends the records, as for a resume, which truncates the
+    log there and appends: the page then reads on from there."""
+    log = rollout.with_name("rollout.jsonl.log")
+    start = {"e": "start", "k": "p7", "task": "retool-math/0/3", "sample": 0, "group": "g", "prompt": [1, 2]}
+    done = {"e": "done", "k": "p7", "task": "retool-math/0/3", "sample": 0}
+    run = RolloutFile(rollout)
+    assert run.summaries()["progress"]["in_flight_count"] == 0
+    good = log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(journal.encode(start)[:-1])  # torn: no newline yet
+    assert run.summaries()["progress"]["in_flight_count"] == 0 and run.log.offset == good
+    with open(log, "ab") as f:
+        f.write(b"\n" + journal.encode(start).replace(b'"k":"p7"', b'"k":"p8"'))  # checksum fails
+        f.write(journal.encode(done))  # after the corrupted line: not the run's record
+    got = run.summaries()["progress"]
+    assert got["started"] == 7 and got["in_flight"] == [{"task_id": "retool-math/0/3", "sample": 0, "turns": 0}]
+    at = run.log.offset
+    assert journal.read(log)[1] == at  # where a resume truncates
+    with open(log, "r+b") as f:  # the resume: truncated there, then its records appended
+        f.truncate(at)
+        f.seek(at)
+        f.write(journal.encode(done))
+    got = run.summaries()["progress"]
+    assert got["started"] == got["done"] == 7 and got["in_flight_count"] == 0 and run.log.generation == 0
+
+
 def test_a_trajectory_has_each_tokens_text_mask_logprob_and_version(rollout):
     row = read_jsonl(rollout)[0]
     t = RolloutFile(rollout).trajectory(row["id"])
