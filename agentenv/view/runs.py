@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from .. import journal
 from ..errors import ConfigError
+from ..trajectory import Segment, Trajectory
 from .tokens import TokenText, tokenizer_dir
 
 
@@ -202,6 +203,7 @@ def summary_of(row: dict[str, Any]) -> dict[str, Any]:
     tools = row.get("tool_calls") or []
     meta = row.get("metadata") or {}
     judged = row.get("reward_details") or {}  # a judge's verdict per component (agentenv.judge)
+    branches = row.get("branches") or []  # an agent program's further sequences (docs/agents.md)
     return {
         "id": row["id"], "env": row.get("env", ""), "task_id": row.get("task_id", ""),
         "group_id": row.get("group_id", ""), "sample_index": row.get("sample_index", 0),
@@ -212,6 +214,7 @@ def summary_of(row: dict[str, Any]) -> dict[str, Any]:
         "tokens": len(row.get("input_ids") or []), "sampled": sum(row.get("loss_mask") or []),
         "duration_s": row.get("duration_s", 0.0), "judged": sorted(judged),
         "judge_failures": sorted({d["failure"] for d in judged.values() if isinstance(d, dict) and d.get("failure")}),
+        "branches": len(branches), "roles": list(dict.fromkeys(b["role"] for b in branches)),
     }
 
 
@@ -244,7 +247,7 @@ class MalformedLine(Exception):
 
 _NUMBER = (int, float)
 _TYPES = {"id": str, "env": str, "task_id": str, "group_id": str, "finish_reason": str, "sample_index": int,
-          "components": dict, "duration_s": _NUMBER, "tokens": int, "sampled": _NUMBER}
+          "components": dict, "duration_s": _NUMBER, "tokens": int, "sampled": _NUMBER, "branches": int}
 
 
 def _checked(summary: dict[str, Any]) -> dict[str, Any]:
@@ -255,6 +258,8 @@ def _checked(summary: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(f"{key} is {summary[key]!r}")
     if summary["reward"] is not None and (not isinstance(summary["reward"], _NUMBER) or isinstance(summary["reward"], bool)):
         raise TypeError(f"reward is {summary['reward']!r}")
+    if not all(isinstance(r, str) for r in summary["roles"]):
+        raise TypeError(f"a branch's role is not a string: {summary['roles']!r}")
     return summary
 
 
@@ -266,7 +271,7 @@ def _malformed(row: dict[str, Any], at: int, exc: Exception) -> dict[str, Any]:
             "sample_index": 0, "reward": None, "components": {}, "finish_reason": "error: malformed line",
             "error": f"malformed line at byte {at}: {type(exc).__name__}: {exc}", "tool_calls": 0, "tool_errors": 0,
             "resumed": False, "turns": 0, "tokens": 0, "sampled": 0, "duration_s": 0.0, "judged": [],
-            "judge_failures": []}
+            "judge_failures": [], "branches": 0, "roles": []}
 
 
 def _trajectory_line(line: bytes, at: int) -> _Line | None:
@@ -278,6 +283,29 @@ def _trajectory_line(line: bytes, at: int) -> _Line | None:
     except (AttributeError, KeyError, TypeError, ValueError) as exc:  # shown as an error in its row
         summary = _malformed(row, at, exc)
     return _Line(summary, at, len(line))
+
+
+def spans_of(prompt_length: int, segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The extents (token positions) of a sequence's prompt and of each of its segments."""
+    at = prompt_length
+    spans = [{"kind": "prompt", "start": 0, "end": at}]
+    for seg in segments:
+        span = {"kind": seg["kind"], "start": at, "end": at + len(seg["token_ids"])}
+        if seg["kind"] == "model" and spans[-1]["kind"] == "model":
+            span["continued"] = True  # the turn before stopped at its token cap (docs/schemas.md)
+        spans.append(span)
+        at += len(seg["token_ids"])
+    return spans
+
+
+def flat_arrays(branch: dict[str, Any]) -> dict[str, list[Any]]:
+    """A branch's flat arrays (``input_ids``, ``loss_mask``, ``logprobs``, ``weight_versions``),
+    which its line does not hold: derived from its segments by :class:`Trajectory`, as the main
+    sequence's are and as the trainer's rows are (``Trajectory.sequences``)."""
+    segments = [Segment(**s) for s in branch.get("segments") or []]
+    seq = Trajectory("", "", "", "", 0, list(branch["prompt_ids"]), segments)
+    return {"input_ids": seq.input_ids, "loss_mask": seq.loss_mask, "logprobs": seq.logprobs,
+            "weight_versions": seq.weight_versions}
 
 
 class RolloutFile:
@@ -360,21 +388,26 @@ class RolloutFile:
                                 f"({type(exc).__name__}: {exc})") from None
 
     def _shown(self, row: dict[str, Any]) -> dict[str, Any]:
-        """What :meth:`trajectory` answers for ``row``."""
-        ids = row.get("input_ids") or []
-        at = len(row.get("prompt_ids") or [])
-        spans = [{"kind": "prompt", "start": 0, "end": at}]
-        for seg in row.get("segments") or []:
-            span = {"kind": seg["kind"], "start": at, "end": at + len(seg["token_ids"])}
-            if seg["kind"] == "model" and spans[-1]["kind"] == "model":
-                span["continued"] = True  # the turn before stopped at its token cap (docs/schemas.md)
-            spans.append(span)
-            at += len(seg["token_ids"])
+        """What :meth:`trajectory` answers for ``row``: its fields, its main sequence token by
+        token (with its role, for an agent program's) and each of its ``branches`` the same way,
+        numbered from 1 in the line's order, with its role."""
         keep = {k: v for k, v in row.items() if k not in ("input_ids", "prompt_ids", "segments", "loss_mask",
-                                                          "logprobs", "weight_versions")}
-        return {**keep, "summary": summary_of(row), "spans": spans, "pieces": self.token_text().pieces(ids),
-                "ids": ids, "loss_mask": row.get("loss_mask"), "logprobs": row.get("logprobs"),
-                "weight_versions": row.get("weight_versions")}
+                                                          "logprobs", "weight_versions", "branches")}
+        roles = ((row.get("metadata") or {}).get("gateway") or {}).get("roles") or [None]
+        branches = [{"index": k, "role": b["role"],
+                     **self._sequence(b["prompt_ids"], b.get("segments"), flat_arrays(b))}
+                    for k, b in enumerate(row.get("branches") or [], 1)]
+        return {**keep, "summary": summary_of(row), "role": roles[0],
+                **self._sequence(row.get("prompt_ids"), row.get("segments"), row), "branches": branches}
+
+    def _sequence(self, prompt_ids: list[int] | None, segments: list[dict[str, Any]] | None,
+                flat: dict[str, Any]) -> dict[str, Any]:
+        """One token sequence as the page draws it: its segments' extents (:func:`spans_of`) and
+        per token its text, id, loss mask, logprob and weight version (``flat``'s arrays)."""
+        ids = flat.get("input_ids") or []
+        return {"spans": spans_of(len(prompt_ids or []), segments or []), "pieces": self.token_text().pieces(ids),
+                "ids": ids, "loss_mask": flat.get("loss_mask"), "logprobs": flat.get("logprobs"),
+                "weight_versions": flat.get("weight_versions")}
 
     def group(self, gid: str) -> list[dict[str, Any]]:
         """A group's samples side by side: each one's list row, completion text and advantage."""
