@@ -17,6 +17,7 @@ with that tokenizer. :func:`write_agent_run` writes ``OUT`` (one trajectory per 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
@@ -91,6 +92,9 @@ async def _run(out: Path, tasks: int, group_size: int) -> None:
 
 
 def write_agent_run(out: Path, tasks: int = 1, group_size: int = 2) -> Path:
-    """Run :class:`TwoRoles` and write its trajectories to ``out`` and its event log beside it."""
-    anyio.run(_run, out, tasks, group_size)
+    """Run :class:`TwoRoles` and write its trajectories to ``out`` and its event log beside it.
+    The run has a thread of its own: the caller's may be running an event loop already
+    (Playwright's sync API keeps one running in the browser tests' thread)."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(anyio.run, _run, out, tasks, group_size).result()
     return out

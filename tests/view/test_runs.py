@@ -10,8 +10,8 @@ import pytest
 from agentenv import journal
 from agentenv.errors import ConfigError
 from agentenv.evaluation import read_jsonl, report
-from agentenv.view.runs import (EvalRun, MalformedLine, RolloutFile, RolloutRun, Tail, TrainingRun, advantages, open_run,
-                                summary_of)
+from agentenv.view.runs import (EvalRun, MalformedLine, RolloutFile, RolloutRun, Tail, TrainingRun, advantages,
+                                open_run, summary_of)
 
 
 def test_open_run_tells_the_kinds_apart(rollout, eval_report, train_run, tmp_path):

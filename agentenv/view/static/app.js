@@ -281,8 +281,9 @@ function versionRange(seqs) {  // the weight versions that sampled the sequences
 function sequenceViews(t) {
   if (!t.branches.length) return tokenView(t, "tokens", "");
   return h("div", { id: "sequences" },
-    h("p", { class: "muted" }, `${t.branches.length + 1} token sequences: the main one and ${counted(t.branches.length, "branch", "branches")} ` +
-      "(a rewritten history, or a role's own context); each is a training row of its own"),
+    h("p", { class: "muted" }, `${t.branches.length + 1} token sequences: the main one and `,
+      counted(t.branches.length, "branch", "branches"),
+      " (a rewritten history, or a role's own context); each is a training row of its own"),
     [t, ...t.branches].map((seq, k) => {
       const name = (k ? `branch ${k}` : "main") + (seq.role ? ` · role ${seq.role}` : "");
       return h("section", { class: "sequence", "data-index": k, "data-role": seq.role || "" },
@@ -297,8 +298,9 @@ async function showTrajectory(run, id) {
   const info = (await runData(run)).info;
   const all = [t, ...t.branches];
   const comps = Object.entries(t.reward_components || {});
+  const total = (f) => all.reduce((n, s) => n + f(s), 0);
   const sampled = t.branches.length
-    ? `${all.reduce((n, s) => n + sampledOf(s), 0)} sampled of ${all.reduce((n, s) => n + s.ids.length, 0)} tokens in ${all.length} sequences`
+    ? `${total(sampledOf)} sampled of ${total((s) => s.ids.length)} tokens in ${all.length} sequences`
     : `${t.summary.sampled} sampled of ${t.summary.tokens} tokens`;
   show(
     h("p", {}, h("a", { href: `#/run/${run}` }, "← all trajectories"), " · ",
