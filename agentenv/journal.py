@@ -3,9 +3,11 @@
 Format (version ``LOG_VERSION``): UTF-8 text, one record per line, ``<crc32 as 8 hex
 digits> <json object>``. The CRC covers the JSON bytes, so a torn or corrupted record (a
 crash mid-write) is detected; reading stops at the first bad record and a resume truncates
-the file there. Each record is a typed dataclass (:class:`Header`, :class:`Start`,
-:class:`Turn`, :class:`Held`, :class:`Done`) whose ``to_json()`` gives its object (``"e"``
-names the event) and whose ``from_json()`` reads it back:
+the file there. :func:`scan` (and :func:`records` and :func:`read` on it) is the one reader
+of the format: a resume and ``agentenv view`` both read through it. Each record is a typed
+dataclass (:class:`Header`, :class:`Start`, :class:`Turn`, :class:`Held`, :class:`Done`,
+:class:`Call`) whose ``to_json()`` gives its object (``"e"`` names the event) and whose
+``from_json()`` reads it back:
 
   {"e": "header", "v": 1, "settings": {...}}        first line: what the run is
   {"e": "start", "k": key, "task": id, "sample": i, "group": gid, "prompt": [ids]}   a program started
@@ -37,7 +39,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Sequence, Union
+from typing import Any, BinaryIO, ClassVar, Iterator, Protocol, Sequence, Union
 
 from .errors import AgentEnvError
 from .trajectory import Segment, ToolCall, Trajectory, TurnStats
@@ -51,24 +53,52 @@ def encode(obj: dict[str, Any]) -> bytes:
     return b"%08x " % zlib.crc32(body) + body + b"\n"
 
 
+def decode(line: bytes) -> dict[str, Any] | None:
+    """The JSON object of one record's line (its bytes with the newline); None when the line
+    is torn (no newline: cut short mid-write) or corrupted (no ``<crc> `` prefix, a checksum
+    that does not match, a body that is not a JSON object)."""
+    if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
+        return None
+    body = line[9:-1]
+    try:
+        obj = json.loads(body) if int(line[:8], 16) == zlib.crc32(body) else None
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def scan(f: BinaryIO) -> Iterator[tuple[dict[str, Any], int]]:
+    """The good records of an open log from its position on, each as its JSON object and the
+    byte length of its line, up to the first torn or corrupted line (:func:`decode`). They end
+    there, whatever follows: a resume truncates the log at that line and appends after it, so
+    nothing past it is a record of the run. A reader of a live log stops at the line being
+    written and reads on from there once it is whole."""
+    for line in f:
+        obj = decode(line)
+        if obj is None:
+            return
+        yield obj, len(line)
+
+
+def records(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of the log's good records, in order (:func:`scan`: a torn tail and
+    anything from a corrupted line on are not records); :func:`parse` makes each a typed
+    record."""
+    with open(path, "rb") as f:
+        for obj, _ in scan(f):
+            yield obj
+
+
 def read(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The JSON objects of a log's good records and the byte length they span (a torn tail is
-    ignored); :func:`parse` makes each a typed record."""
-    records: list[dict[str, Any]] = []
+    """The JSON objects of a log's good records (:func:`scan`) and the byte length they span:
+    where a resume truncates the log before appending."""
+    objs: list[dict[str, Any]] = []
     good = 0
     with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
-                break
-            body = line[9:-1]
-            try:
-                if int(line[:8], 16) != zlib.crc32(body):
-                    break
-                records.append(json.loads(body))
-            except ValueError:
-                break
-            good += len(line)
-    return records, good
+        for obj, n in scan(f):
+            objs.append(obj)
+            good += n
+    return objs, good
 
 
 # -- records --------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ partial programs, and resume on the same settings, on real files."""
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,36 @@ def test_a_torn_log_record_is_ignored(tmp_path):
     flipped[-5] ^= 1  # a corrupted last record fails its checksum
     path.write_bytes(bytes(flipped))
     assert len(journal.read(path)[0]) == 1
+
+
+def test_records_are_the_logs_good_records_in_order_up_to_a_torn_or_corrupted_line(tmp_path):
+    """``records`` (and ``read``, and the viewer's tail, through ``scan``): every good record in
+    the order written; a torn last line is none, and a line failing its checksum ends them
+    (the resume truncates there, so what follows it is not the run's)."""
+    path = tmp_path / "x.log"
+    j = journal.Journal.create(path, {"a": 1})
+    for i in range(3):
+        j.write(journal.Start(f"k{i}", "t", i, "g", [1, 2]))
+    j.write(journal.Done("k0", "t", 0))
+    j.close()
+    written = path.read_bytes()
+    kinds = [("header", None), ("start", "k0"), ("start", "k1"), ("start", "k2"), ("done", "k0")]
+    assert [(r["e"], r.get("k")) for r in journal.records(path)] == kinds
+    assert [type(journal.parse(r)) for r in journal.records(path)] == [journal.Header] + [journal.Start] * 3 + [
+        journal.Done]
+    torn = journal.encode(journal.Done("k1", "t", 1).to_json())
+    path.write_bytes(written + torn[:-1])  # no newline yet: being written, or cut short by a crash
+    assert [(r["e"], r.get("k")) for r in journal.records(path)] == kinds
+    path.write_bytes(written + torn)
+    assert [(r["e"], r.get("k")) for r in journal.records(path)] == kinds + [("done", "k1")]
+    lines = written.splitlines(keepends=True)
+    bad = lines[2].replace(b'"k1"', b'"k9"')  # the same framing, a body its checksum does not cover
+    assert journal.decode(bad) is None and journal.decode(lines[2])["k"] == "k1"
+    path.write_bytes(b"".join(lines[:2] + [bad] + lines[3:]))
+    assert [(r["e"], r.get("k")) for r in journal.records(path)] == kinds[:2]
+    assert journal.read(path) == (list(journal.records(path)), len(lines[0]) + len(lines[1]))
+    for junk in (b"\n", b"not a record\n", b"%08x [1, 2]\n" % zlib.crc32(b"[1, 2]")):  # no record: not an object
+        assert journal.decode(junk) is None
 
 
 def test_a_held_trajectory_replays_as_held_until_its_line_is_done(tmp_path):

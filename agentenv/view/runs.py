@@ -13,7 +13,9 @@ Every file is followed: :class:`Tail` keeps the byte offset it has read to and, 
 ``refresh()``, reads only the bytes appended since, keeping a torn last line for later. A file
 that was rewritten (``--overwrite``, with a server up across it) is read again from the start,
 whether it is now shorter or longer: it is another file (inode), shorter than what was read, or
-its first bytes or the bytes before the offset are no longer the ones read there.
+its first bytes or the bytes before the offset are no longer the ones read there. The event
+log is read by the journal's own reader (:class:`LogTail` on :func:`agentenv.journal.scan`),
+so the viewer sees exactly the records a resume would.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import json
 import math
 import os
 import threading
-import zlib
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import journal
 from ..errors import ConfigError
+from ..trajectory import Segment, Trajectory
 from .tokens import TokenText, tokenizer_dir
 
 
@@ -109,6 +112,11 @@ class Tail:
                 at += len(line) + 1
             self.offset += end
             pending = data[end:]
+        self._remember(f)
+
+    def _remember(self, f: Any) -> None:
+        """Keep the first bytes of the file and those before ``offset``, as read: what
+        :meth:`_rewritten` compares the next time."""
         if self.offset:
             if len(self._head) < self.PROBE:
                 f.seek(0)
@@ -123,6 +131,24 @@ class Tail:
             return f.read(length)
 
 
+class LogTail(Tail):
+    """A run's event log followed as it grows, read by the journal's own reader
+    (:func:`agentenv.journal.scan`, the one a resume reads with): ``parse(record, at)`` gets
+    each good record's JSON object and where its line starts. Reading stops at a torn or
+    corrupted line and starts there again on the next :meth:`refresh`: a torn line is being
+    written and is read once whole; a corrupted one ends the run's records, as it does for a
+    resume, which truncates the log there and appends (then read on like any growth)."""
+
+    def _read(self, f: Any, size: int) -> None:
+        f.seek(self.offset)
+        for obj, length in journal.scan(f):
+            item = self.parse(obj, self.offset)
+            if item is not None:
+                self.items.append(item)
+            self.offset += length
+        self._remember(f)
+
+
 def _json_line(line: bytes, at: int = 0) -> Any:
     try:
         return json.loads(line)
@@ -130,25 +156,12 @@ def _json_line(line: bytes, at: int = 0) -> Any:
         return None
 
 
-def _log_record(line: bytes) -> dict[str, Any] | None:
-    """An event-log record (``<crc32> <json>``, agentenv.journal) as its JSON object; None when
-    its checksum fails."""
-    if len(line) < 10 or line[8:9] != b" ":
-        return None
-    body = line[9:]
-    try:
-        rec = json.loads(body) if int(line[:8], 16) == zlib.crc32(body) else None
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
 class Progress:
     """What a rollout's event log says of its programs, folded record by record as the log is
     read: the header, the keys started and done, and the programs in flight (started, not
     done) with their task, sample and turns. Nothing is kept per record, so memory grows with
     the programs, not the turns, and :meth:`figures` does not walk the log. Used as the log's
-    :class:`Tail` parse (it keeps no items) and restart."""
+    :class:`LogTail` parse (it keeps no items) and restart."""
 
     def __init__(self) -> None:
         self.clear()
@@ -160,10 +173,8 @@ class Progress:
         self.done: set[Any] = set()
         self.flight: dict[Any, list[Any]] = {}  # key -> [task, sample, turns], in order of start
 
-    def __call__(self, line: bytes, at: int = 0) -> None:
-        rec = _log_record(line)
-        if rec is None:
-            return None
+    def __call__(self, rec: dict[str, Any], at: int = 0) -> None:
+        """Fold one record (its JSON object, as :func:`agentenv.journal.scan` reads it)."""
         e, key = rec.get("e"), rec.get("k")
         if e == "header":
             self.header = self.header or rec
@@ -192,6 +203,7 @@ def summary_of(row: dict[str, Any]) -> dict[str, Any]:
     tools = row.get("tool_calls") or []
     meta = row.get("metadata") or {}
     judged = row.get("reward_details") or {}  # a judge's verdict per component (agentenv.judge)
+    branches = row.get("branches") or []  # an agent program's further sequences (docs/agents.md)
     return {
         "id": row["id"], "env": row.get("env", ""), "task_id": row.get("task_id", ""),
         "group_id": row.get("group_id", ""), "sample_index": row.get("sample_index", 0),
@@ -202,6 +214,7 @@ def summary_of(row: dict[str, Any]) -> dict[str, Any]:
         "tokens": len(row.get("input_ids") or []), "sampled": sum(row.get("loss_mask") or []),
         "duration_s": row.get("duration_s", 0.0), "judged": sorted(judged),
         "judge_failures": sorted({d["failure"] for d in judged.values() if isinstance(d, dict) and d.get("failure")}),
+        "branches": len(branches), "roles": list(dict.fromkeys(b["role"] for b in branches)),
     }
 
 
@@ -234,7 +247,7 @@ class MalformedLine(Exception):
 
 _NUMBER = (int, float)
 _TYPES = {"id": str, "env": str, "task_id": str, "group_id": str, "finish_reason": str, "sample_index": int,
-          "components": dict, "duration_s": _NUMBER, "tokens": int, "sampled": _NUMBER}
+          "components": dict, "duration_s": _NUMBER, "tokens": int, "sampled": _NUMBER, "branches": int}
 
 
 def _checked(summary: dict[str, Any]) -> dict[str, Any]:
@@ -245,6 +258,8 @@ def _checked(summary: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(f"{key} is {summary[key]!r}")
     if summary["reward"] is not None and (not isinstance(summary["reward"], _NUMBER) or isinstance(summary["reward"], bool)):
         raise TypeError(f"reward is {summary['reward']!r}")
+    if not all(isinstance(r, str) for r in summary["roles"]):
+        raise TypeError(f"a branch's role is not a string: {summary['roles']!r}")
     return summary
 
 
@@ -256,7 +271,7 @@ def _malformed(row: dict[str, Any], at: int, exc: Exception) -> dict[str, Any]:
             "sample_index": 0, "reward": None, "components": {}, "finish_reason": "error: malformed line",
             "error": f"malformed line at byte {at}: {type(exc).__name__}: {exc}", "tool_calls": 0, "tool_errors": 0,
             "resumed": False, "turns": 0, "tokens": 0, "sampled": 0, "duration_s": 0.0, "judged": [],
-            "judge_failures": []}
+            "judge_failures": [], "branches": 0, "roles": []}
 
 
 def _trajectory_line(line: bytes, at: int) -> _Line | None:
@@ -268,6 +283,29 @@ def _trajectory_line(line: bytes, at: int) -> _Line | None:
     except (AttributeError, KeyError, TypeError, ValueError) as exc:  # shown as an error in its row
         summary = _malformed(row, at, exc)
     return _Line(summary, at, len(line))
+
+
+def spans_of(prompt_length: int, segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The extents (token positions) of a sequence's prompt and of each of its segments."""
+    at = prompt_length
+    spans = [{"kind": "prompt", "start": 0, "end": at}]
+    for seg in segments:
+        span = {"kind": seg["kind"], "start": at, "end": at + len(seg["token_ids"])}
+        if seg["kind"] == "model" and spans[-1]["kind"] == "model":
+            span["continued"] = True  # the turn before stopped at its token cap (docs/schemas.md)
+        spans.append(span)
+        at += len(seg["token_ids"])
+    return spans
+
+
+def flat_arrays(branch: dict[str, Any]) -> dict[str, list[Any]]:
+    """A branch's flat arrays (``input_ids``, ``loss_mask``, ``logprobs``, ``weight_versions``),
+    which its line does not hold: derived from its segments by :class:`Trajectory`, as the main
+    sequence's are and as the trainer's rows are (``Trajectory.sequences``)."""
+    segments = [Segment(**s) for s in branch.get("segments") or []]
+    seq = Trajectory("", "", "", "", 0, list(branch["prompt_ids"]), segments)
+    return {"input_ids": seq.input_ids, "loss_mask": seq.loss_mask, "logprobs": seq.logprobs,
+            "weight_versions": seq.weight_versions}
 
 
 class RolloutFile:
@@ -282,7 +320,7 @@ class RolloutFile:
         self.lock = threading.Lock()
         self.rows = Tail(path, _trajectory_line)
         self.events = Progress()
-        self.log = Tail(path.with_name(path.name + ".log"), self.events, restart=self.events.clear)
+        self.log = LogTail(path.with_name(path.name + ".log"), self.events, restart=self.events.clear)
         self._index: dict[str, int] = {}
         self._tokens: TokenText | None = None
 
@@ -350,21 +388,26 @@ class RolloutFile:
                                 f"({type(exc).__name__}: {exc})") from None
 
     def _shown(self, row: dict[str, Any]) -> dict[str, Any]:
-        """What :meth:`trajectory` answers for ``row``."""
-        ids = row.get("input_ids") or []
-        at = len(row.get("prompt_ids") or [])
-        spans = [{"kind": "prompt", "start": 0, "end": at}]
-        for seg in row.get("segments") or []:
-            span = {"kind": seg["kind"], "start": at, "end": at + len(seg["token_ids"])}
-            if seg["kind"] == "model" and spans[-1]["kind"] == "model":
-                span["continued"] = True  # the turn before stopped at its token cap (docs/schemas.md)
-            spans.append(span)
-            at += len(seg["token_ids"])
+        """What :meth:`trajectory` answers for ``row``: its fields, its main sequence token by
+        token (with its role, for an agent program's) and each of its ``branches`` the same way,
+        numbered from 1 in the line's order, with its role."""
         keep = {k: v for k, v in row.items() if k not in ("input_ids", "prompt_ids", "segments", "loss_mask",
-                                                          "logprobs", "weight_versions")}
-        return {**keep, "summary": summary_of(row), "spans": spans, "pieces": self.token_text().pieces(ids),
-                "ids": ids, "loss_mask": row.get("loss_mask"), "logprobs": row.get("logprobs"),
-                "weight_versions": row.get("weight_versions")}
+                                                          "logprobs", "weight_versions", "branches")}
+        roles = ((row.get("metadata") or {}).get("gateway") or {}).get("roles") or [None]
+        branches = [{"index": k, "role": b["role"],
+                     **self._sequence(b["prompt_ids"], b.get("segments"), flat_arrays(b))}
+                    for k, b in enumerate(row.get("branches") or [], 1)]
+        return {**keep, "summary": summary_of(row), "role": roles[0],
+                **self._sequence(row.get("prompt_ids"), row.get("segments"), row), "branches": branches}
+
+    def _sequence(self, prompt_ids: list[int] | None, segments: list[dict[str, Any]] | None,
+                flat: dict[str, Any]) -> dict[str, Any]:
+        """One token sequence as the page draws it: its segments' extents (:func:`spans_of`) and
+        per token its text, id, loss mask, logprob and weight version (``flat``'s arrays)."""
+        ids = flat.get("input_ids") or []
+        return {"spans": spans_of(len(prompt_ids or []), segments or []), "pieces": self.token_text().pieces(ids),
+                "ids": ids, "loss_mask": flat.get("loss_mask"), "logprobs": flat.get("logprobs"),
+                "weight_versions": flat.get("weight_versions")}
 
     def group(self, gid: str) -> list[dict[str, Any]]:
         """A group's samples side by side: each one's list row, completion text and advantage."""
@@ -531,5 +574,5 @@ def _check_rollout(path: Path) -> None:
                           "view takes a rollout JSONL, an eval report (.json) or a run directory")
 
 
-__all__ = ["EvalRun", "MalformedLine", "Progress", "RolloutFile", "RolloutRun", "Run", "Tail", "TrainingRun", "advantages",
-           "derived", "open_run", "summary_of"]
+__all__ = ["EvalRun", "LogTail", "MalformedLine", "Progress", "RolloutFile", "RolloutRun", "Run", "Tail",
+           "TrainingRun", "advantages", "derived", "open_run", "summary_of"]

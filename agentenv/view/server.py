@@ -11,7 +11,8 @@ given on the command line):
                                       a training run's config and summary
 ``/api/run/i/rows?since=N``           list rows from the N-th on, and the event log's progress
 ``/api/run/i/traj?id=ID``             one trajectory: its fields, each token's text, mask,
-                                      logprob and weight version, the segments' extents
+                                      logprob and weight version, the segments' extents; the
+                                      same for each of an agent program's branches, with its role
 ``/api/run/i/group?id=GID``           a group's samples with their GRPO advantages
 ``/api/run/i/tasks``                  per task: samples, passes, mean reward
 ``/api/run/i/curves?since=N``         a training run's step rows, with the series ``agentenv plot``

@@ -6,7 +6,8 @@ on the bundled model (3 tasks x 2 samples: passes, failures, a tool error, runs 
 token budget); ``data/train/`` is the metrics, evaluations, summary and config of
 ``agentenv train --steps 3 --groups-per-step 2 --group-size 4 --max-new-tokens 96
 --eval-every 2 --eval-tasks 4 --eval-k 2``. The quick tests read these; the browser test
-(test_page.py) makes fresh, larger ones with the CLI."""
+(test_page.py) makes fresh, larger ones with the CLI. ``agent_rollout`` is an agent program's
+run through the real gateway (``agent_run.py``), whose trajectories hold branches of two roles."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from agentenv.evaluation import read_jsonl, report
+
+from .agent_run import write_agent_run
 
 DATA = Path(__file__).with_name("data")
 
@@ -62,3 +65,11 @@ def cut_rollout(tmp_path_factory) -> Path:
                        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
     assert r.returncode == 0, r.stderr[-3000:]
     return d / "cut.jsonl"
+
+
+@pytest.fixture(scope="session")
+def agent_rollout(tmp_path_factory) -> Path:
+    """An agent program's rollout (1 task x 2 samples, ``agent_run.TwoRoles``): each trajectory
+    holds its main sequence and two branches, one of role ``main`` (a rewritten history, then
+    extended) and one of role ``critic``, and the event log names tiny-hermes as the model."""
+    return write_agent_run(tmp_path_factory.mktemp("agent") / "agent.jsonl")

@@ -91,9 +91,9 @@ def shots():
 
 
 @pytest.fixture(scope="module")
-def browser(made):
+def browser(tmp_path_factory):
     sync_playwright = _browser_or_fail()
-    profile = made / "chromium-profile"  # a fresh profile: nothing from another run
+    profile = tmp_path_factory.mktemp("chromium-profile")  # a fresh profile: nothing from another run
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, args=ARGS, headless=True,
                                                    viewport={"width": 1300, "height": 900})
@@ -419,3 +419,47 @@ def test_markup_in_a_run_shows_as_text_and_runs_nothing(page, made, shots, tmp_p
         goto(page, server, f"#/run/0/g/{quote(row['group_id'], safe='')}")
         assert page.inner_text("#group pre.text").endswith(MARKUP)
         nothing_ran()
+
+
+@pytest.mark.slow
+def test_an_agent_programs_sequences_are_shown_with_their_roles(page, agent_rollout, shots):
+    """An agent program's trajectory (the real gateway): the list counts its branches and names
+    their roles; its page shows the main sequence and each branch, labelled with its index and
+    role, token by token as the main one (mask, text, a hovered token's logprob and version)."""
+    from agentenv.trajectory import Trajectory
+
+    lines = read_jsonl(agent_rollout)
+    line = lines[0]
+    seqs = Trajectory.from_dict(line).sequences()  # the trainer's rows: the main sequence, then each branch
+    with ViewServer(Viewer([open_run(agent_rollout)])) as server:
+        goto(page, server, "#/run/0")
+        assert page.locator("tr.row td.branches").all_inner_texts() == ["2 · main, critic"] * len(lines)
+        page.click(f"tr.row[data-id='{line['id']}'] td:first-child")
+        page.wait_for_selector("#sequences")
+        sections = page.locator("#sequences section.sequence")
+        assert sections.count() == 3
+        heads = page.locator("#sequences .seq-head").all_inner_texts()
+        assert [h.split(" · sampled")[0].split(" · ")[:2] for h in heads] == [
+            ["main", "role main"], ["branch 1", "role main"], ["branch 2", "role critic"]]
+        assert [sections.nth(k).get_attribute("data-role") for k in range(3)] == ["main", "main", "critic"]
+        for k, row in enumerate(seqs):
+            box = f"#{'tokens' if k == 0 else f'tokens-{k}'}"
+            assert f"{sum(row.loss_mask)} sampled of {len(row.input_ids)} tokens" in heads[k]
+            assert page.locator(f"{box} .tok.m1").count() == sum(row.loss_mask)
+            assert page.locator(f"{box} .tok.m0").count() == len(row.loss_mask) - sum(row.loss_mask)
+            assert page.locator(f"{box} .seg-env .tok.m1").count() == 0
+            kinds = page.locator(f"{box} .seg").evaluate_all("els => els.map(e => e.dataset.kind)")
+            assert kinds == ["prompt"] + [s.kind for s in row.segments]
+        sampled = page.evaluate("[...document.querySelectorAll('#tokens-2 .tok.m1')].map(t => t.textContent).join('')")
+        assert sampled == "Looks right.<|im_end|>"
+        assert "Critique: The sum is 5." in page.inner_text("#tokens-2 .seg-prompt")
+        assert "Are you sure?" in page.inner_text("#tokens-1 .seg-env")  # the user's turn spliced in: mask 0
+        critic = seqs[2]
+        i = critic.loss_mask.index(1)
+        page.hover(f"#tokens-2 .tok[data-i='{i}']")
+        tip = page.inner_text("#tip")
+        assert tip.startswith("branch 2 · role critic · position ")
+        assert f"logprob {critic.logprobs[i]:.4f}" in tip and f"weight version {critic.weight_versions[i]}" in tip
+        page.check("#heat")
+        assert page.locator(".tokens.heat").count() == 3
+        page.screenshot(path=shots / "agent-branches.png", full_page=True)

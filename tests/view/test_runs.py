@@ -10,7 +10,8 @@ import pytest
 from agentenv import journal
 from agentenv.errors import ConfigError
 from agentenv.evaluation import read_jsonl, report
-from agentenv.view.runs import EvalRun, RolloutFile, RolloutRun, Tail, TrainingRun, advantages, open_run, summary_of
+from agentenv.view.runs import (EvalRun, MalformedLine, RolloutFile, RolloutRun, Tail, TrainingRun, advantages,
+                                open_run, summary_of)
 
 
 def test_open_run_tells_the_kinds_apart(rollout, eval_report, train_run, tmp_path):
@@ -156,6 +157,34 @@ def test_progress_is_folded_as_the_log_is_read_and_keeps_no_record(rollout):
     assert got["in_flight_count"] == 6 and {f["turns"] for f in got["in_flight"]} == {0, 1}
 
 
+def test_the_log_is_read_as_a_resume_reads_it(rollout):
+    """The viewer reads the event log through the journal's reader: a torn record waits for
+    its newline, and a corrupted one ends the records, as for a resume, which truncates the
+    log there and appends: the page then reads on from there."""
+    log = rollout.with_name("rollout.jsonl.log")
+    start = {"e": "start", "k": "p7", "task": "retool-math/0/3", "sample": 0, "group": "g", "prompt": [1, 2]}
+    done = {"e": "done", "k": "p7", "task": "retool-math/0/3", "sample": 0}
+    run = RolloutFile(rollout)
+    assert run.summaries()["progress"]["in_flight_count"] == 0
+    good = log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(journal.encode(start)[:-1])  # torn: no newline yet
+    assert run.summaries()["progress"]["in_flight_count"] == 0 and run.log.offset == good
+    with open(log, "ab") as f:
+        f.write(b"\n" + journal.encode(start).replace(b'"k":"p7"', b'"k":"p8"'))  # checksum fails
+        f.write(journal.encode(done))  # after the corrupted line: not the run's record
+    got = run.summaries()["progress"]
+    assert got["started"] == 7 and got["in_flight"] == [{"task_id": "retool-math/0/3", "sample": 0, "turns": 0}]
+    at = run.log.offset
+    assert journal.read(log)[1] == at  # where a resume truncates
+    with open(log, "r+b") as f:  # the resume: truncated there, then its records appended
+        f.truncate(at)
+        f.seek(at)
+        f.write(journal.encode(done))
+    got = run.summaries()["progress"]
+    assert got["started"] == got["done"] == 7 and got["in_flight_count"] == 0 and run.log.generation == 0
+
+
 def test_a_trajectory_has_each_tokens_text_mask_logprob_and_version(rollout):
     row = read_jsonl(rollout)[0]
     t = RolloutFile(rollout).trajectory(row["id"])
@@ -232,3 +261,51 @@ def test_a_model_segment_after_a_model_segment_is_marked_continued(cut_rollout):
             assert span.get("continued", False) == (before["kind"] == span["kind"] == "model")
             seen += bool(span.get("continued"))
     assert seen, "the cap of 8 tokens per turn cut no turn"
+
+
+def test_an_agent_programs_branches_are_shown_each_with_its_role_and_tokens(agent_rollout):
+    """A trajectory of an agent program (the real gateway) holds its main sequence and two
+    branches of different roles: the list row counts them, and the trajectory gives each one
+    token by token, as the main sequence: text, mask, logprob, weight version, segments."""
+    from tokenizers import Tokenizer
+
+    from agentenv.trajectory import Trajectory
+
+    from .agent_run import HERMES
+
+    tok = Tokenizer.from_file(str(HERMES / "tokenizer.json"))
+    run = RolloutFile(agent_rollout)
+    assert run.info()["tokenizer"] == str(HERMES)  # the log's header names the model
+    lines = read_jsonl(agent_rollout)
+    rows = run.summaries()["rows"]
+    assert len(rows) == 2 and all((r["branches"], r["roles"]) == (2, ["main", "critic"]) for r in rows)
+    for line in lines:
+        t = run.trajectory(line["id"])
+        assert t["role"] == "main" and [(b["index"], b["role"]) for b in t["branches"]] == [(1, "main"), (2, "critic")]
+        seqs = Trajectory.from_dict(line).sequences()  # the trainer's rows: one per sequence
+        assert len(seqs) == 3
+        for seq, row in zip([t, *t["branches"]], seqs):
+            assert seq["ids"] == row.input_ids and seq["loss_mask"] == row.loss_mask
+            assert seq["logprobs"] == row.logprobs and seq["weight_versions"] == row.weight_versions
+            assert "".join(seq["pieces"]) == tok.decode(row.input_ids, skip_special_tokens=False)
+            assert [s["kind"] for s in seq["spans"]] == ["prompt"] + [s.kind for s in row.segments]
+            assert seq["spans"][-1]["end"] == len(row.input_ids) and seq["spans"][0]["end"] == len(row.prompt_ids)
+        critic = t["branches"][1]
+        sampled = "".join(p for p, m in zip(critic["pieces"], critic["loss_mask"]) if m)
+        assert sampled == "Looks right.<|im_end|>" and "Critique" in "".join(critic["pieces"])
+        assert [s["kind"] for s in t["branches"][0]["spans"]] == ["prompt", "model", "env", "model"]
+
+
+def test_a_branch_that_is_not_a_sequence_is_a_malformed_line(rollout):
+    row = read_jsonl(rollout)[0]
+    with open(rollout, "a") as f:
+        f.write(json.dumps({**row, "id": "no-role", "branches": [{"prompt_ids": [1]}]}) + "\n")
+        f.write(json.dumps({**row, "id": "no-ids", "branches": [{"role": "critic", "prompt_ids": [1],
+                                                                  "segments": [{"kind": "model"}]}]}) + "\n")
+    run = RolloutFile(rollout)
+    by_id = {r["id"]: r for r in run.summaries()["rows"]}
+    assert by_id["no-role"]["finish_reason"] == "error: malformed line" and "KeyError" in by_id["no-role"]["error"]
+    assert by_id["no-ids"]["branches"] == 1 and by_id["no-ids"]["roles"] == ["critic"]
+    with pytest.raises(MalformedLine, match="trajectory 'no-ids' is malformed"):
+        run.trajectory("no-ids")
+    assert run.trajectory(row["id"])["branches"] == [] and by_id[row["id"]]["branches"] == 0

@@ -241,3 +241,24 @@ def test_training_curves_carry_the_series_agentenv_plot_derives(served, train_ru
     assert [r["reward_moving"] for r in c["rows"]] == pytest.approx(moving([r["reward_mean"] for r in rows], 5))
     status, tail = get(served.url + "api/run/2/curves?since=4")  # a poll for the last row: its run mean is the run's
     assert [r["step"] for r in tail["rows"]] == [5] and tail["rows"][0]["gen_tokens_per_s_run_mean"] == pytest.approx(mean[-1])
+
+
+def test_an_agent_programs_branches_and_roles_over_http(agent_rollout):
+    """The trajectory's JSON carries each branch with its index, role and tokens, as it carries
+    the main sequence; the list rows count the branches and name their roles."""
+    line = read_jsonl(agent_rollout)[0]
+    with ViewServer(Viewer([open_run(agent_rollout)])) as server:
+        status, got = get(server.url + "api/run/0/rows")
+        assert status == 200 and [(r["branches"], r["roles"]) for r in got["rows"]] == [(2, ["main", "critic"])] * 2
+        status, t = get(server.url + f"api/run/0/traj?id={line['id']}")
+    assert status == 200 and t["role"] == "main" and t["ids"] == line["input_ids"]
+    assert [(b["index"], b["role"]) for b in t["branches"]] == [(1, "main"), (2, "critic")]
+    for shown, branch in zip(t["branches"], line["branches"]):
+        ids = branch["prompt_ids"] + [i for s in branch["segments"] for i in s["token_ids"]]
+        assert shown["ids"] == ids and len(shown["pieces"]) == len(shown["loss_mask"]) == len(ids)
+        sampled = [i for s in branch["segments"] if s["kind"] == "model" for i in s["token_ids"]]
+        assert [i for i, m in zip(ids, shown["loss_mask"]) if m] == sampled
+        assert [lp for lp, m in zip(shown["logprobs"], shown["loss_mask"]) if m] == [
+            lp for s in branch["segments"] if s["kind"] == "model" for lp in s["logprobs"]]
+        assert [v for v, m in zip(shown["weight_versions"], shown["loss_mask"]) if m] == [
+            v for s in branch["segments"] if s["kind"] == "model" for v in s["weight_versions"]]

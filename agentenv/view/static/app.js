@@ -81,7 +81,7 @@ const COLUMNS = [
   ["index", "#"], ["task_id", "task"], ["sample_index", "sample"], ["reward", "reward"],
   ["finish_reason", "finish"], ["tool_calls", "tools"], ["tool_errors", "tool errors"],
   ["sampled", "sampled / tokens"], ["turns", "turns"], ["duration_s", "time (s)"], ["resumed", "resumed"],
-  ["judge_failures", "judge"],
+  ["judge_failures", "judge"], ["branches", "branches"],
 ];
 
 function filtered(rows) {
@@ -138,6 +138,9 @@ function rowCells(run, r) {
     h("td", { class: "num" }, `${r.sampled} / ${r.tokens}`), h("td", { class: "num" }, r.turns),
     h("td", { class: "num" }, fmt(r.duration_s, 2)), h("td", {}, r.resumed ? "yes" : ""),
     h("td", { class: r.judge_failures.length ? "bad" : "" }, r.judge_failures.length ? `failed: ${r.judge_failures.join(", ")}` : r.judged.length ? "ok" : ""),
+    // an agent program's further sequences (rewritten histories, roles' own contexts) and their roles
+    h("td", { class: "branches", title: r.branches ? "sequences besides the main one, and their roles" : null },
+      r.branches ? `${r.branches} · ${r.roles.join(", ")}` : ""),
   ];
 }
 
@@ -216,11 +219,11 @@ function tokenSpans(t) {
   return frag;
 }
 
-function showTip(e, t) {
+function showTip(e, t, name) {  // t: one token sequence; name: which, when the trajectory has several
   const el = e.target.closest(".tok"), tip = $("#tip");
   if (!el) { tip.hidden = true; return; }
   const i = Number(el.dataset.i), m = t.loss_mask[i];
-  const lines = [`position ${i} · id ${t.ids[i]} · ${JSON.stringify(t.pieces[i])}`];
+  const lines = [`${name ? name + " · " : ""}position ${i} · id ${t.ids[i]} · ${JSON.stringify(t.pieces[i])}`];
   if (m) lines.push(`logprob ${t.logprobs[i].toFixed(4)} (p ${Math.exp(t.logprobs[i]).toFixed(3)})`, `weight version ${t.weight_versions[i]}`);
   else lines.push("not sampled (loss mask 0)");
   tip.textContent = lines.join("\n");
@@ -257,14 +260,48 @@ function turnsTable(t) {
     t.turns.map((r, k) => h("tr", {}, h("td", {}, k), cols.map((c) => h("td", { class: "num" }, fmt(r[c], 3))))));
 }
 
+function tokenView(seq, id, name) {  // one token sequence, each token in its own box; hover for its numbers
+  const box = h("div", { id, class: "tokens" + (state.heat ? " heat" : "") }, tokenSpans(seq));
+  box.addEventListener("mousemove", (e) => showTip(e, seq, name));
+  box.addEventListener("mouseleave", () => { $("#tip").hidden = true; });
+  return box;
+}
+
+const sampledOf = (seq) => seq.loss_mask.reduce((n, m) => n + m, 0);
+
+function versionRange(seqs) {  // the weight versions that sampled the sequences' tokens, lowest–highest
+  let lo = Infinity, hi = -Infinity;
+  for (const s of seqs) for (const v of s.weight_versions) if (v >= 0) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+  return lo === Infinity ? "–" : `${lo}–${hi}`;
+}
+
+// An agent program's sequences, stacked: the main one, then each branch (a rewritten history,
+// or a role's own context: a sub-agent, a critic), each a training row of its own, with its role.
+// A trajectory without branches shows its one sequence as it always did.
+function sequenceViews(t) {
+  if (!t.branches.length) return tokenView(t, "tokens", "");
+  return h("div", { id: "sequences" },
+    h("p", { class: "muted" }, `${t.branches.length + 1} token sequences: the main one and `,
+      counted(t.branches.length, "branch", "branches"),
+      " (a rewritten history, or a role's own context); each is a training row of its own"),
+    [t, ...t.branches].map((seq, k) => {
+      const name = (k ? `branch ${k}` : "main") + (seq.role ? ` · role ${seq.role}` : "");
+      return h("section", { class: "sequence", "data-index": k, "data-role": seq.role || "" },
+        h("h3", { class: "seq-head" }, name, h("span", { class: "muted" },
+          ` · ${sampledOf(seq)} sampled of ${seq.ids.length} tokens · weight versions ${versionRange([seq])}`)),
+        tokenView(seq, k ? `tokens-${k}` : "tokens", name));
+    }));
+}
+
 async function showTrajectory(run, id) {
   const t = await api(`/api/run/${run}/traj?id=${enc(id)}`);
   const info = (await runData(run)).info;
-  const versions = t.weight_versions.filter((v) => v >= 0);
+  const all = [t, ...t.branches];
   const comps = Object.entries(t.reward_components || {});
-  const tokens = h("div", { id: "tokens", class: state.heat ? "heat" : "" }, tokenSpans(t));
-  tokens.addEventListener("mousemove", (e) => showTip(e, t));
-  tokens.addEventListener("mouseleave", () => { $("#tip").hidden = true; });
+  const total = (f) => all.reduce((n, s) => n + f(s), 0);
+  const sampled = t.branches.length
+    ? `${total(sampledOf)} sampled of ${total((s) => s.ids.length)} tokens in ${all.length} sequences`
+    : `${t.summary.sampled} sampled of ${t.summary.tokens} tokens`;
   show(
     h("p", {}, h("a", { href: `#/run/${run}` }, "← all trajectories"), " · ",
       h("a", { href: `#/run/${run}/g/${enc(t.group_id)}` }, `group ${t.group_id}`)),
@@ -273,19 +310,20 @@ async function showTrajectory(run, id) {
       h("span", { class: "stat" }, "reward ", h("b", { id: "reward-value" }, fmt(t.reward))),
       comps.map(([k, v]) => h("span", { class: "stat component" }, `${k} `, h("b", {}, fmt(v)))),
       h("span", { class: "stat" }, "finish ", h("b", {}, t.finish_reason)),
-      h("span", { class: "stat" }, `${t.summary.sampled} sampled of ${t.summary.tokens} tokens`),
-      h("span", { class: "stat" }, `weight versions ${versions.length ? Math.min(...versions) + "–" + Math.max(...versions) : "–"}`),
+      h("span", { class: "stat" }, sampled),
+      h("span", { class: "stat" }, `weight versions ${versionRange(all)}`),
       h("span", { class: "stat" }, `${fmt(t.duration_s, 2)} s`), t.summary.resumed ? h("span", { class: "stat" }, "resumed") : null,
       t.error ? h("pre", { class: "error" }, t.error) : null),
     h("div", { class: "controls" },
       h("label", {}, h("input", { type: "checkbox", id: "heat", checked: state.heat, onchange: (e) => {
-        state.heat = e.target.checked; tokens.classList.toggle("heat", state.heat); } }),
+        state.heat = e.target.checked;
+        document.querySelectorAll(".tokens").forEach((el) => el.classList.toggle("heat", state.heat)); } }),
         " heat view (sampled tokens by probability: red unlikely, pale likely)"),
       h("span", { class: "legend" }, h("span", { class: "tok m1" }, "sampled"), " ", h("span", { class: "tok m0" }, "inserted"),
         " ", h("span", { class: "tok m0 prompt" }, "prompt"))),
     info.tokenizer_is_runs ? null : h("p", { class: "warn", id: "tokenizer-note" },
       `token text from ${info.tokenizer}: the run's model directory (${info.settings.model || "not named"}) has no tokenizer.json here`),
-    tokens,
+    sequenceViews(t),
     judgeCard(t),
     h("h3", {}, "tool calls"), h("div", { id: "calls" }, toolCalls(t)),
     h("h3", {}, "turns"), turnsTable(t),
