@@ -83,7 +83,9 @@ def test_a_log_without_a_header_or_of_another_version_is_refused():
 
 def test_the_outputs_complete_lines_are_found_and_a_torn_last_line_is_not(tmp_path: Path):
     out = tmp_path / "r.jsonl"
-    lines = [json.dumps({"task_id": t, "sample_index": i, "reward": 1.0}) + "\n" for t, i in (("a", 0), ("b", 0), ("a", 1))]
+    lines = [
+        json.dumps({"task_id": t, "sample_index": i, "reward": 1.0}) + "\n" for t, i in (("a", 0), ("b", 0), ("a", 1))
+    ]
     out.write_text("".join(lines) + '{"task_id": "b", "sam')
     done, size = journal.finished_lines(out)
     assert done == {("a", 0), ("b", 0), ("a", 1)} and size == len("".join(lines))

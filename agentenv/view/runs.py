@@ -256,7 +256,9 @@ def _checked(summary: dict[str, Any]) -> dict[str, Any]:
     for key, kind in _TYPES.items():
         if not isinstance(summary[key], kind) or isinstance(summary[key], bool) and kind is not bool:
             raise TypeError(f"{key} is {summary[key]!r}")
-    if summary["reward"] is not None and (not isinstance(summary["reward"], _NUMBER) or isinstance(summary["reward"], bool)):
+    if summary["reward"] is not None and (
+        not isinstance(summary["reward"], _NUMBER) or isinstance(summary["reward"], bool)
+    ):
         raise TypeError(f"reward is {summary['reward']!r}")
     if not all(isinstance(r, str) for r in summary["roles"]):
         raise TypeError(f"a branch's role is not a string: {summary['roles']!r}")
@@ -524,9 +526,14 @@ class TrainingRun:
             self.evals.refresh()
             rows = self.metrics.items
             more = derived(rows) if since < len(rows) else []  # a run mean needs the rows before
-            return {"since": since, "total": len(rows), "rows": [{**r, **d} for r, d in zip(rows[since:], more[since:])],
-                    "evals_total": len(self.evals.items), "evals": self.evals.items[evals_since:],
-                    "summary": self._json("summary.json")}
+            return {
+                "since": since,
+                "total": len(rows),
+                "rows": [{**r, **d} for r, d in zip(rows[since:], more[since:])],
+                "evals_total": len(self.evals.items),
+                "evals": self.evals.items[evals_since:],
+                "summary": self._json("summary.json"),
+            }
 
 
 #: The former name of :class:`RolloutFile` (deprecated: it named the file, not a run).
@@ -568,8 +575,11 @@ def _check_rollout(path: Path) -> None:
         return  # empty, or its first line still being written
     row = _json_line(first.strip())
     if not (isinstance(row, dict) and "id" in row and "task_id" in row):
-        why = "it is empty, with no event log beside it" if not first.strip() else ("line 1 is not JSON" if row is None else
-                                                        "line 1 is not a trajectory: no id and task_id")
+        why = (
+            "it is empty, with no event log beside it"
+            if not first.strip()
+            else ("line 1 is not JSON" if row is None else "line 1 is not a trajectory: no id and task_id")
+        )
         raise ConfigError(f"{path} is not a rollout file, an eval report or a training run ({why}); agentenv "
                           "view takes a rollout JSONL, an eval report (.json) or a run directory")
 

@@ -85,7 +85,9 @@ class Viewer:
         """The JSON object for ``path`` (an ``/api/...`` path) and its query; NotFound when none."""
         parts = [p for p in path.split("/") if p][1:]  # after "api"
         if parts == ["runs"]:
-            return [{"index": i, "kind": r.kind, "path": str(r.path), "label": r.label} for i, r in enumerate(self.runs)]
+            return [
+                {"index": i, "kind": r.kind, "path": str(r.path), "label": r.label} for i, r in enumerate(self.runs)
+            ]
         if parts == ["compare"]:
             return self.compare(query.get("a", "0"), query.get("b", "1"))
         if len(parts) < 2 or parts[0] != "run":
@@ -123,7 +125,9 @@ class Viewer:
             return {"samples": t["samples"], "passed": t["passed"], "rate": t["passed"] / t["samples"],
                     "mean_reward": t["mean_reward"]}
 
-        tasks = [{"task_id": k, "a": side(ta.get(k)), "b": side(tb.get(k))} for k in sorted(set(ta) | set(tb), key=natural)]
+        tasks = [
+            {"task_id": k, "a": side(ta.get(k)), "b": side(tb.get(k))} for k in sorted(set(ta) | set(tb), key=natural)
+        ]
         both = [t for t in tasks if t["a"] and t["b"]]
         mean = (lambda key: sum(t[key]["rate"] for t in both) / len(both) if both else None)
         return {"a": {"index": int(a), "label": self.runs[int(a)].label},
@@ -209,7 +213,9 @@ class ViewServer:
     """
 
     def __init__(self, viewer: Viewer, host: str = "127.0.0.1", port: int = 0) -> None:
-        hosts = None if host in ("", "0.0.0.0", "::") else frozenset({host.strip("[]"), "localhost", "127.0.0.1", "::1"})
+        hosts = (
+            None if host in ("", "0.0.0.0", "::") else frozenset({host.strip("[]"), "localhost", "127.0.0.1", "::1"})
+        )
         handler = type("Handler", (_Handler,), {"viewer": viewer, "hosts": hosts})
         server = type("Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6}) if ":" in host \
             else ThreadingHTTPServer

@@ -178,15 +178,22 @@ def test_a_trajectory_shows_its_tokens_by_loss_mask_tool_calls_and_reward(page, 
     goto(page, server, "#/run/0")
     page.click(f"tr.row[data-id='{row['id']}'] td:first-child")
     page.wait_for_selector("#tokens")
-    text = page.evaluate("[...document.querySelectorAll('#tokens .seg:not(.seg-prompt) .tok')].map(t => t.textContent).join('')")
+    text = page.evaluate(
+        "[...document.querySelectorAll('#tokens .seg:not(.seg-prompt) .tok')].map(t => t.textContent).join('')"
+    )
     assert text == row["text"]
     assert page.locator("#tokenizer-note").count() == 0  # the run's own tokenizer (its log names the model)
     assert page.locator("#tokens .tok.m1").count() == sum(row["loss_mask"])
     assert page.locator("#tokens .tok.m0").count() == len(row["loss_mask"]) - sum(row["loss_mask"])
-    assert page.locator("#tokens .seg-env .tok.m1").count() == 0 and page.locator("#tokens .seg-model .tok.m0").count() == 0
+    assert (
+        page.locator("#tokens .seg-env .tok.m1").count() == 0
+        and page.locator("#tokens .seg-model .tok.m0").count() == 0
+    )
     calls = page.inner_text("#calls")
     for call in row["tool_calls"]:
-        assert call["arguments"]["code"].strip() in calls and call["output"].strip() in calls and call["status"] in calls
+        assert (
+            call["arguments"]["code"].strip() in calls and call["output"].strip() in calls and call["status"] in calls
+        )
     assert page.inner_text("#reward-value") == js_fmt(row["reward"])
     for name in row["reward_components"]:
         assert name in page.inner_text("#reward")
@@ -266,9 +273,12 @@ def test_an_eval_report_shows_its_figures_and_its_trajectories(page, server, mad
     rows = read_jsonl(made / "b.jsonl")
     failed = [r for r in rows if r["reward_details"]["judge"].get("failure")]
     page.select_option("#f-judge", "failed")
-    page.wait_for_function(f"() => document.querySelector('#count').textContent.startsWith('{len(failed)} of {len(rows)}')")
+    page.wait_for_function(f"() => document.querySelector('#count').textContent.startsWith('{len(failed)} of "
+                           f"{len(rows)}')")
     page.select_option("#f-judge", "ok")
-    page.wait_for_function(f"() => document.querySelector('#count').textContent.startsWith('{len(rows) - len(failed)} of')")
+    page.wait_for_function(
+        f"() => document.querySelector('#count').textContent.startsWith('{len(rows) - len(failed)} of')"
+    )
     row = (failed or rows)[0]
     page.select_option("#f-judge", "")
     page.click(f"tr.row[data-id='{row['id']}'] td:first-child")
@@ -365,7 +375,8 @@ def test_a_growing_run_is_followed(browser, made, shots, tmp_path):
         started, flying = upto(60)
         assert flying > 0, "precondition: programs were in flight when the 60th was written"
         page.wait_for_function("() => document.querySelector('#count').textContent.startsWith('60 of 60')")
-        page.wait_for_function(f"() => document.querySelector('#live').textContent.includes('{flying} in flight · {started} started')")
+        page.wait_for_function(f"() => document.querySelector('#live').textContent.includes('{flying} in flight · "
+                               f"{started} started')")
         assert page.locator("tr.row").count() == 60
         assert page.inner_text("#flight").count(" turns)") == min(flying, 50)
         page.screenshot(path=shots / "live.png")
@@ -373,7 +384,8 @@ def test_a_growing_run_is_followed(browser, made, shots, tmp_path):
             f.write(content[ends[59]:ends[59] + 100])  # torn: not shown until its newline
         upto(128)
         page.wait_for_function("() => document.querySelector('#count').textContent.startsWith('128 of 128')")
-        page.wait_for_function("() => document.querySelector('#live').textContent.includes('128 written of 128 · 0 in flight')")
+        page.wait_for_function("() => document.querySelector('#live').textContent.includes('128 written of 128 · 0 "
+                               "in flight')")
     page.close()
     assert out.read_bytes() == content
 
@@ -412,7 +424,9 @@ def test_markup_in_a_run_shows_as_text_and_runs_nothing(page, made, shots, tmp_p
         nothing_ran()
         goto(page, server, f"#/run/0/t/{row['id']}")
         assert MARKUP in page.inner_text("#calls") and MARKUP in page.inner_text("#reward")
-        text = page.evaluate("[...document.querySelectorAll('#tokens .seg-model .tok')].map(t => t.textContent).join('')")
+        text = page.evaluate(
+            "[...document.querySelectorAll('#tokens .seg-model .tok')].map(t => t.textContent).join('')"
+        )
         assert text.endswith(MARKUP)
         nothing_ran()
         page.screenshot(path=shots / "markup.png")

@@ -134,7 +134,13 @@ def test_an_ipv6_loopback_viewer(rollout):
 
 def test_tasks_sort_by_their_numbers():
     names = ["retool-math/0/10", "retool-math/0/2", "retool-math/1/0", "a", "retool-math/0/1b"]
-    assert sorted(names, key=natural) == ["a", "retool-math/0/1b", "retool-math/0/2", "retool-math/0/10", "retool-math/1/0"]
+    assert sorted(names, key=natural) == [
+        "a",
+        "retool-math/0/1b",
+        "retool-math/0/2",
+        "retool-math/0/10",
+        "retool-math/1/0",
+    ]
 
 
 def raw_get(url: str, target: str, host: str) -> tuple[int, bytes]:
@@ -236,11 +242,15 @@ def test_training_curves_carry_the_series_agentenv_plot_derives(served, train_ru
     steps, rate, mean = throughput(rows)
     assert 4 not in steps and 5 in steps
     measured = {r["step"]: r["gen_tokens_per_s_measured"] for r in c["rows"]}
-    assert measured == {s: dict(zip(steps, rate)).get(s) for s in range(1, 6)} and measured[4] is None and measured[5] == 0
+    assert (
+        measured == {s: dict(zip(steps, rate)).get(s) for s in range(1, 6)} and measured[4] is None and measured[5] == 0
+    )
     assert [r["gen_tokens_per_s_run_mean"] for r in c["rows"] if r["step"] in steps] == pytest.approx(mean)
     assert [r["reward_moving"] for r in c["rows"]] == pytest.approx(moving([r["reward_mean"] for r in rows], 5))
     status, tail = get(served.url + "api/run/2/curves?since=4")  # a poll for the last row: its run mean is the run's
-    assert [r["step"] for r in tail["rows"]] == [5] and tail["rows"][0]["gen_tokens_per_s_run_mean"] == pytest.approx(mean[-1])
+    assert [r["step"] for r in tail["rows"]] == [5] and tail["rows"][0]["gen_tokens_per_s_run_mean"] == pytest.approx(
+        mean[-1]
+    )
 
 
 def test_an_agent_programs_branches_and_roles_over_http(agent_rollout):

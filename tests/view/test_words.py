@@ -62,7 +62,9 @@ def test_a_group_counts_one_tool_call_in_the_singular(page, server):
     assert len(lines) == 2 and all(" · 1 tool call (1 error) · " in line for line in lines), lines
     ok = next(r["group_id"] for r in rows if [c["status"] for c in r["tool_calls"]] == ["ok"])
     goto(page, server, f"#/run/0/g/{quote(ok, safe='')}")
-    assert all(" · 1 tool call (0 errors) · " in line for line in page.locator("#group .sample .muted").all_inner_texts())
+    assert all(
+        " · 1 tool call (0 errors) · " in line for line in page.locator("#group .sample .muted").all_inner_texts()
+    )
     assert not re.search(r"\b1 (tool calls|errors)\b", page.inner_text("body"))
 
 
