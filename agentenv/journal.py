@@ -9,7 +9,8 @@ dataclass (:class:`Header`, :class:`Start`, :class:`Turn`, :class:`Held`, :class
 :class:`Call`) whose ``to_json()`` gives its object (``"e"`` names the event) and whose
 ``from_json()`` reads it back:
 
-  {"e": "header", "v": 1, "settings": {...}}        first line: what the run is
+  {"e": "header", "v": 2, "settings": {...}}        first line: what the run is (every resume
+        setting named; a version-1 header is read through :func:`upgrade`)
   {"e": "start", "k": key, "task": id, "sample": i, "group": gid, "prompt": [ids]}   a program started
   {"e": "turn", "k": key, "turn": n, "segments": [...], "tools": [...], "stats": [...]}
         a turn completed: the segments (model ids with logprobs and weight versions, env ids),
@@ -44,7 +45,11 @@ from typing import Any, BinaryIO, ClassVar, Iterator, Protocol, Sequence, Union
 from .errors import AgentEnvError
 from .trajectory import Segment, ToolCall, Trajectory, TurnStats
 
-LOG_VERSION = 1
+LOG_VERSION = 2
+#: Version 1's headers could lack settings the CLI could not set when they were written; their
+#: runs ran with these values, which :func:`upgrade` fills in (version 2 headers name them all).
+V1_IMPLIED_SETTINGS: dict[str, Any] = {"top_k": 0, "max_tokens_per_turn": 256, "judge": None, "judge_weight": 1.0,
+                                       "judge_group": False}
 
 
 def encode(obj: dict[str, Any]) -> bytes:
@@ -278,15 +283,25 @@ class LogState:
     held: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
 
+def upgrade(head: Header) -> Header:
+    """``head`` as this format version's header: the one place an older log's header is read.
+    Version 1: its settings with the values its run used for those it could not name
+    (:data:`V1_IMPLIED_SETTINGS`). A version this code does not know is refused, naming it."""
+    if head.version == LOG_VERSION:
+        return head
+    if head.version == 1:
+        return Header({**V1_IMPLIED_SETTINGS, **head.settings}, LOG_VERSION)
+    raise AgentEnvError(f"event log version {head.version!r} is not one this agentenv reads (1 to {LOG_VERSION}): "
+                        "a newer agentenv wrote it; resume it with that version")
+
+
 def load_state(records: list[dict[str, Any]]) -> LogState:
     """The state a log's records (as :func:`read` gives them) leave: its settings, the samples
     done, the finished ones held back, and each unfinished program's trajectory as of its last
     ``turn`` record (a later ``start`` of the same sample wins)."""
     if not records or records[0].get("e") != Header.E:
         raise AgentEnvError("the event log has no header record")
-    head = Header.from_json(records[0])
-    if head.version != LOG_VERSION:
-        raise AgentEnvError(f"event log version {head.version!r} is not {LOG_VERSION}")
+    head = upgrade(Header.from_json(records[0]))
     state = LogState(head.settings, {}, set())
     by_key: dict[str, Trajectory] = {}
     for obj in records[1:]:
@@ -344,14 +359,8 @@ def lines_of(out: Path, task_ids: set[str]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-#: Settings a header may lack because the CLI could not set them when it was written: such a
-#: run ran with these values, so a resume with the same values continues it.
-IMPLIED_SETTINGS: dict[str, Any] = {"top_k": 0, "max_tokens_per_turn": 256, "judge": None, "judge_weight": 1.0,
-                                     "judge_group": False}
-
-
 def settings_difference(logged: dict[str, Any], now: dict[str, Any]) -> str | None:
-    logged = {**{k: v for k, v in IMPLIED_SETTINGS.items() if k in now}, **logged}
+    """The first setting a resume (``now``) has other than the log's header (upgraded), or None."""
     for key in sorted(set(logged) | set(now)):
         if logged.get(key) != now.get(key):
             return f"{key} was {logged.get(key)!r}, now {now.get(key)!r}"

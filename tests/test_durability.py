@@ -137,10 +137,10 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
 
 
 def test_a_version_1_log_reads_and_the_typed_records_write_it_byte_for_byte(tmp_path):
-    """The on-disk format is version 1 as documented: a log framed by hand (CRC-32, a space,
+    """The on-disk format is as documented: a version-1 log framed by hand (CRC-32, a space,
     compact JSON in the documented key order; one ``start`` without a ``group``, as a log may
-    hold) loads into the state it describes, and the typed records written for the same events
-    are the same bytes."""
+    hold) loads into the state it describes (its header through the upgrade), and the typed
+    records written for the same events are the same bytes, under a version-2 header."""
     t = Trajectory(id="k0", env="e", task_id="t", group_id="t#g", sample_index=0, prompt_ids=[1, 2])
     t.add_model([3, 4], [-0.5, -0.25], 0)
     t.tool_calls.append(ToolCall(0, "python", {"code": "1"}, "1", "ok", 0.5))
@@ -160,7 +160,8 @@ def test_a_version_1_log_reads_and_the_typed_records_write_it_byte_for_byte(tmp_
     old = tmp_path / "old.log"
     old.write_bytes(framed)
     state = journal.load_state(journal.read(old)[0])
-    assert state.settings == {"seed": 3} and state.done == {("t", 1)} and state.groups == {"t": "t#g"}
+    assert state.settings == {**journal.V1_IMPLIED_SETTINGS, "seed": 3}
+    assert state.done == {("t", 1)} and state.groups == {"t": "t#g"}
     p = state.partial[("t", 0)]
     assert (p.id, p.prompt_ids, p.segments, p.tool_calls, p.turns) == ("k0", [1, 2], t.segments, t.tool_calls, t.turns)
     new = journal.Journal.create(tmp_path / "new.log", {"seed": 3})
@@ -170,9 +171,10 @@ def test_a_version_1_log_reads_and_the_typed_records_write_it_byte_for_byte(tmp_
     new.done(Trajectory(id="k1", env="e", task_id="t", group_id="", sample_index=1, prompt_ids=[1, 2]))
     new.close()
     written = new.path.read_bytes().splitlines(keepends=True)
-    assert written[:3] + written[4:] == framed.splitlines(keepends=True)[:3] + framed.splitlines(keepends=True)[4:]
-    assert [journal.parse(json.loads(line[9:])) for line in written] == \
-        [journal.parse(json.loads(b)) for b in bodies]  # the start without a group reads as group ""
+    assert written[0] == journal.encode(json.loads('{"e":"header","v":2,"settings":{"seed":3}}'))
+    assert written[1:3] + written[4:] == framed.splitlines(keepends=True)[1:3] + framed.splitlines(keepends=True)[4:]
+    assert [journal.parse(json.loads(line[9:])) for line in written[1:]] == \
+        [journal.parse(json.loads(b)) for b in bodies[1:]]  # the start without a group reads as group ""
 
 
 def test_existing_output_is_refused_without_resume_or_overwrite(tmp_path):

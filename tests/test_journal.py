@@ -69,15 +69,34 @@ def test_resume_drops_a_torn_tail_and_refuses_other_settings(tmp_path: Path):
     assert size == path.stat().st_size and [r["e"] for r in records] == ["header", "start", "done"]
     assert journal.settings_difference({"a": 1}, {"a": 1}) is None
     assert journal.settings_difference({"a": 1}, {"a": 1, "b": 2}) == "b was None, now 2"
-    # A header written before top_k and max_tokens_per_turn were settings: they had their defaults.
-    assert journal.settings_difference({"a": 1}, {"a": 1, "top_k": 0, "max_tokens_per_turn": 256}) is None
-    assert journal.settings_difference({"a": 1}, {"a": 1, "top_k": 5}) == "top_k was 0, now 5"
+
+
+def test_a_version_1_header_is_read_through_the_upgrade(tmp_path):
+    """Version 1 headers could lack settings added later (top_k, max_tokens_per_turn, the
+    judge's): their runs ran with the defaults, which the upgrade names; a resume with those
+    continues the run, one with other values is refused; this version's own are untouched."""
+    v1 = journal.Header({"seed": 1, "top_k": 0}, 1)
+    up = journal.upgrade(v1)
+    assert up.version == journal.LOG_VERSION == 2
+    assert up.settings == {"seed": 1, "top_k": 0, "max_tokens_per_turn": 256, "judge": None, "judge_weight": 1.0,
+                           "judge_group": False}
+    assert journal.upgrade(up) is up
+    path = tmp_path / "v1.log"
+    path.write_bytes(journal.encode(v1.to_json()))
+    now = {**up.settings, "seed": 1}
+    log, state = journal.Journal.resume(path, now)
+    log.close()
+    assert state.settings == up.settings
+    with pytest.raises(AgentEnvError, match="cannot resume with different settings: max_tokens_per_turn was 256, "
+                                            "now 512"):
+        journal.Journal.resume(path, {**now, "max_tokens_per_turn": 512})
 
 
 def test_a_log_without_a_header_or_of_another_version_is_refused():
     with pytest.raises(AgentEnvError, match="no header"):
         journal.load_state([{"e": "start"}])
-    with pytest.raises(AgentEnvError, match=f"version 99 is not {journal.LOG_VERSION}"):
+    newer = rf"version 99 is not one this agentenv reads \(1 to {journal.LOG_VERSION}\)"
+    with pytest.raises(AgentEnvError, match=newer):
         journal.load_state([{"e": "header", "v": 99, "settings": {}}])
 
 

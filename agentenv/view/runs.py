@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import journal
-from ..errors import ConfigError
+from ..errors import AgentEnvError, ConfigError
 from ..trajectory import Segment, Trajectory
 from .tokens import TokenText, tokenizer_dir
 
@@ -342,8 +342,14 @@ class RolloutFile:
                 self._index[self.rows.items[i].summary["id"]] = i
 
     def settings(self) -> dict[str, Any]:
-        """The run's settings from its log's header (empty without a log)."""
-        return (self.events.header or {}).get("settings", {})
+        """The run's settings from its log's header, upgraded to this format (empty without a
+        log; as written, from a version this agentenv does not know)."""
+        if self.events.header is None:
+            return {}
+        try:
+            return journal.upgrade(journal.Header.from_json(self.events.header)).settings
+        except AgentEnvError:
+            return self.events.header.get("settings", {})
 
     def progress(self) -> dict[str, Any]:
         """What the event log says of programs: started, written, and those in flight (turns done)."""
