@@ -143,9 +143,19 @@ class Engine(abc.ABC):
         await self.aclose()
 
 
+def _has(cls: type, names: tuple[str, ...]) -> bool:
+    return all(any(n in klass.__dict__ for klass in cls.__mro__) for n in names)
+
+
 class WeightSink(abc.ABC):
     """An engine whose weights a trainer replaces as it trains: the bundled trainer, the TRL
-    adapter and ``agentenv.testing.push_weights`` need it (:func:`weight_sink`)."""
+    adapter and ``agentenv.testing.push_weights`` need it (:func:`weight_sink`). An engine
+    class with a ``load_weights`` is one whether or not it names this class among its bases
+    (engines written before the interface was split are)."""
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> Any:
+        return True if cls is WeightSink and _has(other, ("load_weights",)) else NotImplemented
 
     @abc.abstractmethod
     async def load_weights(
@@ -164,7 +174,13 @@ class WeightSink(abc.ABC):
 
 class Sleepable(abc.ABC):
     """An engine that gives its device memory to a colocated trainer between steps
-    (``--mode colocated``, :func:`sleepable`)."""
+    (``--mode colocated``, :func:`sleepable`); as :class:`WeightSink`, any engine class with
+    all of its members is one."""
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> Any:
+        members = ("sleep", "wake_up", "is_sleeping", "sleep_levels")
+        return True if cls is Sleepable and _has(other, members) else NotImplemented
 
     #: The ``sleep`` levels the engine implements.
     sleep_levels: tuple[int, ...] = ()

@@ -131,6 +131,9 @@ class OpenAIEngine(Sleeper, WeightSink, Engine):
         self.reconnect_s = reconnect_s
         self._pushed: dict[str, Any] = {}  # every weight update so far (for a restarted server): ``kept``
         self._lost = [False] * len(self.urls)  # a server we lost the connection to
+        #: Per server: how often it was found again after it was lost (restarted, or a request
+        #: to it was refused or reset) and was sent every weight update so far from here.
+        self.resyncs = [0] * len(self.urls)
         self._instance: list[str | None] = [None] * len(self.urls)  # the engine each push reached
         self._unidentified_warned = False
         self._resync = [anyio.Lock() for _ in self.urls]
@@ -198,6 +201,7 @@ class OpenAIEngine(Sleeper, WeightSink, Engine):
             if self._lost[server] and self._pushed:  # it came back (or is back soon): resync
                 async with self._resync[server]:  # once, however many requests found it gone
                     if self._lost[server]:
+                        self.resyncs[server] += 1
                         await self._push(server)
             self._lost[server] = False
             try:

@@ -25,6 +25,7 @@ evaluations (:mod:`~.evaluator`), the run's log and status bar (:mod:`~.status`)
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from contextlib import AsyncExitStack
@@ -39,7 +40,7 @@ from .. import inflight
 from ..config import RolloutConfig
 from ..devices import check_device
 from ..errors import ConfigError, RankDiedError
-from ..engines.base import weight_sink
+from ..engines.base import WeightSink, weight_sink
 from ..engines.spec import EngineSpec
 from ..runtime import Runtime, open_runtime
 from .checkpoints import Checkpoints, latest_checkpoint
@@ -218,8 +219,8 @@ class Trainer:
         """The policy as the checkpoint saved it (with the torch RNG), and the engine serving
         the same weights at version ``start_step``."""
         engine = self._engine
-        if self.cfg.lora_rank:
-            await engine.enable_lora(policy.lora)
+        if self.cfg.lora_rank:  # an engine with load_weights but no enable_lora cannot say: the interface's refusal
+            await getattr(engine, "enable_lora", functools.partial(WeightSink.enable_lora, engine))(policy.lora)
         if ckpt is not None:
             await anyio.to_thread.run_sync(policy.load, ckpt)
             Checkpoints.restore_rng(ckpt)

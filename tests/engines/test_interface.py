@@ -124,3 +124,20 @@ def test_the_trainers_interfaces_are_apart_from_inference_and_checked_where_need
     assert weight_sink(instant, "x") is instant
     with pytest.raises(ConfigError, match="InstantEngine cannot sleep"):
         sleepable(instant, 2, "--mode colocated")
+
+
+def test_an_engine_written_before_the_split_still_takes_weights(tokenizer):
+    """A user's engine that subclasses ``Engine`` alone and has ``load_weights`` (as every engine
+    had to before the split) is a ``WeightSink``; one without ``sleep`` is no ``Sleepable``."""
+    from agentenv.engines import Sleepable, WeightSink, weight_sink
+    from agentenv.engines.instant import InstantEngine
+
+    class Mine(Engine):
+        max_model_len, tokenizer, weight_version = 64, None, 0
+        generate = abort = aclose = InstantEngine.generate
+
+        async def load_weights(self, weights, version=None):
+            return 1
+
+    mine = Mine()
+    assert isinstance(mine, WeightSink) and not isinstance(mine, Sleepable) and weight_sink(mine, "x") is mine

@@ -333,9 +333,12 @@ async def test_rank_zero_of_a_two_rank_run_sends_its_weights_into_a_vllm_server(
         assert eng.weight_version == 2
         sender = eng.weight_groups[0].sender
         start = load_file(f"{model_dir}/model.safetensors")
-        # Not a GroupSender of this process's: the rank-0 actor sent both steps' weights.
+        # Not a GroupSender of this process's: the rank-0 actor sent both steps' weights. Unless a
+        # request found the server unreachable (a busy machine): then everything was pushed again
+        # from here (the group dropped), and rank 0's group, formed again, sent the last step.
         assert isinstance(sender, RankSender) and sender.pid == sender.origin.pids[0] != os.getpid()
-        assert sender.sent_bytes == 2 * sum(t.numel() * t.element_size() for t in start.values())
+        size = sum(t.numel() * t.element_size() for t in start.values())
+        assert sender.sent_bytes == (2 if eng.resyncs == [0] else 1) * size, eng.resyncs
         trained = load_file(str(tmp_path / "checkpoints" / "step-000002" / "model.safetensors"))
         assert any(not torch.equal(trained[n], start[n]) for n in start)  # the steps moved the weights
         got = await served(lambda method, *args: eng._rpc(0, method, *args), PLAIN)
