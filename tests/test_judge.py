@@ -180,7 +180,7 @@ def test_a_resume_with_another_judge_is_refused_and_an_older_log_without_one_res
     log = out.with_name("r.jsonl.log")
     settings = journal.load_state(journal.read(log)[0]).settings
     older = {k: v for k, v in settings.items() if not k.startswith("judge")}
-    journal.Journal.create(log, older).close()
+    log.write_bytes(journal.encode(journal.Header(older, 1).to_json()))  # a version-1 header, before the judge
     resume(JudgeOptions())
     with pytest.raises(AgentEnvError, match=r"judge was None, now 'policy'$"):
         resume(judge)
