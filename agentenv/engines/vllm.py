@@ -426,6 +426,7 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
             await self._streams.reap()
             self.weight_group.close()
             await self.core.close()
+            self.adapters.close()
 
 
 async def _transfer(link: GroupLink, llm: Any, tensors: dict[str, torch.Tensor] | HeldWeights) -> bool:

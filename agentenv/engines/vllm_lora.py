@@ -11,6 +11,7 @@ and makes the default for new requests.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,3 +77,10 @@ class LoraAdapters:
         save_file({"base_model.model." + n.replace(".default", ""): t.detach().cpu().contiguous()
                    for n, t in tensors.items()}, str(path / "adapter_model.safetensors"))
         return f"agentenv-policy-v{version}", path
+
+    def close(self) -> None:
+        """Remove the published adapters' files (the engine is closed: nothing loads them again;
+        until then a restarted core may)."""
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None

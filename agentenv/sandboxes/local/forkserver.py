@@ -26,9 +26,10 @@ namespace (unless the limits allow background processes). If it cannot confine i
 never runs code: it answers the host's first call with a ``VIOLATION`` frame saying why.
 The template reaps its sessions; the parent-death signal ends them if it dies.
 
-Without ``isolate`` a session is two processes: a *reaper* that joins the session's cgroups,
-makes a private working directory and removes it when the *worker* it forks is gone; only the
-rlimits, cgroups and that directory apply (the caller must have opted in, loudly).
+Without ``isolate`` a session is two processes: a *reaper* that joins the session's cgroups
+and forks the *worker* into a private working directory, which the fork server removes when
+it reaps the reaper; only the rlimits, cgroups and that directory apply (the caller must have
+opted in, loudly).
 
 Templates compact their memory before serving (``gc.freeze`` and transparent huge pages where
 the kernel has ``MADV_COLLAPSE``): a fork copies far fewer page-table entries.
@@ -41,6 +42,7 @@ import gc
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -186,16 +188,17 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
     return None if limits.get("background") or os.getpid() != 1 else _end_background
 
 
-def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int | None, list[int]]:
-    """Fork a session; returns its worker's pid, its reaper's (unisolated) and a pidfd of
-    each. A pidfd is opened here, by the parent, before ``_reap`` can free the pid: the host
-    signals only through it, so a pid the kernel has reused can never be hit."""
+def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int | None, list[int], str | None]:
+    """Fork a session; returns its worker's pid, its reaper's (unisolated), a pidfd of each
+    and the working directory this server removes once the session is gone (unisolated). A
+    pidfd is opened here, by the parent, before ``_reap`` can free the pid: the host signals
+    only through it, so a pid the kernel has reused can never be hit."""
     if req["isolate"]:
         return _spawn_isolated(sock, req, ns)
     return _spawn_unisolated(sock, req, ns)
 
 
-def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None, list[int]]:
+def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None, list[int], None]:
     """One fork, into a new pid namespace; the worker isolates itself (``_confine``)."""
     if not ISOLATED or PIDNS_FD is None:
         raise OSError("isolated sessions start from an isolated template")
@@ -220,15 +223,26 @@ def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None
     except OSError:
         os.kill(pid, signal.SIGKILL)
         raise
-    return pid, None, [pidfd]
+    return pid, None, [pidfd], None
 
 
-def _spawn_unisolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int, list[int]]:
+def _spawn_unisolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int, list[int], str]:
+    """A reaper and its worker, in a working directory made here under the pool's (``workdirs``):
+    the host ends a session by killing its reaper, which can then remove nothing, so this server
+    removes the directory when it reaps the reaper (``_Children``)."""
     limits, cgroups = req["limits"], req.get("cgroups", [])
+    os.makedirs(req["workdirs"], 0o700, exist_ok=True)  # a session may have removed it
+    workdir = tempfile.mkdtemp(prefix="session-", dir=req["workdirs"])
     r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    reaper = os.fork()
+    try:
+        reaper = os.fork()
+    except BaseException:
+        r.close()
+        w.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     if reaper == 0:
-        _reaper(r, w, sock, limits, cgroups, ns)
+        _reaper(r, w, sock, limits, cgroups, ns, workdir)
     w.close()
     try:
         reaper_fd = os.pidfd_open(reaper)  # our child, not reaped yet
@@ -240,15 +254,16 @@ def _spawn_unisolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, in
         for fd in fds:
             os.close(fd)
         os.close(reaper_fd)
+        shutil.rmtree(workdir, ignore_errors=True)
         raise OSError(msg[4:].decode(errors="replace") or "sandbox worker failed to start")
-    return n, reaper, [fds[0], reaper_fd]
+    return n, reaper, [fds[0], reaper_fd], workdir
 
 
 def _reaper(r: socket.socket, w: socket.socket, sock: socket.socket, limits: dict, cgroups: list[str],
-            ns: dict) -> None:
-    """An unisolated session's first process: joins its cgroups, makes its working directory,
-    forks the worker, hands the fork server a pidfd of it (opened before this process could
-    reap it) and removes the directory once the worker is gone."""
+            ns: dict, workdir: str) -> None:
+    """An unisolated session's first process: joins its cgroups, forks the worker (in
+    ``workdir``), hands the fork server a pidfd of it (opened before this process could reap
+    it) and waits for the worker to exit."""
     try:
         r.close()
         os.setsid()
@@ -256,7 +271,6 @@ def _reaper(r: socket.socket, w: socket.socket, sock: socket.socket, limits: dic
         for cg in cgroups:
             with open(os.path.join(cg, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-        workdir = tempfile.mkdtemp(prefix="agentenv-sbx-")
         pid = os.fork()
         if pid == 0:
             w.close()
@@ -275,9 +289,6 @@ def _reaper(r: socket.socket, w: socket.socket, sock: socket.socket, limits: dic
                 continue
             except ChildProcessError:
                 break
-        import shutil
-
-        shutil.rmtree(workdir, ignore_errors=True)
     except BaseException as exc:  # noqa: BLE001 - report and die
         try:
             w.sendall(struct.pack(">i", -1) + f"{type(exc).__name__}: {exc}".encode()[:1000])
@@ -396,9 +407,12 @@ class _Children:
         self.poll = select.epoll()
         self.poll.register(ctrl.fileno(), select.EPOLLIN)
         self.pidfds: dict[int, int] = {}  # pidfd -> pid
+        self.workdirs: dict[int, str] = {}  # pidfd -> the directory to remove when it exits
 
-    def watch(self, pidfd: int, pid: int) -> None:
+    def watch(self, pidfd: int, pid: int, workdir: str | None = None) -> None:
         self.pidfds[pidfd] = pid
+        if workdir is not None:
+            self.workdirs[pidfd] = workdir
         self.poll.register(pidfd, select.EPOLLIN)
 
     def wait(self) -> None:
@@ -417,6 +431,9 @@ class _Children:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
+                workdir = self.workdirs.pop(fd, None)
+                if workdir is not None:
+                    shutil.rmtree(workdir, ignore_errors=True)
             if request:
                 return
 
@@ -425,6 +442,7 @@ class _Children:
         for fd in self.pidfds:
             os.close(fd)
         self.pidfds.clear()
+        self.workdirs.clear()
         self.poll.close()
 
 
@@ -452,12 +470,12 @@ def serve_control(ctrl: socket.socket, ns: dict) -> None:
         try:
             if req["op"] == "spawn":
                 sock = socket.socket(fileno=fds[0])
-                pid, reaper, pidfds = _spawn(sock, req, ns)
+                pid, reaper, pidfds, workdir = _spawn(sock, req, ns)
                 sock.close()
                 try:
                     socket.send_fds(ctrl, [json.dumps({"pid": pid, "reaper": reaper}).encode()], pidfds)
                 finally:
-                    children.watch(pidfds.pop(), reaper or pid)  # the last is this server's own child
+                    children.watch(pidfds.pop(), reaper or pid, workdir)  # the last: this server's own child
                     for fd in pidfds:
                         os.close(fd)
             elif req["op"] == "template":

@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -88,6 +90,10 @@ class _ForkServers:
         self.restarts = 0
         #: Workers started so far.
         self.starts = 0
+        #: Unisolated sessions' working directories are made under this one (made at the first
+        #: such session), which closing removes with whatever a session left there: a session
+        #: ended with its fork server gone was not reaped by it, so its directory is still there.
+        self._workdirs: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -191,6 +197,9 @@ class _ForkServers:
                 except ProcessLookupError:
                     pass
                 await proc.aclose()
+            workdirs, self._workdirs = self._workdirs, None
+            if workdirs is not None:
+                await anyio.to_thread.run_sync(lambda: shutil.rmtree(workdirs, ignore_errors=True))
 
     # -- workers ---------------------------------------------------------------------------
     async def spawn(self, setup_code: str | None) -> _Worker:
@@ -238,6 +247,10 @@ class _ForkServers:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         req = {"op": "spawn", "limits": limits, "isolate": self.isolate, "cgroups": cgroups,
                "max_output": self.max_output}
+        if not self.isolate:
+            if self._workdirs is None:
+                self._workdirs = tempfile.mkdtemp(prefix="agentenv-sbx-")
+            req["workdirs"] = self._workdirs
         fds: list[int] = []
         try:
             try:
