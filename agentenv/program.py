@@ -75,8 +75,9 @@ class ProgramHooks(Protocol):
     async def before_turn(self, tokens: int, max_tokens: int) -> int:
         """Wait until this turn may be submitted; return the engine request priority."""
 
-    def after_turn(self, tokens: int) -> None:
-        """The engine returned the turn; the program is ``tokens`` long and acting."""
+    def after_turn(self, tokens: int, prefilled: int = 0) -> None:
+        """The engine returned the turn; the program is ``tokens`` long and acting.
+        ``prefilled``: the turn's prompt tokens the engine computed (not in its prefix cache)."""
 
     async def session(self) -> Any:
         """The program's sandbox session (prepared ahead; waited for only here)."""
@@ -199,7 +200,7 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, hooks: Progr
         )
         priority = await hooks.before_turn(traj.num_tokens, params.max_tokens)
         gen = await engine.generate_turn(traj.id, traj.input_ids, params, f"{traj.id}-{turn}", priority=priority)
-        hooks.after_turn(traj.num_tokens + len(gen.token_ids))
+        hooks.after_turn(traj.num_tokens + len(gen.token_ids), gen.prompt_tokens - gen.cached_tokens)
         traj.add_model(gen.token_ids, gen.logprobs, gen.versions)
         traj.turns.append(
             TurnStats(gen.prompt_tokens, gen.cached_tokens, len(gen.token_ids), gen.finish_reason,

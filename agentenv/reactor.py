@@ -5,10 +5,11 @@ reactor tells it every event (a program was added, wants a turn, got its turn ba
 session is ready, it ended) and carries out each :class:`~agentenv.scheduler.Decision` at once:
 an admitted program starts as a task in the calling ``rollouts``/``group`` task group, its
 session is prepared ahead of its first tool call, a submitted turn goes to the engine, a paused
-program's KV is released to the engine (``Engine.release``). Given the engine's costs
-(``Reactor(..., cost_model=)``, a :class:`~agentenv.scheduler.CostModel`) and the reactor's
-clock, the scheduler also releases the KV of programs on their tools to programs that want the
-engine, when a decode slot is worth more than the re-prefill. ``concurrency`` caps requests in
+program's KV is released to the engine (``Engine.release``). Given the engine's costs (a
+:class:`~agentenv.scheduler.CostModel`: by default measured from the turns the engine serves and
+refitted as the run goes, :class:`~agentenv.scheduler.CostFit`) and the reactor's clock, the
+scheduler also releases the KV of programs on their tools to programs that want the engine, when
+a decode slot is worth more than the re-prefill. ``concurrency`` caps requests in
 the engine (its decode slots), not programs: a program on a tool holds no slot, so while one
 waits on its tool the others decode. When a program ends its reward is scored in a separate
 task (delayed reward: slow or async rewards overlap with generation). When every sample of a
@@ -33,7 +34,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Literal, Sequence
 
 import anyio
 from anyio.abc import TaskGroup
@@ -46,7 +47,7 @@ from .env import Environment, Task, bind_tool_format
 from .errors import ProgramEndedError, SandboxError
 from .formats import get_format
 from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
-from .scheduler import CostModel, Scheduler, SchedulerConfig, SchedulingPolicy, State
+from .scheduler import CostFit, CostModel, Scheduler, SchedulerConfig, SchedulingPolicy, State
 from .stats import RunStats
 from .tools import needs_sandbox
 from .trajectory import Trajectory
@@ -108,10 +109,11 @@ class _Hooks:
     """``ProgramHooks`` for one program: each event goes to the scheduler, whose decision the
     reactor carries out at once."""
 
-    __slots__ = ("reactor", "slot", "tokens")
+    __slots__ = ("reactor", "slot", "tokens", "submitted")
 
     def __init__(self, reactor: "Reactor", slot: _Slot) -> None:
         self.reactor, self.slot, self.tokens = reactor, slot, 0
+        self.submitted: tuple[float, float, int] | None = None  # the turn's start, for the cost fit
 
     async def before_turn(self, tokens: int, max_tokens: int) -> int:
         r, slot = self.reactor, self.slot
@@ -124,10 +126,21 @@ class _Hooks:
         if slot.pid not in r._sched.programs:  # ended while this turn waited (a gateway request outlives it)
             raise ProgramEndedError(f"program {slot.pid} ended before its turn")
         r.stats.occupancy.requests_changed(+1)
+        if r.cost_fit is not None:
+            self.submitted = (time.perf_counter(), r.stats.occupancy.area(), r._prefilled)
         return r._sched.priority(slot.pid)
 
-    def after_turn(self, tokens: int) -> None:
+    def after_turn(self, tokens: int, prefilled: int = 0) -> None:
         r = self.reactor
+        r._prefilled += prefilled
+        if r.cost_fit is not None and self.submitted is not None:
+            t0, area0, pre0 = self.submitted
+            seconds = time.perf_counter() - t0
+            in_flight = (r.stats.occupancy.area() - area0) / seconds if seconds > 0 else 1.0
+            context = (self.tokens + tokens) / 2
+            if r.cost_fit.add(seconds, tokens - self.tokens, in_flight, context, r._prefilled - pre0):
+                r._sched.config.cost = r.cost_fit.model
+        self.submitted = None
         r.stats.occupancy.requests_changed(-1)
         r.stats.occupancy.turn_sampled(tokens - self.tokens)
         r._sched.advance(time.monotonic())  # its tool starts now
@@ -209,7 +222,7 @@ class Reactor:
         config: RolloutConfig | None = None,
         *,
         buffer_size: int = 64,
-        journal: Any = None, cost_model: CostModel | None = None,
+        journal: Any = None, cost_model: CostModel | None | Literal["measured"] = "measured",
     ) -> None:
         self.engine, self.env, self.sandbox = engine, env, sandbox
         self.config = (config or RolloutConfig()).for_env(env)  # None limits: the env's
@@ -235,6 +248,11 @@ class Reactor:
         self._counted: set[str] = set()  # trajectories in ``stats`` whose group is not scored yet
         c = self.config
         policy = SchedulingPolicy(c.scheduling)
+        kv_bound = policy == SchedulingPolicy.PROGRAM and engine.kv_capacity_tokens is not None
+        #: The engine's costs as measured so far (``cost_model="measured"``, the program policy
+        #: on an engine that states its KV capacity): the scheduler is given each new fit.
+        self.cost_fit = CostFit() if cost_model == "measured" and kv_bound else None
+        self._prefilled = 0  # prompt tokens the engine computed, every turn's so far
         self._sched = Scheduler(SchedulerConfig(
             policy=policy,
             kv_capacity=engine.kv_capacity_tokens if policy == SchedulingPolicy.PROGRAM else None,
@@ -243,7 +261,8 @@ class Reactor:
             max_programs=(c.concurrency if policy == SchedulingPolicy.FIFO
                           else c.max_programs or self._default_max_programs()),
             session_lookahead=c.session_lookahead,
-            turn_reserve=c.max_tokens_per_turn, cost=cost_model,  # None: acting programs keep their KV
+            # None: acting programs keep their KV (until a measured model is fitted)
+            turn_reserve=c.max_tokens_per_turn, cost=cost_model if isinstance(cost_model, CostModel) else None,
         ))
         self._slots: dict[int, _Slot] = {}
         self._spare: list[Any] = []  # prepared sessions no program used: clean, handed on

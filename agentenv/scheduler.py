@@ -214,6 +214,62 @@ class ToolTimes:
         return None if longer == 0 else self._tail[i] / longer - elapsed
 
 
+class CostFit:
+    """The engine's :class:`CostModel`, fitted from the turns it serves and refitted as the run
+    goes (measurements in, a model out: the driver measures, the scheduler is given the model).
+
+    Each turn is one row: its seconds in the engine ``t``, the tokens it sampled ``k``, the
+    requests in flight on average meanwhile ``n``, its context ``ctx`` and the uncached prompt
+    tokens the engine prefilled meanwhile ``u`` (everyone's: a step computes them before anyone's
+    next token). Least squares over the last ``keep`` rows, refitted every ``refit`` rows, of
+    ``t = k (step_base + step_per_seq n + step_per_ctx n ctx) + prefill_per_token u``. A negative
+    coefficient (noise, or a term the rows cannot tell apart) is dropped and the rest refitted,
+    so the model never speeds up with more work. No model before ``least`` rows."""
+
+    def __init__(self, keep: int = 512, refit: int = 32, least: int = 32) -> None:
+        self._rows: deque[tuple[float, float, float, float, float]] = deque(maxlen=keep)
+        self._refit, self._least = refit, least
+        self._new = 0
+        #: The latest fit (None until ``least`` rows were seen).
+        self.model: CostModel | None = None
+        #: How many times the model was fitted.
+        self.fits = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def add(self, seconds: float, tokens: int, in_flight: float, context: float, prefilled: float) -> bool:
+        """One turn's row; True when it made a new fit (then read :attr:`model`). A turn that
+        sampled nothing (aborted) or took no time says nothing about a step: skipped."""
+        if tokens <= 0 or seconds <= 0:
+            return False
+        self._rows.append((seconds, float(tokens), max(in_flight, 1.0), max(context, 0.0), max(prefilled, 0.0)))
+        self._new += 1
+        if len(self._rows) < self._least or (self.model is not None and self._new < self._refit):
+            return False
+        self._new = 0
+        self.model = self._fit()
+        self.fits += 1
+        return True
+
+    def _fit(self) -> CostModel:
+        import numpy as np  # here: the scheduler's import stays light
+
+        t, k, n, ctx, u = (np.array(c) for c in zip(*self._rows))
+        cols = {"base": k, "seq": k * n, "ctx": k * n * ctx, "prefill": u}
+        while True:
+            x = np.column_stack(list(cols.values()))
+            scale = np.linalg.norm(x, axis=0)
+            scale[scale == 0] = 1.0  # columns this far apart in size are solved scaled
+            coef = dict(zip(cols, np.linalg.lstsq(x / scale, t, rcond=None)[0] / scale))
+            neg = [c for c in cols if c != "base" and coef[c] < 0]
+            if not neg:
+                break
+            del cols[min(neg, key=lambda c: coef[c])]
+        return CostModel(step_base=max(float(coef["base"]), 1e-6), step_per_seq=float(coef.get("seq", 0.0)),
+                         step_per_ctx=float(coef.get("ctx", 0.0)), prefill_per_token=float(coef.get("prefill", 0.0)))
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
     """The scheduler's policy and the engine's and sandbox's limits it schedules within."""

@@ -181,6 +181,12 @@ class Occupancy:
             self._bin(time.perf_counter())[0][0] += n
             self.turn_tokens += n
 
+    def area(self) -> float:
+        """The request-seconds in flight so far, up to now."""
+        if self.t0 and not self.t1:
+            self._advance()
+        return self.in_flight_area
+
     def requests_changed(self, delta: int) -> None:
         """A request entered (+1) or left (-1) the engine."""
         if not self.t1:

@@ -156,6 +156,9 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
         "full_and_tail": s.occupancy.full_and_tail(),
         "timeline": [[b[0], round(b[1], 2)] for b in s.occupancy.bins],
         "max_programs": reactor.scheduler.config.max_programs,
+        # The engine's costs the reactor measured (its last fit, and how many it made).
+        "cost_fit": (None if reactor.cost_fit is None or reactor.cost_fit.model is None
+                     else {**dataclasses.asdict(reactor.cost_fit.model), "fits": reactor.cost_fit.fits}),
         "longest_path_s": path,
         # This process's CPU (reactor, sandbox client, engine client; vLLM's engine core is
         # another process) per generated token.
@@ -221,14 +224,10 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
                   f"tok/s); sandbox sessions start at {starts:.0f}/s while it decodes", flush=True)
         results, around = [], [limit]
         # The program policy weighs holding acting programs' KV against decode slots with the
-        # engine's costs as fitted where the KV held the calibration loops (the first
-        # setting's: here, 32 requests of the mean context may not fit, and their decode rate
-        # measures the thrashing, not the engine); without the simulator's fit: none, it holds.
-        cost = (prior or sim_engine).cost() if args.simulate else None
-        if cost is not None:
-            print(f"[{label}] program policy's engine costs: step {1e3 * cost.step_base:.2f} ms + "
-                  f"{1e3 * cost.step_per_seq:.3f} ms x batch, prefill {1e6 * cost.prefill_per_token:.0f} us/token",
-                  flush=True)
+        # engine's costs as the reactor measures them from the turns it serves, refitted as the
+        # run goes (what `agentenv rollout` does); each run prints its last fit, beside the
+        # calibration's above (the simulator's engine).
+        cost = "measured"
         for policy in (args.policies if label == "kv-fits" else args.oversubscribed_policies):
             env = make("trace", **spec_kwargs(args))
             tasks = env.tasks(args.tasks, seed=args.seed)
@@ -252,6 +251,12 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
             work = r["tokens"] / r["pure_decode_tok_s"]
             print(f"[{label}] {policy:9s} longest program: {r['longest_path_s']:.1f} s in the engine and on tools; "
                   f"the run's tokens at pure decode: {work:.1f} s; bound {work / r['longest_path_s']:.2f}", flush=True)
+            cf = r["cost_fit"]
+            if cf is not None:
+                print(f"[{label}] {policy:9s} engine costs measured ({cf['fits']} fits): step "
+                      f"{1e3 * cf['step_base']:.2f} ms + {1e3 * cf['step_per_seq']:.3f} ms x batch + "
+                      f"{1e6 * cf['step_per_ctx']:.4f} us x batch x context, prefill "
+                      f"{1e6 * cf['prefill_per_token']:.1f} us/token", flush=True)
             ft = r["full_and_tail"]
             if ft is not None:
                 print(f"[{label}] {policy:9s} body: {ft['full_s']:.0f} s with >= 90% of the slots busy at "

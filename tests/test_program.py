@@ -36,7 +36,7 @@ class Hooks:
         self.before.append((tokens, max_tokens))
         return 0
 
-    def after_turn(self, tokens: int) -> None:
+    def after_turn(self, tokens: int, prefilled: int = 0) -> None:
         self.after.append(tokens)
 
     async def session(self):

@@ -64,6 +64,9 @@ async def test_every_policy_yields_the_trace_exactly(engine, policy):
     assert s.slots == 4 and s.idle_fraction <= s.under_half_fraction < 1
     assert reactor.stats.summary()["engine_under_half_pct"] == round(100 * s.under_half_fraction, 1)
     assert reactor.scheduler.done and not reactor.scheduler.programs
+    # The program policy measures the engine's costs from every turn it serves.
+    fit = reactor.cost_fit
+    assert fit is None if policy != "program" else len(fit) == sum(len(t.turns) for t in trajs)
 
 
 async def test_programs_are_decoupled_from_decode_slots(engine):
@@ -101,13 +104,14 @@ async def test_sessions_are_prepared_ahead_and_unused_ones_handed_on(engine):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cost", [None, CostModel(step_base=0.01, step_per_seq=0.001, prefill_per_token=0.0)],
-                         ids=["held", "costed"])
+@pytest.mark.parametrize("cost", [None, CostModel(step_base=0.01, step_per_seq=0.001, prefill_per_token=0.0),
+                                  "measured"], ids=["held", "costed", "measured"])
 async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir, cost):
     """A KV cache far smaller than the working set: the scheduler pauses and restores whole
     programs, every program finishes, and the trajectories are still exactly the trace. With
     a cost model (here re-prefill is free: acting programs' KV goes to waiting ones at once)
-    the reactor gives the scheduler its clock: the tools' durations are measured on it."""
+    the reactor gives the scheduler its clock: the tools' durations are measured on it.
+    Measured: the scheduler is given the model fitted from the turns served so far."""
     env = make("trace", **{**SPEC, "mean_turns": 5.0, "turn_tokens": 24, "tool_tokens": 16, "prompt_tokens": 48,
                               "max_total_tokens": 600})
     engine = EmbeddedEngine(model_dir, seed=0, kv_cache_tokens=1024)
@@ -126,6 +130,9 @@ async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir, cost):
     assert reactor.scheduler.peak_working_set <= 1024
     tools = reactor.scheduler.tool_times
     assert len(tools) == sum(len(t.tool_calls) for t in trajs) and tools.remaining(0.0) > 0
+    if cost == "measured":
+        fit = reactor.cost_fit
+        assert fit.fits >= 1 and reactor.scheduler.config.cost is fit.model and fit.model.step_base > 0
 
 
 async def test_cancelling_with_programs_queued_and_sessions_prepared_leaves_nothing(engine):

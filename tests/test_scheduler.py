@@ -9,6 +9,7 @@ import random
 import pytest
 
 from agentenv.scheduler import (
+    CostFit,
     CostModel,
     Decision,
     EnvState,
@@ -591,3 +592,46 @@ def test_with_tool_times_seen_a_program_expected_to_stay_on_its_tool_is_released
     for _ in range(16):
         s.tool_times.add(2.5)
     assert not s.schedule(2.0).paused  # 0.5 s left expected: held
+
+
+def turns(model: CostModel, rng: random.Random, n: int, noise: float = 0.03):
+    """``n`` turns' rows as an engine of ``model`` would serve them (times within ``noise``)."""
+    for _ in range(n):
+        k, busy, ctx, pre = rng.randint(8, 256), rng.uniform(1, 32), rng.uniform(64, 4096), rng.uniform(0, 30_000)
+        t = k * (model.step_base + model.step_per_seq * busy + model.step_per_ctx * busy * ctx)
+        yield t * rng.uniform(1 - noise, 1 + noise) + model.prefill_per_token * pre, k, busy, ctx, pre
+
+
+def test_the_cost_fit_recovers_the_engines_costs_from_its_turns():
+    true = CostModel(step_base=0.004, step_per_seq=5e-4, step_per_ctx=2e-8, prefill_per_token=5e-5)
+    fit, rng = CostFit(least=32, refit=32), random.Random(0)
+    for i, row in enumerate(turns(true, rng, 31)):
+        assert not fit.add(*row) and fit.model is None  # too few turns to fit
+    assert fit.add(*next(turns(true, rng, 1))) and fit.fits == 1
+    for a in ("step_base", "step_per_seq", "prefill_per_token"):
+        assert getattr(fit.model, a) == pytest.approx(getattr(true, a), rel=0.15), a
+    assert fit.model.step_per_ctx == pytest.approx(true.step_per_ctx, rel=0.5)  # the smallest term
+    for busy, ctx in ((1, 64), (8, 1024), (32, 4096)):  # and the rates it predicts are the engine's
+        assert fit.model.rate(busy, ctx) == pytest.approx(true.rate(busy, ctx), rel=0.05)
+    # Refitted every ``refit`` turns; a turn that sampled nothing or took no time is no row.
+    assert not fit.add(1.0, 0, 4, 100, 0) and not fit.add(0.0, 10, 4, 100, 0) and len(fit) == 32
+    added = [fit.add(*row) for row in turns(true, rng, 64)]
+    assert added.count(True) == 2 and added[31] and added[63] and fit.fits == 3
+
+
+def test_the_cost_fit_follows_a_changed_engine_and_never_fits_a_negative_cost():
+    fit, rng = CostFit(keep=128, least=32, refit=16), random.Random(1)
+    for row in turns(CostModel(0.004, 5e-4, prefill_per_token=5e-5), rng, 128):
+        fit.add(*row)
+    dear = CostModel(0.004, 5e-4, prefill_per_token=5e-4)  # prefill ten times dearer (longer contexts, a bigger model)
+    for row in turns(dear, rng, 128):
+        fit.add(*row)
+    assert fit.model.prefill_per_token == pytest.approx(5e-4, rel=0.15)  # only the last ``keep`` turns count
+    # Prefill that costs nothing, in rows whose times do not grow with it: its noise fit would be
+    # negative; the term is dropped (0), never a model that speeds up with more work.
+    fit = CostFit(least=32)
+    for t, k, busy, ctx, pre in turns(CostModel(0.004, 5e-4), random.Random(2), 32, noise=0.2):
+        fit.add(t, k, busy, ctx, pre)
+    m = fit.model
+    assert min(m.step_base, m.step_per_seq, m.step_per_ctx, m.prefill_per_token) >= 0
+    assert m.step_base == pytest.approx(0.004, rel=0.5)

@@ -160,7 +160,8 @@ class ProgramSession:
             raise
         finally:
             if not self.ended:  # an ended program has left the scheduler (its slot is gone)
-                self.hooks.after_turn(len(ids) + (len(gen.token_ids) if gen is not None else 0))
+                self.hooks.after_turn(len(ids) + (len(gen.token_ids) if gen is not None else 0),
+                                      gen.prompt_tokens - gen.cached_tokens if gen is not None else 0)
         self.sampled += len(gen.token_ids)
         return gen
 

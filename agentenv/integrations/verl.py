@@ -185,7 +185,7 @@ class _Direct:
     async def before_turn(self, tokens: int, max_tokens: int) -> int:
         return 0
 
-    def after_turn(self, tokens: int) -> None:
+    def after_turn(self, tokens: int, prefilled: int = 0) -> None:
         return None
 
     async def session(self) -> Any:
