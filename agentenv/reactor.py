@@ -34,7 +34,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal, Sequence
+from typing import Any, AsyncIterator, Callable, Literal, Sequence
 
 import anyio
 from anyio.abc import TaskGroup
@@ -213,6 +213,25 @@ async def _program(r: "Reactor", slot: _Slot) -> Trajectory:
                              resume=slot.partial)
 
 
+def _scheduler(c: RolloutConfig, engine: Engine, cost_model: CostModel | None | str,
+               default_max_programs: Callable[[], int]) -> tuple[Scheduler, CostFit | None]:
+    """The reactor's scheduler for ``c`` on ``engine``, and the fit that measures the engine's
+    costs for it (``cost_model="measured"``; a ``CostModel``: fixed costs; None: none, acting
+    programs keep their KV)."""
+    policy = SchedulingPolicy(c.scheduling)
+    kv_bound = policy == SchedulingPolicy.PROGRAM and engine.kv_capacity_tokens is not None
+    sched = Scheduler(SchedulerConfig(
+        policy=policy,
+        kv_capacity=engine.kv_capacity_tokens if policy == SchedulingPolicy.PROGRAM else None,
+        block_size=engine.page_size,
+        max_requests=c.concurrency,
+        max_programs=(c.concurrency if policy == SchedulingPolicy.FIFO else c.max_programs or default_max_programs()),
+        session_lookahead=c.session_lookahead,
+        turn_reserve=c.max_tokens_per_turn, cost=cost_model if isinstance(cost_model, CostModel) else None,
+    ))
+    return sched, CostFit() if cost_model == "measured" and kv_bound else None
+
+
 class Reactor:
     def __init__(
         self,
@@ -246,24 +265,10 @@ class Reactor:
         self._setup = env.sandbox_setup() if self._needs_env else None
         self.stats = RunStats(block_size=engine.page_size, slots=self.config.concurrency)
         self._counted: set[str] = set()  # trajectories in ``stats`` whose group is not scored yet
-        c = self.config
-        policy = SchedulingPolicy(c.scheduling)
-        kv_bound = policy == SchedulingPolicy.PROGRAM and engine.kv_capacity_tokens is not None
         #: The engine's costs as measured so far (``cost_model="measured"``, the program policy
         #: on an engine that states its KV capacity): the scheduler is given each new fit.
-        self.cost_fit = CostFit() if cost_model == "measured" and kv_bound else None
+        self._sched, self.cost_fit = _scheduler(self.config, engine, cost_model, self._default_max_programs)
         self._prefilled = 0  # prompt tokens the engine computed, every turn's so far
-        self._sched = Scheduler(SchedulerConfig(
-            policy=policy,
-            kv_capacity=engine.kv_capacity_tokens if policy == SchedulingPolicy.PROGRAM else None,
-            block_size=engine.page_size,
-            max_requests=c.concurrency,
-            max_programs=(c.concurrency if policy == SchedulingPolicy.FIFO
-                          else c.max_programs or self._default_max_programs()),
-            session_lookahead=c.session_lookahead,
-            # None: acting programs keep their KV (until a measured model is fitted)
-            turn_reserve=c.max_tokens_per_turn, cost=cost_model if isinstance(cost_model, CostModel) else None,
-        ))
         self._slots: dict[int, _Slot] = {}
         self._spare: list[Any] = []  # prepared sessions no program used: clean, handed on
         self._next_pid = 0
