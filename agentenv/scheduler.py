@@ -36,7 +36,7 @@ Policies (:class:`SchedulingPolicy`):
   that are expected to stay there longer than the break-even (the re-prefill against the
   throughput one more decode slot adds: :meth:`CostModel.hold_seconds`), longest on its tool
   first; without costs, acting programs keep their KV for their whole tool. ``max_requests`` caps requests in flight
-  (the engine's decode slots); a program on a tool holds none. Environments are prepared for
+  (the engine's decode slots); a program on a tool holds none. Sessions are prepared for
   admitted programs and ``session_lookahead`` queued ones; a program decodes before its
   session is ready and waits for it only when it calls a tool.
 * ``fifo``: a per-request reactor: ``max_programs`` programs in flight, each holding its
@@ -232,7 +232,7 @@ class SchedulerConfig:
     max_programs: int = 256
     #: Queued programs whose sandbox session is prepared ahead of their admission.
     session_lookahead: int = 16
-    #: Environment preparations in flight at once.
+    #: Sandbox session preparations in flight at once.
     max_preparing: int = 8
     #: Default growth reserve per turn until turn lengths have been observed.
     turn_reserve: int = 256
