@@ -164,9 +164,8 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
                      weight_sync: str = "auto", **engine_args: Any) -> "VLLMEngine":
         """Start vLLM on the model directory ``model`` (the arguments :func:`vllm_args` takes,
         and any ``AsyncEngineArgs`` field). ``max_restarts``: engine-core restarts allowed;
-        ``sessions``: streaming-input requests on (vLLM's word for them); ``nice``: the engine
-        core's niceness (None: 10 on CPU, 0 on GPUs); ``weight_sync``: auto, group or host
-        (``weight_group``)."""
+        ``sessions``: vLLM's streaming-input requests on; ``nice``: the engine core's niceness (None:
+        10 on CPU, 0 on GPUs); ``weight_sync``: auto, group or host (``weight_group``)."""
         import torch
 
         from ..extras import require
