@@ -109,7 +109,8 @@ def engine_args(items: list[str], earlier: dict[str, Any] | None = None) -> dict
 ENGINE_ARG_HELP = ("engine setting, repeatable; VALUE is parsed as JSON when it can be. embedded: kv_cache_tokens, "
                    "page_size, max_batch_tokens, max_model_len; vllm: any AsyncEngineArgs field (block_size=32, "
                    "kv_cache_memory_bytes=268435456, tensor_parallel_size=2, max_model_len=4096), max_restarts, and "
-                   "sessions=true (a streaming-input session per program: a turn prefills only its new tokens), nice=N "
+                   "sessions=true (one vLLM streaming-input request per program, kept across its turns: a turn "
+                   "prefills only its new tokens), nice=N "
                    "(the engine core's niceness; 10 on CPU, 0 leaves it be)")
 
 

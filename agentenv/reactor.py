@@ -88,8 +88,8 @@ class _Batch:
 class _Slot:
     """The reactor's side of one program: what it runs, and the events it waits on."""
 
-    __slots__ = ("pid", "key", "task", "index", "group", "pending", "send", "tg", "grant", "env_done",
-                 "session", "env_error", "used_session", "batch", "started", "partial")
+    __slots__ = ("pid", "key", "task", "index", "group", "pending", "send", "tg", "grant", "prepared",
+                 "session", "session_error", "used_session", "batch", "started", "partial")
 
     def __init__(self, pid: int, task: Task, index: int, group: Group, pending: list[int],
                  send: MemoryObjectSendStream | None, tg: TaskGroup, batch: _Batch) -> None:
@@ -97,9 +97,9 @@ class _Slot:
         self.key = uuid.uuid4().hex[:16]  # the trajectory id and the engine request-id prefix
         self.send, self.tg, self.batch = send, tg, batch
         self.grant: anyio.Event | None = None
-        self.env_done: anyio.Event | None = None
+        self.prepared: anyio.Event | None = None  # set once its session started, or failed to (session_error)
         self.session: Any = None
-        self.env_error: BaseException | None = None
+        self.session_error: BaseException | None = None
         self.used_session = False
         self.started = False
         self.partial: Trajectory | None = None  # the program as of its last logged turn: resume from there
@@ -149,16 +149,16 @@ class _Hooks:
 
     async def session(self) -> Any:
         r, slot = self.reactor, self.slot
-        if slot.env_done is None:  # not prepared ahead (lookahead full): start it now
-            r._sched.demand_env(slot.pid)
+        if slot.prepared is None:  # not prepared ahead (lookahead full): start it now
+            r._sched.demand_session(slot.pid)
             r._start_prepare(slot)
-        if not slot.env_done.is_set():
-            r.stats.sessions.env_waits += 1
+        if not slot.prepared.is_set():
+            r.stats.sessions.session_waits += 1
             t0 = time.perf_counter()
-            await slot.env_done.wait()
-            r.stats.sessions.env_wait_s += time.perf_counter() - t0
-        if slot.env_error is not None:
-            raise slot.env_error
+            await slot.prepared.wait()
+            r.stats.sessions.session_wait_s += time.perf_counter() - t0
+        if slot.session_error is not None:
+            raise slot.session_error
         slot.used_session = True
         return slot.session
 
@@ -261,8 +261,8 @@ class Reactor:
             stop_token_ids=stop_token_ids(engine.tokenizer, fmt),
             journal=journal,
         )
-        self._needs_env = needs_sandbox(env)
-        self._setup = env.sandbox_setup() if self._needs_env else None
+        self._needs_session = needs_sandbox(env)
+        self._setup = env.sandbox_setup() if self._needs_session else None
         self.stats = RunStats(block_size=engine.page_size, slots=self.config.concurrency)
         self._counted: set[str] = set()  # trajectories in ``stats`` whose group is not scored yet
         #: The engine's costs as measured so far (``cost_model="measured"``, the program policy
@@ -276,7 +276,7 @@ class Reactor:
         self._gateway_lock = anyio.Lock()
 
     def _default_max_programs(self) -> int:
-        return _default_max_programs(self.config, self.sandbox if self._needs_env else None)
+        return _default_max_programs(self.config, self.sandbox if self._needs_session else None)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -380,7 +380,7 @@ class Reactor:
                     else:
                         tokens = len(self._ctx.prompt_ids(task))
                     self._slots[pid] = slot
-                    self._sched.add(pid, tokens, group=task.id, needs_session=self._needs_env)
+                    self._sched.add(pid, tokens, group=task.id, needs_session=self._needs_session)
                     added.append(pid)
             if batch.left == 0:
                 return
@@ -424,11 +424,11 @@ class Reactor:
                 grant.set()
 
     def _start_prepare(self, slot: _Slot) -> None:
-        slot.env_done = anyio.Event()
+        slot.prepared = anyio.Event()
         if self._spare:
             slot.session = self._spare.pop()
-            self._sched.env_ready(slot.pid)
-            slot.env_done.set()
+            self._sched.session_ready(slot.pid)
+            slot.prepared.set()
             return
         slot.tg.start_soon(self._prepare, slot)
 
@@ -436,18 +436,18 @@ class Reactor:
         try:
             t0 = time.perf_counter()
             slot.session = await self.sandbox.session(self._setup)
-            self.stats.sessions.env_started(time.perf_counter() - t0)
+            self.stats.sessions.session_started(time.perf_counter() - t0)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # noqa: BLE001 - the program meets it at its first tool call
-            slot.env_error = exc if isinstance(exc, SandboxError) else SandboxError(f"{type(exc).__name__}: {exc}")
+            slot.session_error = exc if isinstance(exc, SandboxError) else SandboxError(f"{type(exc).__name__}: {exc}")
         finally:
-            assert slot.env_done is not None
-            slot.env_done.set()
+            assert slot.prepared is not None
+            slot.prepared.set()
         if self._sched.programs.get(slot.pid) is None or self._sched.state(slot.pid) == State.DONE:
             await self._release_session(slot)  # the program ended before its session was ready
         else:
-            self._sched.env_ready(slot.pid)
+            self._sched.session_ready(slot.pid)
             self._step()
 
     async def _release_session(self, slot: _Slot) -> None:
@@ -471,7 +471,7 @@ class Reactor:
         finally:
             self._sched.finish(slot.pid)
             self.engine.release(slot.key)
-            if slot.env_done is not None and slot.env_done.is_set():
+            if slot.prepared is not None and slot.prepared.is_set():
                 await self._release_session(slot)
             self._step()
             self._sched.forget(slot.pid)

@@ -36,7 +36,7 @@ Policies (:class:`SchedulingPolicy`):
   that are expected to stay there longer than the break-even (the re-prefill against the
   throughput one more decode slot adds: :meth:`CostModel.hold_seconds`), longest on its tool
   first; without costs, acting programs keep their KV for their whole tool. ``max_requests`` caps requests in flight
-  (the engine's decode slots); a program on a tool holds none. Environments are prepared for
+  (the engine's decode slots); a program on a tool holds none. Sessions are prepared for
   admitted programs and ``session_lookahead`` queued ones; a program decodes before its
   session is ready and waits for it only when it calls a tool.
 * ``fifo``: a per-request reactor: ``max_programs`` programs in flight, each holding its
@@ -66,6 +66,7 @@ import bisect
 import enum
 import heapq
 import math
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable
@@ -287,7 +288,7 @@ class SchedulerConfig:
     max_programs: int = 256
     #: Queued programs whose sandbox session is prepared ahead of their admission.
     session_lookahead: int = 16
-    #: Environment preparations in flight at once.
+    #: Sandbox session preparations in flight at once.
     max_preparing: int = 8
     #: Default growth reserve per turn until turn lengths have been observed.
     turn_reserve: int = 256
@@ -307,8 +308,8 @@ class SchedulerConfig:
 class ProgramTable:
     """Every program's state and the totals the policy reads, kept without a policy.
 
-    The event methods (:meth:`add`, :meth:`want_turn`, :meth:`turn_done`, :meth:`env_ready`,
-    :meth:`finish`, :meth:`cancel`, :meth:`demand_env`, :meth:`forget`) move a program between
+    The event methods (:meth:`add`, :meth:`want_turn`, :meth:`turn_done`, :meth:`session_ready`,
+    :meth:`finish`, :meth:`cancel`, :meth:`demand_session`, :meth:`forget`) move a program between
     states; each keeps the totals (working set, requests in flight, admitted programs,
     preparations) and the index sets (resident, ready, paused) current, so a decision never
     scans every program (the simulator drives 10k of them)."""
@@ -394,7 +395,7 @@ class ProgramTable:
         if resident and p.state == State.READY and p.wanting:
             self._ready.add(p.pid)
             if self.config.policy == SchedulingPolicy.PROGRAM:
-                heapq.heappush(self._ready_heap, (self._env_wait(p), p.ready_seq, p.pid))
+                heapq.heappush(self._ready_heap, (self._session_wait(p), p.ready_seq, p.pid))
         else:
             self._ready.discard(p.pid)
         if p.state == State.PAUSED:
@@ -457,7 +458,7 @@ class ProgramTable:
                                          if q.state == State.ACTING]
                     heapq.heapify(self._acting_heap)
 
-    def env_ready(self, pid: int) -> None:
+    def session_ready(self, pid: int) -> None:
         """The program's session is prepared, or its preparation failed: either way it
         waits no more (a failure meets the program when it first needs the session)."""
         p = self.programs[pid]
@@ -496,12 +497,22 @@ class ProgramTable:
         self._group_left[p.group] -= 1
         del self.programs[pid]
 
-    def demand_env(self, pid: int) -> None:
+    def demand_session(self, pid: int) -> None:
         """The program needs its session now and none is being prepared: start it (it
         counts against ``max_preparing`` like any other)."""
         p = self.programs[pid]
         if p.session == SessionState.NONE:
-            self._start_env(p)
+            self._start_session(p)
+
+    def env_ready(self, pid: int) -> None:
+        """The former name of :meth:`session_ready` (deprecated: "env" is the Environment)."""
+        warnings.warn("Scheduler.env_ready is now session_ready", DeprecationWarning, stacklevel=2)
+        self.session_ready(pid)
+
+    def demand_env(self, pid: int) -> None:
+        """The former name of :meth:`demand_session` (deprecated: "env" is the Environment)."""
+        warnings.warn("Scheduler.demand_env is now demand_session", DeprecationWarning, stacklevel=2)
+        self.demand_session(pid)
 
     def forget(self, pid: int) -> None:
         """Drop a finished program's record (bounded memory over long runs)."""
@@ -568,7 +579,7 @@ class ProgramTable:
         self.restores += 1
         d.restored.append(p.pid)
 
-    def _start_env(self, p: Program) -> None:
+    def _start_session(self, p: Program) -> None:
         p.session = SessionState.PREPARING
         self.preparing += 1
         self._unprepared.discard(p.pid)
@@ -701,7 +712,7 @@ class Scheduler(ProgramTable):
             for pid in d.admit:
                 p = self.programs[pid]
                 if p.needs_session and p.session == SessionState.NONE:
-                    self._start_env(p)
+                    self._start_session(p)
                     d.prepare.append(pid)
             return
         # Admitted programs first (they may call a tool soon), then the lookahead.
@@ -713,7 +724,7 @@ class Scheduler(ProgramTable):
             if pid in self._unprepared:
                 p = self.programs[pid]
                 if p.needs_session and p.session == SessionState.NONE:
-                    self._start_env(p)
+                    self._start_session(p)
                     d.prepare.append(pid)
                 else:
                     self._unprepared.discard(pid)
@@ -723,7 +734,7 @@ class Scheduler(ProgramTable):
             if self.preparing >= cfg.max_preparing:
                 return
             if p.needs_session and p.session == SessionState.NONE:
-                self._start_env(p)
+                self._start_session(p)
                 d.prepare.append(p.pid)
 
     def _submit(self, d: Decision) -> None:
@@ -757,16 +768,17 @@ class Scheduler(ProgramTable):
         while heap and room > 0:
             wait, seq, pid = heapq.heappop(heap)
             p = self.programs.get(pid)
-            if p is None or pid not in self._ready or p.ready_seq != seq or self._env_wait(p) != wait:
+            if p is None or pid not in self._ready or p.ready_seq != seq or self._session_wait(p) != wait:
                 continue  # stale: submitted, paused, or its key changed (a newer entry holds it)
             self._submit_one(p, d)
             room -= 1
         if len(heap) > 4 * len(self._ready) + 1024:  # stale entries outnumber live ones: rebuild
-            self._ready_heap = [(self._env_wait(p), p.ready_seq, p.pid) for p in map(self.programs.get, self._ready)]
+            self._ready_heap = [(self._session_wait(p), p.ready_seq, p.pid)
+                                for p in map(self.programs.get, self._ready)]
             heapq.heapify(self._ready_heap)
 
     @staticmethod
-    def _env_wait(p: Program) -> bool:
+    def _session_wait(p: Program) -> bool:
         """Whether ``p`` will want a session that is not ready yet."""
         return p.needs_session and p.session != SessionState.READY
 
@@ -776,4 +788,4 @@ class Scheduler(ProgramTable):
         # A turn whose program will want a session that is not ready yet goes after the
         # others: otherwise every new program's first turn runs at once and then all of them
         # wait on session starts together; this way first turns follow the preparations.
-        return (self._env_wait(p), p.ready_seq)
+        return (self._session_wait(p), p.ready_seq)

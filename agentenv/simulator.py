@@ -14,8 +14,8 @@ here it is driven by simulated time instead of an event loop. What is simulated:
   sequence's tail first (as vLLM frees them), so a program's cached prefix is a block count.
   When the running requests outgrow memory, the youngest request is preempted (its blocks
   freed, recomputed later), as vLLM does.
-* **tools and environments**: tool latencies and output lengths from the trace; an
-  environment start costs ``env_start_s`` on one of ``env_workers`` sandbox CPUs.
+* **tools and sandbox sessions**: tool latencies and output lengths from the trace; a
+  session start costs ``session_start_s`` on one of ``session_workers`` sandbox CPUs.
 
 To stay fast (10,000 programs in well under a minute), time advances in *macro steps*: the
 batch is constant between events, so k decode steps are taken at once; block growth is
@@ -30,9 +30,10 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -149,28 +150,50 @@ class _Prog:
     trace: ProgramTrace
     tokens: int
     turn: int = 0
-    env_ready: bool = False
-    waiting_env: bool = False
+    session_ready: bool = False
+    waiting_session: bool = False
     last_prompt: int = -1
     last_new: int = 0
+
+
+#: The simulator's former parameter names, old -> new (deprecated: "env" is the Environment;
+#: these are the sandbox sessions'). Still taken, with a DeprecationWarning.
+FORMER_PARAMETERS = {"needs_env": "needs_session", "env_start_s": "session_start_s",
+                     "env_workers": "session_workers", "env_lookahead": "session_lookahead"}
+
+
+def _current(where: str, former: dict[str, Any], **given: Any) -> dict[str, Any]:
+    """``given`` (parameters by their names now, in order) with those passed under a former
+    name (``former``, :data:`FORMER_PARAMETERS`) in their place, with one DeprecationWarning
+    naming them; any other name is the TypeError Python raises for it."""
+    for old in former:
+        if FORMER_PARAMETERS.get(old) not in given:
+            raise TypeError(f"{where}() got an unexpected keyword argument {old!r}")
+    if former:
+        renamed = ", ".join(f"{old}= is now {FORMER_PARAMETERS[old]}=" for old in former)
+        warnings.warn(f"{where}(): {renamed}", DeprecationWarning, stacklevel=3)
+    return given | {FORMER_PARAMETERS[old]: value for old, value in former.items()}
 
 
 class Simulation:
     """One run: ``Simulation(traces, engine_model, scheduler_config).run()``."""
 
     def __init__(self, traces: Sequence[ProgramTrace], engine: EngineModel, config: SchedulerConfig, *,
-                 needs_env: bool = True, env_start_s: float = 0.012, env_workers: int = 2,
-                 group_size: int = 1) -> None:
+                 needs_session: bool = True, session_start_s: float = 0.012, session_workers: int = 2,
+                 group_size: int = 1, **former: Any) -> None:
+        needs_session, session_start_s, session_workers = _current(
+            "Simulation", former, needs_session=needs_session, session_start_s=session_start_s,
+            session_workers=session_workers).values()
         self.m = engine
         self.B = engine.block_size
         self.cap_blocks = engine.kv_capacity // engine.block_size
         self.sched = Scheduler(config)
         self.progs = {i: _Prog(t, t.prompt_tokens) for i, t in enumerate(traces)}
         for i, t in enumerate(traces):
-            self.sched.add(i, t.prompt_tokens, group=i // group_size, needs_session=needs_env)
-        self.needs_env = needs_env
-        self.env_start_s = env_start_s
-        self.env_free_at = [0.0] * max(1, env_workers)
+            self.sched.add(i, t.prompt_tokens, group=i // group_size, needs_session=needs_session)
+        self.needs_session = needs_session
+        self.session_start_s = session_start_s
+        self.session_free_at = [0.0] * max(1, session_workers)
         self.now = 0.0
         self.step = 0
         self.events: list[tuple[float, int, str, int]] = []  # (time, seq, kind, pid)
@@ -207,18 +230,18 @@ class Simulation:
             self.res.pauses += len(d.paused)
             self.res.restores += len(d.restored)
             for pid in d.prepare:
-                self._start_env(pid)
+                self._start_session(pid)
             for pid in d.admit:
                 p = self.progs[pid]
                 self.sched.want_turn(pid, p.tokens, p.trace.turn_tokens[0])
             for pid in d.submit:
                 self._submit(pid)
 
-    def _start_env(self, pid: int) -> None:
-        i = min(range(len(self.env_free_at)), key=self.env_free_at.__getitem__)
-        done = max(self.now, self.env_free_at[i]) + self.env_start_s
-        self.env_free_at[i] = done
-        self._at(done, "env", pid)
+    def _start_session(self, pid: int) -> None:
+        i = min(range(len(self.session_free_at)), key=self.session_free_at.__getitem__)
+        done = max(self.now, self.session_free_at[i]) + self.session_start_s
+        self.session_free_at[i] = done
+        self._at(done, "session", pid)
 
     def _submit(self, pid: int) -> None:
         p = self.progs[pid]
@@ -328,11 +351,11 @@ class Simulation:
         if p.turn == p.trace.turns - 1:
             self.sched.finish(pid)
             self.sched.forget(pid)  # its cached blocks stay in the LRU until evicted
-        elif self.needs_env and not p.env_ready:
-            p.waiting_env = True
+        elif self.needs_session and not p.session_ready:
+            p.waiting_session = True
             if self.sched.programs[pid].session.value == "none":  # not prepared ahead: start it now
-                self.sched.demand_env(pid)
-                self._start_env(pid)
+                self.sched.demand_session(pid)
+                self._start_session(pid)
         else:
             self._at(self.now + p.trace.tool_latency[p.turn], "tool", pid)
 
@@ -396,13 +419,13 @@ class Simulation:
 
     def _event(self, kind: str, pid: int) -> None:
         p = self.progs.get(pid)
-        if kind == "env":
+        if kind == "session":
             if pid in self.sched.programs:
-                self.sched.env_ready(pid)
+                self.sched.session_ready(pid)
             if p is not None:
-                p.env_ready = True
-                if p.waiting_env:
-                    p.waiting_env = False
+                p.session_ready = True
+                if p.waiting_session:
+                    p.waiting_session = False
                     self._at(self.now + p.trace.tool_latency[p.turn], "tool", pid)
         elif kind == "tool":
             assert p is not None
@@ -414,11 +437,17 @@ class Simulation:
 
 def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | SchedulingPolicy = "program", *,
              concurrency: int = 64, max_programs: int | None = None, group_size: int = 1,
-             needs_env: bool = True, env_start_s: float = 0.012, env_lookahead: int = 16,
-             env_workers: int = 2, cost: CostModel | None | bool = True) -> SimResult:
+             needs_session: bool = True, session_start_s: float = 0.012, session_lookahead: int = 16,
+             session_workers: int = 2, cost: CostModel | None | bool = True, **former: Any) -> SimResult:
     """Run ``traces`` under ``policy`` with the reactor's own mapping of settings. ``cost``:
     the engine costs the scheduler is given (True: the model engine's own, as a fit of them
-    would find; None or False: none, so acting programs' KV is held for their whole tool)."""
+    would find; None or False: none, so acting programs' KV is held for their whole tool).
+    ``needs_session``: the programs' tools run in a sandbox session, ``session_start_s`` long
+    to start on one of ``session_workers`` CPUs, prepared ``session_lookahead`` ahead (the
+    former ``env_*`` / ``needs_env`` names are still taken, deprecated)."""
+    needs_session, session_start_s, session_lookahead, session_workers = _current(
+        "simulate", former, needs_session=needs_session, session_start_s=session_start_s,
+        session_lookahead=session_lookahead, session_workers=session_workers).values()
     policy = SchedulingPolicy(policy)
     cfg = SchedulerConfig(
         policy=policy,
@@ -426,12 +455,12 @@ def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | 
         block_size=engine.block_size,
         max_requests=concurrency,
         max_programs=concurrency if policy == SchedulingPolicy.FIFO else (max_programs or 8 * concurrency),
-        session_lookahead=env_lookahead,
+        session_lookahead=session_lookahead,
         turn_reserve=256,
         cost=engine.cost() if cost is True else (cost or None),
     )
-    return Simulation(traces, engine, cfg, needs_env=needs_env, env_start_s=env_start_s, env_workers=env_workers,
-                      group_size=group_size).run()
+    return Simulation(traces, engine, cfg, needs_session=needs_session, session_start_s=session_start_s,
+                      session_workers=session_workers, group_size=group_size).run()
 
 
 def fit_engine(rates: Mapping[tuple[int, int], float], *, kv_capacity: int, block_size: int,

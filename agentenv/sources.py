@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 # What a Ray driver does not see: its workers' engines and sandboxes measure these.
 WORKER_SIDE = ("mean_requests_in_flight", "engine_idle_pct", "engine_under_half_pct", "pauses", "restores",
-               "env_waits", "env_wait_s", "env_starts", "env_start_p50_ms", "env_start_p90_ms")
+               "session_waits", "session_wait_s", "session_starts", "session_start_p50_ms",
+               "session_start_p90_ms")
 
 
 class GroupSource(Protocol):

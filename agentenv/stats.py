@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,24 +233,52 @@ class Sessions:
 
     pauses: int = 0
     restores: int = 0
-    env_waits: int = 0
-    env_wait_s: float = 0.0
+    session_waits: int = 0
+    session_wait_s: float = 0.0
     #: Sandbox sessions started, and the seconds each took: all of them up to
     #: ``max_samples``, then a uniform sample of that many (reservoir), for the percentiles.
-    env_starts: int = 0
-    env_start_s: list = field(default_factory=list)
+    session_starts: int = 0
+    session_start_s: list = field(default_factory=list)
     max_samples: int = 10_000
     _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
 
-    def env_started(self, seconds: float) -> None:
+    def session_started(self, seconds: float) -> None:
         """A sandbox session took ``seconds`` to start."""
-        self.env_starts += 1
-        if len(self.env_start_s) < self.max_samples:
-            self.env_start_s.append(seconds)
+        self.session_starts += 1
+        if len(self.session_start_s) < self.max_samples:
+            self.session_start_s.append(seconds)
         else:  # reservoir sampling: each start kept with the same chance
-            j = self._rng.randrange(self.env_starts)
+            j = self._rng.randrange(self.session_starts)
             if j < self.max_samples:
-                self.env_start_s[j] = seconds
+                self.session_start_s[j] = seconds
+
+    # The former names (deprecated: "env" is the Environment), read-only.
+    env_waits = property(lambda self: _former(self, "env_waits", "session_waits"))
+    env_wait_s = property(lambda self: _former(self, "env_wait_s", "session_wait_s"))
+    env_starts = property(lambda self: _former(self, "env_starts", "session_starts"))
+    env_start_s = property(lambda self: _former(self, "env_start_s", "session_start_s"))
+
+
+def _former(obj: object, old: str, new: str) -> Any:
+    """``obj.<new>``, read under its former name ``old``, with a DeprecationWarning."""
+    warnings.warn(f"{type(obj).__name__}.{old} is now {new}", DeprecationWarning, stacklevel=3)
+    return getattr(obj, new)
+
+
+#: The run summary's keys that were renamed ("env" is the Environment; these count sandbox
+#: sessions), old -> new: :func:`current_summary` reads a summary written with the old ones.
+FORMER_SUMMARY_KEYS = {"env_waits": "session_waits", "env_wait_s": "session_wait_s",
+                       "env_starts": "session_starts", "env_start_p50_ms": "session_start_p50_ms",
+                       "env_start_p90_ms": "session_start_p90_ms"}
+
+
+def current_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run summary (:meth:`RunStats.summary`) under today's keys: one written with the former
+    ones (:data:`FORMER_SUMMARY_KEYS`) has them renamed where they stand; a figure given under
+    both names keeps its new name's value."""
+    if not FORMER_SUMMARY_KEYS.keys() & summary.keys():
+        return summary
+    return {FORMER_SUMMARY_KEYS.get(k, k): summary.get(FORMER_SUMMARY_KEYS.get(k, k), v) for k, v in summary.items()}
 
 
 class RunStats:
@@ -308,12 +337,12 @@ class RunStats:
             "engine_under_half_pct": None if e.under_half_fraction is None else round(100 * e.under_half_fraction, 1),
             "pauses": s.pauses,
             "restores": s.restores,
-            "env_waits": s.env_waits,
-            "env_wait_s": round(s.env_wait_s, 2),
-            "env_starts": s.env_starts,
+            "session_waits": s.session_waits,
+            "session_wait_s": round(s.session_wait_s, 2),
+            "session_starts": s.session_starts,
             # A session prepared ahead is handed over in microseconds: kept to the microsecond.
-            "env_start_p50_ms": _ms(s.env_start_s, 0.5, digits=3),
-            "env_start_p90_ms": _ms(s.env_start_s, 0.9, digits=3),
+            "session_start_p50_ms": _ms(s.session_start_s, 0.5, digits=3),
+            "session_start_p90_ms": _ms(s.session_start_s, 0.9, digits=3),
             "mean_reward": None if o.mean_reward is None else round(o.mean_reward, 4),
             "reward_components": {k: round(v / o.component_counts[k], 4) for k, v in o.component_sums.items()},
             "finish_reasons": dict(o.finish_reasons),

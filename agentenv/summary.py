@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from .stats import component_rows
+from .stats import component_rows, current_summary
 
 #: The figures of a stats summary that describe the finished programs, that is the lines of
 #: the output file; after a resume :func:`over_file` counts them over the whole file.
@@ -103,7 +103,9 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
     says what that was), ``extra`` the source's own rows (they come first). When ``s`` is a
     resumed run's over its whole file (:func:`over_file`), the tokens generated carry this
     invocation's share and the figures only this invocation measured say "(this run)".
-    ``weights``: the reward components' (:func:`weights`), marked where not 1."""
+    ``weights``: the reward components' (:func:`weights`), marked where not 1. A summary
+    saved with the former session keys (``env_waits``...) reads the same (:func:`current_summary`)."""
+    s = current_summary(s)
     mine = s.get("this_run")
     now = "" if mine is None else " (this run)"
 
@@ -133,11 +135,12 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
         rows.append((f"pauses / restores (KV pressure){now}", f"{s['pauses']} / {s['restores']}"))
     if prepared:
         rows.append((f"sandbox sessions prepared ahead (model loading){now}", prepared))
-    if s.get("env_starts"):
+    if s.get("session_starts"):
         rows.append((f"sandbox sessions (started, p50 / p90 start){now}",
-                     f"{s['env_starts']}, {_duration(s['env_start_p50_ms'], s['env_start_p90_ms'])}"))
-    if s.get("env_waits"):
-        rows.append((f"programs that waited for their session{now}", f"{s['env_waits']} ({s['env_wait_s']}s in all)"))
+                     f"{s['session_starts']}, {_duration(s['session_start_p50_ms'], s['session_start_p90_ms'])}"))
+    if s.get("session_waits"):
+        rows.append((f"programs that waited for their session{now}",
+                     f"{s['session_waits']} ({s['session_wait_s']}s in all)"))
     if has("judge_calls"):
         failed = ", ".join(f"{k}={v}" for k, v in s["judge_failures"].items()) or "none"
         rows.append((f"judge (calls, cached, failures){now}", f"{s['judge_calls']}, {s['judge_cached']}, {failed}"))

@@ -55,14 +55,14 @@ def main() -> None:
     pure = real["pure_decode_tok_s"]
     # As bench/scheduling.py does: the fitted engine, at the speed the real one had around this run.
     engine = EngineModel(**setting["simulator_engine"]).slowed(setting["pure_decode_runs"][0] / pure)
-    env_start_s = 2 / setting["session_starts_per_s"]
+    session_start_s = 2 / setting["session_starts_per_s"]
     tokens = sum(sum(t.turn_tokens) for t in traces)
     print(f"{args.source}: {len(traces)} programs, {tokens} sampled tokens, {a['concurrency']} decode slots; real "
           f"program run {real['wall_s']:.1f} s, ratio {real['ratio']:.2f} against {pure:.0f} tok/s of pure decode")
 
     free_tools = [dataclasses.replace(t, tool_latency=tuple(0.0 for _ in t.tool_latency)) for t in traces]
     rows = [
-        ("as fitted", traces, engine, env_start_s, real["max_programs"]),
+        ("as fitted", traces, engine, session_start_s, real["max_programs"]),
         ("+ sessions start at once", traces, engine, 0.0, real["max_programs"]),
         ("+ prefill costs nothing", traces, dataclasses.replace(engine, prefill_per_token=0.0), 0.0,
          real["max_programs"]),
@@ -73,7 +73,7 @@ def main() -> None:
     figures = {}
     for label, tr, m, start_s, max_programs in rows:
         r = simulate(tr, m, "program", concurrency=a["concurrency"], group_size=a["group_size"],
-                     max_programs=max_programs, env_start_s=start_s)
+                     max_programs=max_programs, session_start_s=start_s)
         print(f"{label:34s} wall {r.wall_s:6.1f} s  ratio {r.tokens / r.wall_s / pure:.2f}  "
               f"in flight {r.in_flight:5.1f}  idle {100 * r.idle:4.1f}%")
         figures[label] = {"wall_s": r.wall_s, "ratio": r.tokens / r.wall_s / pure, "in_flight": r.in_flight,

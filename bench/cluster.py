@@ -126,14 +126,14 @@ def projection(a: argparse.Namespace) -> None:
     groups = workload(spec, a.sim_programs // a.sim_group_size, a.sim_group_size, a.seed)
     print(f"projection: {len(groups) * a.sim_group_size} programs in groups of {a.sim_group_size} (lognormal tools, "
           f"median 2 s, ~8 turns of 256 tokens), {a.sim_concurrency} requests per engine, sandbox start "
-          f"{1000 * a.env_start_s:.0f} ms of CPU")
+          f"{1000 * a.session_start_s:.0f} ms of CPU")
     base, rows = None, {}
     for engines, workers in ((1, 1), (a.engines, 1), (a.engines, a.workers_per_engine)):
         walls, tokens, t0 = [], 0, time.perf_counter()
         for e in range(engines):
             traces = [t for g in groups[e::engines] for t in g]
             r = simulate(traces, H100_7B, "program", concurrency=a.sim_concurrency, group_size=a.sim_group_size,
-                         env_start_s=a.env_start_s, env_workers=workers * a.worker_cpus)
+                         session_start_s=a.session_start_s, session_workers=workers * a.worker_cpus)
             walls.append(r.wall_s)
             tokens += r.tokens
         wall = max(walls)
@@ -172,7 +172,8 @@ def main() -> None:
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--workers-per-engine", type=int, default=4)
     p.add_argument("--worker-cpus", type=int, default=4, help="sandbox CPUs per rollout worker")
-    p.add_argument("--env-start-s", type=float, default=0.010, help="CPU seconds per sandbox start")
+    p.add_argument("--session-start-s", "--env-start-s", type=float, default=0.010,
+                   help="CPU seconds per sandbox session start")
     p.add_argument("--sim-programs", type=int, default=16_384)
     p.add_argument("--sim-group-size", type=int, default=8)
     p.add_argument("--sim-concurrency", type=int, default=256)

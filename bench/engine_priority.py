@@ -87,10 +87,10 @@ async def retool(engine, tasks: int, seed: int) -> dict:
     return {
         "wall": wall,
         "tok_s": s.outcomes.sampled_tokens / wall,
-        "waits": s.sessions.env_waits,
-        "wait_s": s.sessions.env_wait_s,
-        "p50": d["env_start_p50_ms"],
-        "p90": d["env_start_p90_ms"],
+        "waits": s.sessions.session_waits,
+        "wait_s": s.sessions.session_wait_s,
+        "p50": d["session_start_p50_ms"],
+        "p90": d["session_start_p90_ms"],
     }
 
 

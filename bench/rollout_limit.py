@@ -79,8 +79,9 @@ async def main_async(args) -> None:
                 f"{policy:12s} {sum(len(g.trajectories) for g in groups)} programs in {wall:.1f}s: {rate:.0f} tok/s, "
                 f"in flight {s.occupancy.mean_in_flight:.1f}, engine idle {100 * s.occupancy.idle_fraction:.1f}%, "
                 f"under half the slots {100 * s.occupancy.under_half_fraction:.1f}%, session waits "
-                f"{s.sessions.env_waits} ({s.sessions.env_wait_s:.1f}s), session start p50/p90 {d['env_start_p50_ms']}/"
-                f"{d['env_start_p90_ms']} ms, resume reuse {100 * s.outcomes.resume_reuse:.1f}%",
+                f"{s.sessions.session_waits} ({s.sessions.session_wait_s:.1f}s), session start p50/p90 "
+                f"{d['session_start_p50_ms']}/{d['session_start_p90_ms']} ms, "
+                f"resume reuse {100 * s.outcomes.resume_reuse:.1f}%",
                 flush=True,
             )
             # Right after each run (this VM's speed drifts over minutes), at that run's own mean
@@ -91,7 +92,8 @@ async def main_async(args) -> None:
             ratios.append((policy, rate / limit))
             figures[policy] = {"wall_s": wall, "tok_s": rate, "pure_decode_tok_s": limit, "ratio": rate / limit,
                                "in_flight": s.occupancy.mean_in_flight, "under_half": s.occupancy.under_half_fraction,
-                               "session_waits": s.sessions.env_waits, "session_start_p50_ms": d["env_start_p50_ms"]}
+                               "session_waits": s.sessions.session_waits,
+                               "session_start_p50_ms": d["session_start_p50_ms"]}
             print(f"{policy:12s} pure decode: {limit:.0f} tok/s ({args.concurrency} requests, prompt {prompt}, "
                   f"turn {turn} tokens); ratio {rate / limit:.2f}", flush=True)
             # The run cannot end before its longest program does: that program's own path (its

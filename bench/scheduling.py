@@ -267,13 +267,14 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
         sim = []
         if args.simulate:
             # The same traces through the same scheduler, in simulated time.
-            env_start_s = 2 / starts  # two CPUs start sessions
+            session_start_s = 2 / starts  # two CPUs start sessions
             for r in results:
                 t = time.perf_counter()
                 # The simulated engine runs at the speed the real one had around this run.
                 m = sim_engine.slowed(limit / r["pure_decode_tok_s"])
                 sr = simulate(progs, m, r["policy"].removesuffix("-held"), concurrency=args.concurrency,
-                              group_size=args.group_size, max_programs=r["max_programs"], env_start_s=env_start_s,
+                              group_size=args.group_size, max_programs=r["max_programs"],
+                              session_start_s=session_start_s,
                               cost=r["policy"] != "program-held")
                 err = sr.wall_s / r["wall_s"] - 1
                 ratio = sr.tok_s / r["pure_decode_tok_s"]  # the model engine decodes that fast at `concurrency`

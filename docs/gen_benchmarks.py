@@ -34,7 +34,7 @@ START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 SECTIONS = {
     "scheduling": "scheduling-policies", "bounds": "what-bounds-the-ratio",
     "simulate": "scheduling-at-gpu-scale-simulated", "simulate-kv200000": "scheduling-at-gpu-scale-simulated",
-    "rollout_limit": "retool-math-against-the-decode-limit", "vllm_sessions": "vllm-streaming-input-sessions",
+    "rollout_limit": "retool-math-against-the-decode-limit", "vllm_streams": "vllm-streaming-input-requests",
     "overhead": "reactor-overhead", "engines": "engines", "engine_priority": "engine-priority", "sandbox": "sandbox",
     "journal": "durability", "memory": "memory", "trainer": "async-against-sync-training", "cluster": "ray-cluster",
     "cluster-projection": "ray-cluster", "client": "client-process", "train_memory": "trainer-memory",

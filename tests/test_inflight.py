@@ -60,7 +60,7 @@ def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whol
 
     from agentenv.inflight import InFlight, holding, merge_snapshot
 
-    log = InFlight()
+    in_flight = InFlight()
     progs = [Trajectory(f"p{i}", "env", "t", "t#g", i, list(range(300))) for i in range(4)]
     marks = {p.id: [0, 0, 0] for p in progs}
 
@@ -69,10 +69,10 @@ def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whol
         p.add_env(list(range(40)))
         p.tool_calls.append(ToolCall(len(p.turns), "python", {"code": "1+1"}, "2", "ok", 0.01))
         p.turns.append(TurnStats(300, 288, 200, "stop", 0.5, 3))
-        log.turn(p, marks[p.id])
+        in_flight.turn(p, marks[p.id])
 
     for p in progs[:3]:
-        log.start(p)
+        in_flight.start(p)
     held, sizes = None, []
     for step in range(6):
         for p in progs[:3]:
@@ -80,12 +80,12 @@ def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whol
                 turn(p, step)
         if step == 2:
             progs[0].finish_reason, progs[0].reward = "stop", 1.0
-            log.finished(progs[0])
+            in_flight.finished(progs[0])
         if step == 3:
-            log.start(progs[3])
+            in_flight.start(progs[3])
             turn(progs[3], step)
-        whole = log.snapshot({"t"})["t"]
-        reply = log.snapshot({"t"}, {"t": holding(held)})["t"]
+        whole = in_flight.snapshot({"t"})["t"]
+        reply = in_flight.snapshot({"t"}, {"t": holding(held)})["t"]
         held = merge_snapshot(held, reply)
         assert held == whole, step
         sizes.append((len(pickle.dumps(reply)), len(pickle.dumps(whole))))
@@ -93,7 +93,7 @@ def test_a_snapshot_poll_sends_only_what_the_holder_lacks_and_merges_to_the_whol
     # not every prefix: from step 3 on a fraction of the whole.
     assert all(d < w / 4 for d, w in sizes[3:]) and sizes[2][0] < sizes[2][1], sizes
     assert merge_snapshot(held, whole) == whole  # a whole snapshot replaces what was held
-    empty = log.snapshot({"t"}, {"t": holding(held)})["t"]
+    empty = in_flight.snapshot({"t"}, {"t": holding(held)})["t"]
     assert all(not e["segments"] and "prompt" not in e for e in empty["partial"]) and not empty["finished"]
     assert merge_snapshot(held, empty) == whole
 

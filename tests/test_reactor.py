@@ -224,7 +224,7 @@ async def test_sessions_prepared_before_the_run_are_the_ones_its_programs_take(e
         # a worker a call killed).
         replaced = sum("[session restarted" in c.output for t in flat(groups) for c in t.tool_calls)
         assert sb.starts - base <= replaced
-        assert reactor.stats.sessions.env_waits == 0
+        assert reactor.stats.sessions.session_waits == 0
 
 
 async def test_trajectories_stream_before_groups_complete(engine):

@@ -100,7 +100,7 @@ async def test_sessions_are_prepared_ahead_and_unused_ones_handed_on(engine):
             groups = await reactor.collect(env.tasks(6, seed=3), 2)
     trajs = [t for g in groups for t in g.trajectories]
     check_against_trace(env, trajs, engine.tokenizer)
-    assert reactor.stats.sessions.env_waits <= sum(1 for t in trajs if t.tool_calls)
+    assert reactor.stats.sessions.session_waits <= sum(1 for t in trajs if t.tool_calls)
 
 
 @pytest.mark.slow

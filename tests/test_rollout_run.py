@@ -88,8 +88,8 @@ def test_the_summary_leaves_out_what_its_source_did_not_measure():
     full = {"programs": 2, "turns": 3, "tool_calls": 1, "tool_errors": 0, "programs_with_ok_tool_call": 1,
             "tokens_generated": 9, "tokens_per_s": 3.0, "prefix_cache_hit_pct": 50.0, "resume_reuse_pct": 0.0,
             "mean_requests_in_flight": 1.5, "engine_idle_pct": 2.0, "engine_under_half_pct": None, "pauses": 0,
-            "restores": 0, "env_waits": 0, "env_wait_s": 0.0, "env_starts": 0, "env_start_p50_ms": None,
-            "env_start_p90_ms": None, "mean_reward": 0.5, "reward_components": {"correct": 0.5},
+            "restores": 0, "session_waits": 0, "session_wait_s": 0.0, "session_starts": 0, "session_start_p50_ms": None,
+            "session_start_p90_ms": None, "mean_reward": 0.5, "reward_components": {"correct": 0.5},
             "finish_reasons": {"stop": 2}, "wall_s": 1.0}
     here = dict(summary_rows(full, prepared=2, startup_s=3.0, startup="model, sandbox"))
     driver = dict(summary_rows({k: v for k, v in full.items() if k not in WORKER_SIDE}, startup_s=3.0,

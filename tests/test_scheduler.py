@@ -50,7 +50,7 @@ def drive(s: Scheduler, programs: dict[int, list[tuple[int, int]]], rng: random.
         assert steps < 100_000, "stuck"
         for pid in list(d_ for d_ in s.programs if s.programs[d_].session.value == "preparing"):
             if rng.random() < 0.5:
-                s.env_ready(pid)
+                s.session_ready(pid)
         choices = [("turn", p) for p in running] + [("tool", p) for p in acting]
         if not choices:
             d = s.schedule()
@@ -58,7 +58,7 @@ def drive(s: Scheduler, programs: dict[int, list[tuple[int, int]]], rng: random.
             if check:
                 check(s, d)
             if not (running or acting) and not d:
-                # Only environment preparation may be outstanding.
+                # Only session preparation may be outstanding.
                 assert any(p.session.value == "preparing" for p in s.programs.values()), "nothing can move"
             continue
         kind, pid = rng.choice(choices)
@@ -242,7 +242,7 @@ def test_slots_go_to_turns_in_the_order_they_became_ready():
     assert order == [2, 1, 0]
 
 
-def test_turns_whose_environment_is_not_ready_go_after_the_others():
+def test_turns_whose_session_is_not_ready_go_after_the_others():
     # Without this, every new program's first turn would run at once and all of them would
     # then wait on session starts together (retool-math: 0.29 of pure decode against 0.58).
     s = sched(kv_capacity=None, max_requests=1, max_programs=10, max_preparing=1, session_lookahead=0)
@@ -252,7 +252,7 @@ def test_turns_whose_environment_is_not_ready_go_after_the_others():
     assert d.prepare == [0]  # one preparation at a time
     for pid in (2, 1, 0):  # 2 is ready first, 0 last
         s.want_turn(pid, 50, 20)
-    s.env_ready(0)
+    s.session_ready(0)
     order = []
     for _ in range(3):
         (pid,) = s.schedule().submit
@@ -261,7 +261,7 @@ def test_turns_whose_environment_is_not_ready_go_after_the_others():
     assert order == [0, 2, 1]  # 0's session is ready; then the rest in the order they became ready
 
 
-def test_environments_are_prepared_ahead_within_the_lookahead():
+def test_sessions_are_prepared_ahead_within_the_lookahead():
     s = sched(kv_capacity=None, max_requests=2, max_programs=2, session_lookahead=3, max_preparing=4)
     for pid in range(8):
         s.add(pid, 10, needs_session=True)
@@ -270,14 +270,14 @@ def test_environments_are_prepared_ahead_within_the_lookahead():
     assert d.prepare == [0, 1, 2, 3]  # admitted first, then the lookahead, capped by max_preparing
     s.want_turn(0, 10, 5)
     d = s.schedule()
-    assert d.submit == [0]  # a program decodes before its environment is ready
-    s.env_ready(0)
-    s.env_ready(2)
+    assert d.submit == [0]  # a program decodes before its session is ready
+    s.session_ready(0)
+    s.session_ready(2)
     d = s.schedule()
     assert d.prepare == [4]  # the lookahead window (2, 3, 4) is full again
 
 
-def test_fifo_holds_the_slot_and_waits_for_the_environment():
+def test_fifo_holds_the_slot_and_waits_for_the_session():
     s = sched(policy=SchedulingPolicy.FIFO, max_programs=2)
     for pid in range(4):
         s.add(pid, 10, needs_session=True)
@@ -285,13 +285,28 @@ def test_fifo_holds_the_slot_and_waits_for_the_environment():
     assert d.admit == [0, 1] and d.prepare == [0, 1]
     s.want_turn(0, 10, 5)
     assert s.schedule().submit == []  # the first turn waits for the session
-    s.env_ready(0)
+    s.session_ready(0)
     assert s.schedule().submit == [0]
     s.turn_done(0, 15)
     assert s.schedule().admit == []  # acting: it still holds its slot
     s.finish(0)
     assert s.schedule().admit == [2]
 
+
+
+def test_the_former_env_event_names_still_move_a_session_with_a_warning():
+    """``env_ready`` and ``demand_env`` were ``session_ready`` and ``demand_session``: still
+    taken (deprecated), with the same effect."""
+    s = sched(kv_capacity=None, max_requests=2, max_programs=1, session_lookahead=0, max_preparing=4)
+    s.add(0, 10, needs_session=True)
+    s.add(1, 10, needs_session=True)
+    s.schedule()
+    with pytest.warns(DeprecationWarning, match="demand_session"):
+        s.demand_env(1)
+    assert s.programs[1].session == SessionState.PREPARING
+    with pytest.warns(DeprecationWarning, match="session_ready"):
+        s.env_ready(1)
+    assert s.programs[1].session == SessionState.READY
 
 def test_lockstep_moves_the_batch_together():
     s = sched(policy=SchedulingPolicy.LOCKSTEP, max_programs=3)
@@ -480,7 +495,7 @@ class SortedReference(Recorded):
             for pid in d.admit:
                 p = self.programs[pid]
                 if p.needs_session and p.session == SessionState.NONE:
-                    self._start_env(p)
+                    self._start_session(p)
                     d.prepare.append(pid)
             return
         if self.preparing >= cfg.max_preparing:
@@ -492,7 +507,7 @@ class SortedReference(Recorded):
             if self.preparing >= cfg.max_preparing:
                 return
             if p.needs_session and p.session == SessionState.NONE:
-                self._start_env(p)
+                self._start_session(p)
                 d.prepare.append(p.pid)
 
     def _submit(self, d: Decision) -> None:
@@ -519,11 +534,11 @@ class SortedReference(Recorded):
             self._submit_one(p, d)
 
 
-#: (policy, KV capacity, tasks of 4, decode slots, most programs admitted, environment start s)
+#: (policy, KV capacity, tasks of 4, decode slots, most programs admitted, session start s)
 SIMULATED = {
     "program-kv-pressure": ("program", 4096, 96, 16, None, 0.012),
     "program-no-pressure": ("program", 10**7, 96, 16, None, 0.012),
-    # 2,000 programs admitted at once, waiting on slow environment starts: the ready heap
+    # 2,000 programs admitted at once, waiting on slow session starts: the ready heap
     # gathers more stale entries than live ones and is rebuilt.
     "program-many-admitted": ("program", 10**7, 500, 64, 2000, 0.05),
     "fifo-kv-pressure": ("fifo", 4096, 96, 16, None, 0.012),
@@ -540,7 +555,7 @@ def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monk
     from agentenv import simulator
     from agentenv.workload import WorkloadSpec, workload
 
-    policy, kv_capacity, tasks, slots, max_programs, env_start_s = SIMULATED[case]
+    policy, kv_capacity, tasks, slots, max_programs, session_start_s = SIMULATED[case]
     traces = [p for g in workload(WorkloadSpec(mean_turns=4, tool_median=0.2), tasks, 4, seed=5) for p in g]
     engine = simulator.EngineModel(kv_capacity=kv_capacity, block_size=32)
     runs = {}
@@ -548,12 +563,12 @@ def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monk
         made: list[Recorded] = []
         monkeypatch.setattr(simulator, "Scheduler", lambda config, cls=cls: made.append(cls(config)) or made[-1])
         result = simulator.simulate(traces, engine, policy, concurrency=slots, max_programs=max_programs,
-                                    group_size=4, env_lookahead=8, env_start_s=env_start_s)
+                                    group_size=4, session_lookahead=8, session_start_s=session_start_s)
         runs[cls] = (dataclasses.asdict(result), made[0])
     (mine, sched), (theirs, reference) = runs[Recorded], runs[SortedReference]
     assert len(sched.decisions) == len(reference.decisions) and sched.decisions == reference.decisions
     assert mine == theirs and mine["tokens"] == sum(sum(t.turn_tokens) for t in traces)
-    # Decisions with a choice in them: several turns for the slots, several environments to start.
+    # Decisions with a choice in them: several turns for the slots, several sessions to start.
     assert max(len(d[2]) for d in sched.decisions) > 1 and max(len(d[1]) for d in sched.decisions) > 1
     if case == "program-kv-pressure":
         assert mine["pauses"] > 0 and mine["restores"] > 0

@@ -55,11 +55,11 @@ def test_one_program_takes_its_decode_steps_prefill_and_tool_time():
     # two full 32-token blocks, so 74 - 64 + 4 tool tokens = 14).
     m = EngineModel(step_base=0.01, step_per_seq=0.0, prefill_per_token=0.001, kv_capacity=4096, block_size=32)
     trace = ProgramTrace(turn_tokens=(10, 20), tool_tokens=(4,), tool_latency=(0.5,), prompt_tokens=64)
-    r = simulate([trace], m, "program", concurrency=4, needs_env=False)
+    r = simulate([trace], m, "program", concurrency=4, needs_session=False)
     assert r.wall_s == pytest.approx(30 * 0.01 + 0.5 + (64 + 14) * 0.001, rel=1e-9)
     assert r.tokens == 30 and r.reuse == 1.0 and r.pauses == 0
     # A slower engine (every cost doubled) doubles the engine's share, not the tool's.
-    slow = simulate([trace], m.slowed(2.0), "program", concurrency=4, needs_env=False)
+    slow = simulate([trace], m.slowed(2.0), "program", concurrency=4, needs_session=False)
     assert slow.wall_s == pytest.approx(2 * (30 * 0.01 + 78 * 0.001) + 0.5, rel=1e-9)
 
 
@@ -88,3 +88,18 @@ def test_the_engine_costs_decide_how_long_acting_programs_keep_their_kv():
     dear = EngineModel(kv_capacity=4096, block_size=32, prefill_per_token=1.0)
     assert simulate(traces, dear, "program", concurrency=16, group_size=4).row() == \
         simulate(traces, dear, "program", concurrency=16, group_size=4, cost=None).row()
+
+
+def test_the_former_env_parameter_names_still_run_the_same_simulation_with_a_warning():
+    """``needs_env``, ``env_start_s``, ``env_lookahead`` and ``env_workers`` were the session
+    parameters' names: still taken (deprecated), the same run as under the new ones."""
+    traces = [t for g in workload(WorkloadSpec(mean_turns=3, tool_median=0.1), 6, 2, seed=3) for t in g]
+    m = EngineModel(kv_capacity=8192, block_size=32)
+    new = simulate(traces, m, "program", concurrency=4, group_size=2, session_start_s=0.3, session_lookahead=2,
+                   session_workers=1)
+    with pytest.warns(DeprecationWarning, match="env_start_s"):
+        old = simulate(traces, m, "program", concurrency=4, group_size=2, env_start_s=0.3, env_lookahead=2,
+                       env_workers=1, needs_env=True)
+    assert old == new and new.wall_s > simulate(traces, m, "program", concurrency=4, group_size=2).wall_s
+    with pytest.raises(TypeError, match="env_spin"):
+        simulate(traces, m, "program", env_spin=1)

@@ -46,7 +46,7 @@ async def test_local_groups_stream_every_program_and_every_group(tmp_path: Path,
     assert {(t.task_id, t.sample_index) for g in groups for t in g.trajectories} == every
     assert programs <= every
     # This source measures the worker-side figures itself (a Ray driver takes them from its workers).
-    assert {"mean_requests_in_flight", "env_starts"} <= set(summary) and set(WORKER_SIDE) & set(summary)
+    assert {"mean_requests_in_flight", "session_starts"} <= set(summary) and set(WORKER_SIDE) & set(summary)
 
 
 def line(task: str, index: int) -> str:

@@ -94,7 +94,7 @@ def test_a_long_run_keeps_a_bounded_timeline_and_start_sample(clock):
     assert s.occupancy.full_and_tail()["full_s"] == 8.0  # the last bin, cut short, is not counted
 
     for i in range(5000):
-        s.sessions.env_started((i * 7919 % 5000) / 1000)  # 0 to 5 s, each once, in a scrambled order
+        s.sessions.session_started((i * 7919 % 5000) / 1000)  # 0 to 5 s, each once, in a scrambled order
     summary = s.summary()
-    assert summary["env_starts"] == 5000 and len(s.sessions.env_start_s) == 100
-    assert 2000 < summary["env_start_p50_ms"] < 3000 and 4000 < summary["env_start_p90_ms"] < 5000
+    assert summary["session_starts"] == 5000 and len(s.sessions.session_start_s) == 100
+    assert 2000 < summary["session_start_p50_ms"] < 3000 and 4000 < summary["session_start_p90_ms"] < 5000

@@ -75,7 +75,7 @@ def test_session_starts_are_shown_in_microseconds_when_under_a_millisecond():
         stats = RunStats()
         stats.start(1)
         for seconds in starts:
-            stats.sessions.env_started(seconds)
+            stats.sessions.session_started(seconds)
         stats.stop()
         rows = dict(summary_rows(stats.summary(), startup_s=1.0, startup="model"))
         assert rows[label] == shown
@@ -105,3 +105,30 @@ def test_the_summary_marks_the_components_that_are_not_added_to_the_reward():
     assert "  mean tool_ran (weight 0.25)" in dict(summary_rows(stats.summary(), startup_s=1.0, startup="m",
                                                                 weights=weights(env)))
     assert weights(object()) == {}
+
+
+def test_a_summary_saved_with_the_former_session_keys_reads_as_a_new_one():
+    """The session figures were ``env_waits``, ``env_wait_s``, ``env_starts`` and
+    ``env_start_p50_ms``/``p90``: a summary saved with those keys gives the same table, and
+    :func:`~agentenv.stats.current_summary` names them as today."""
+    import pytest
+
+    from agentenv.stats import FORMER_SUMMARY_KEYS, current_summary
+
+    stats = RunStats()
+    stats.start(1)
+    for seconds in (0.002, 0.0025, 0.0041):
+        stats.sessions.session_started(seconds)
+    stats.sessions.session_waits, stats.sessions.session_wait_s = 2, 0.5
+    stats.stop()
+    new = stats.summary()
+    old = {({v: k for k, v in FORMER_SUMMARY_KEYS.items()}).get(k, k): v for k, v in new.items()}
+    assert "session_starts" not in old and old["env_starts"] == 3 and old["env_waits"] == 2
+    assert current_summary(old) == new and list(current_summary(old)) == list(new)
+    assert current_summary(new) is new
+    rows = summary_rows(new, startup_s=1.0, startup="model")
+    assert summary_rows(old, startup_s=1.0, startup="model") == rows
+    assert dict(rows)["sandbox sessions (started, p50 / p90 start)"] == "3, 2.5 / 4.1 ms"
+    assert dict(rows)["programs that waited for their session"] == "2 (0.5s in all)"
+    with pytest.warns(DeprecationWarning, match="session_waits"):
+        assert stats.sessions.env_waits == 2

@@ -123,7 +123,7 @@ class Engine(abc.ABC):
         """One turn of ``program``, whose every turn's prompt extends the last one's (prompt
         plus sampled ids plus the tokens spliced after them) until ``release(program)``.
         Engines that can keep the program's KV between turns do (vLLM: a streaming-input
-        session); by default it is ``generate``."""
+        request); by default it is ``generate``."""
         return await self.generate(prompt_ids, params, request_id, priority=priority)
 
     @abc.abstractmethod

@@ -20,8 +20,8 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
   *salted* with the weight version, so KV computed by old weights is never reused by a
   new-version request;
 * cancellation aborts the request in the engine;
-* with ``sessions=True`` a program's turns go through one streaming-input request
-  (``generate_turn``, ``vllm_sessions``): a turn prefills only its new tokens; off by default
+* with ``sessions=True`` (vLLM's word) a program's turns go through one streaming-input request
+  (``generate_turn``, ``vllm_streams``): a turn prefills only its new tokens; off by default
   (per-token deltas cost this process more CPU than the prefill they save on 2 cores);
 * on CPU the engine core process runs at ``nice`` 10 (``nice=``; 0 leaves it be; its workers,
   which compute the model, keep their priority): sandbox sessions' forks and exits are not
@@ -36,7 +36,7 @@ Install real vLLM (``pip install agentenv[vllm]`` on GPUs; on CPU machines the c
 
 The parts: ``vllm_core`` (the ``AsyncLLM``, its restarts and niceness), ``vllm_outputs`` (a
 request's prompt and sampling parameters, and the one loop that reads its outputs),
-``vllm_sessions`` (the streaming-input sessions), ``vllm_lora`` (adapters, and the trained one
+``vllm_streams`` (the streaming-input requests), ``vllm_lora`` (adapters, and the trained one
 published as files), ``vllm_worker`` (the weight-loading extension in vLLM's workers). This
 module puts them together behind the :class:`~agentenv.engines.base.Engine` interface.
 """
@@ -56,7 +56,7 @@ from .embedded import check_model_dir, load_tokenizer
 from .vllm_core import VLLMCore, start_llm
 from .vllm_lora import LoraAdapters
 from .vllm_outputs import Outputs, read_outputs, sampling_params, token_prompt
-from .vllm_sessions import InputStream, InputStreams, feed, session_limit
+from .vllm_streams import InputStream, InputStreams, feed, stream_limit
 from .vllm_sleep import Sleeper
 from .weight_group import GroupLink, HeldWeights, fetched, kept
 
@@ -102,7 +102,7 @@ def vllm_args(model: Path, *, on_cpu: bool, max_model_len: int = 2048, block_siz
     if gpu_memory_utilization is not None:
         args["gpu_memory_utilization"] = gpu_memory_utilization
     if sessions and on_cpu:
-        # A session waiting for its program's next turn holds one of vLLM's request slots
+        # A streaming-input request waiting for its program's next turn holds one of vLLM's request slots
         # (128 by default here): room for every program the reactor admits by default.
         args["max_num_seqs"] = 1024
     args.update(engine_args)
@@ -138,9 +138,9 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.page_size = page_size
-        self._streams = InputStreams(0)  # streaming-input sessions; off until ``sessions`` is set
+        self._streams = InputStreams(0)  # streaming-input requests; off until ``sessions`` is set
         #: The ``AsyncLLM`` and its restarts: a new core is primed with what this engine served,
-        #: and the sessions, whose requests died with the old one, are closed.
+        #: and the streams, whose requests died with the old one, are closed.
         self.core = VLLMCore(llm, args, max_restarts=max_restarts, nice=nice, prime=self._prime,
                              reset=self._streams.close_all)
         self.adapters = adapters or LoraAdapters()
@@ -164,7 +164,7 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
                      weight_sync: str = "auto", **engine_args: Any) -> "VLLMEngine":
         """Start vLLM on the model directory ``model`` (the arguments :func:`vllm_args` takes,
         and any ``AsyncEngineArgs`` field). ``max_restarts``: engine-core restarts allowed;
-        ``sessions``: streaming-input sessions on; ``nice``: the engine core's niceness (None:
+        ``sessions``: vLLM's streaming-input requests on; ``nice``: the engine core's niceness (None:
         10 on CPU, 0 on GPUs); ``weight_sync``: auto, group or host (``weight_group``)."""
         import torch
 
@@ -184,7 +184,7 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
                      max_restarts=max_restarts, nice=(10 if on_cpu else 0) if nice is None else int(nice),
                      adapters=LoraAdapters(enable_lora, path), weight_sync=weight_sync)
         engine.kv_capacity_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size) or None
-        engine._streams.limit = session_limit(llm.vllm_config) if sessions else 0
+        engine._streams.limit = stream_limit(llm.vllm_config) if sessions else 0
         try:
             if engine._labels:
                 await llm.update_weight_version("0")  # the starting weights
@@ -233,15 +233,16 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
 
     @property
     def sessions(self) -> bool:
-        """Whether programs' turns go through streaming-input sessions (``generate_turn``; see
-        ``vllm_sessions``). Off by default (``create(sessions=True)`` or ``--engine-arg
-        sessions=true``); never on where vLLM could not keep them token-exact."""
+        """Whether programs' turns go through streaming-input requests (``generate_turn``; see
+        ``vllm_streams``; "sessions" is vLLM's word for them). Off by default
+        (``create(sessions=True)`` or ``--engine-arg sessions=true``); never on where vLLM
+        could not keep them token-exact."""
         return self._streams.limit > 0
 
     @sessions.setter
     def sessions(self, on: bool) -> None:
         self._streams.close_all()
-        self._streams.limit = session_limit(self.llm.vllm_config) if on else 0
+        self._streams.limit = stream_limit(self.llm.vllm_config) if on else 0
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0, lora: str | None = None) -> Generation:
@@ -251,8 +252,8 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
 
     async def generate_turn(self, program: str, prompt_ids: list[int], params: SamplingParams, request_id: str,
                             *, priority: int = 0, lora: str | None = None) -> Generation:
-        """A program's turn, through its streaming-input session (``vllm_sessions``) when
-        sessions are on: the engine keeps the program's KV until ``release(program)``."""
+        """A program's turn, through its streaming-input request (``vllm_streams``) when
+        ``sessions`` is on: the engine keeps the program's KV until ``release(program)``."""
         if not self._streams.limit:
             return await self.generate(prompt_ids, params, request_id, priority=priority, lora=lora)
         return await self.core.restarting(self._turn, program, prompt_ids, params, request_id, priority, lora)
@@ -291,14 +292,14 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
 
     async def _turn(self, program: str, prompt_ids: list[int], params: SamplingParams, request_id: str,
                     priority: int, lora: str | None) -> Generation:
-        """One turn of ``program`` on its streaming-input session (``generate_turn``)."""
+        """One turn of ``program`` on its streaming-input request (``generate_turn``)."""
         from vllm.engine.protocol import StreamingInput
         from vllm.sampling_params import RequestOutputKind
 
         await self._streams.reap()
         room, version, lora = await self._admission(prompt_ids, lora)
         s, chunk, fresh = self._streams.for_turn(program, prompt_ids, version, lora, self.core.incarnation)
-        if s is None:  # every session is mid-turn and there is no room for another
+        if s is None:  # every stream is mid-turn and there is no room for another
             return await self._request(prompt_ids, params, request_id, priority, lora)
         sp = sampling_params(params, min(params.max_tokens, room), RequestOutputKind.DELTA)  # streaming input
         s.inputs.put_nowait((token_prompt(chunk, f"v{version}"), sp))
@@ -312,7 +313,7 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
 
         out = await self._read(s.request_id, outputs, version, lora is not None, stream=s)
         self._streams.end_turn(s, prompt_ids, out.tokens, out.finish_reason)
-        # A continued session recomputes only the chunk; a new one what the prefix cache missed.
+        # A continued stream recomputes only the chunk; a new one what the prefix cache missed.
         cached = int(out.last.num_cached_tokens or 0) if fresh else len(prompt_ids) - len(chunk)
         return out.generation(params, len(prompt_ids), cached, version, start)
 
@@ -320,7 +321,7 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
                     *, stream: InputStream | None = None) -> Outputs:
         """The request's outputs, read by the one stream loop (``read_outputs``); any failure
         raised as ``EngineError``. On a failure or cancellation the request is aborted, and the
-        session ``stream`` it ran on (if any) ended: nothing reuses it."""
+        streaming-input request ``stream`` it ran on (if any) ended: nothing reuses it."""
         try:
             return await read_outputs(outputs(), version=version, pinned=pinned, labels=self._labels,
                                       current=lambda: self._version, sampled=stream.sampled if stream else 0,
@@ -412,7 +413,7 @@ class VLLMEngine(Sleeper, WeightSink, Engine):
         return new
 
     def release(self, program: str) -> None:
-        """The program ended or was paused: close its session (its KV goes to the prefix
+        """The program ended or was paused: close its stream (its KV goes to the prefix
         cache, where the engine may evict it)."""
         self._streams.close(program)
 

@@ -9,7 +9,7 @@ process rather than a request:
   :meth:`VLLMCore.restarting` that finds the core dead waits for the one restart (however many
   calls saw it die) and is then made again on the new core. The new core is given what the
   dead one served before it takes over (``prime``: weights, weight version, adapters), and the
-  engine forgets what lived only in the dead one (``reset``: streaming sessions). Only when
+  engine forgets what lived only in the dead one (``reset``: streaming-input requests). Only when
   restarts are exhausted or the new core fails to start does the call raise ``EngineError``.
 * **Calls that vLLM never answers.** A utility call (pause, ``collective_rpc``, ``add_lora``)
   sent just as the core died gets no answer, ever: :meth:`VLLMCore.call` watches the core's

@@ -1,7 +1,7 @@
 """One vLLM request's way in and out: its prompt and sampling parameters, and the one loop
 that reads its outputs into a :class:`~agentenv.engines.base.Generation`.
 
-A plain request and a turn of a streaming-input session (``vllm_sessions``) are read by the
+A plain request and a turn of a streaming-input request (``vllm_streams``) are read by the
 same :func:`read_outputs`: the sampled tokens with one logprob each, and the weight version of
 each token. Where the engine core labels tokens with versions (vLLM's ``weight_versions``
 spans on the final output) the labels say which weights sampled each token; otherwise each
@@ -100,8 +100,8 @@ async def read_outputs(outputs: AsyncIterator[Any], *, version: int, pinned: boo
     ``version``: the weight version the request was admitted at; ``pinned``: it runs a trained
     adapter (every token carries ``version``); ``labels``: the engine core labels tokens with
     versions, else each delta is stamped with ``current()`` on arrival. ``turn``: the outputs
-    are a streaming-input session's, which stays open after a turn: reading stops at the
-    turn's finished output, and the session must have one (``sampled``: the tokens its
+    are a streaming-input request's, which stays open after a turn: reading stops at the
+    turn's finished output, and the turn must have one (``sampled``: the tokens its
     earlier turns sampled, where the version labels of this turn start). A plain request's
     outputs are read to their end (an aborted request may end with no finished output)."""
     tokens: list[int] = []
@@ -114,14 +114,14 @@ async def read_outputs(outputs: AsyncIterator[Any], *, version: int, pinned: boo
         if not labels:  # deltas: stamped with the version current on arrival
             versions += [version if pinned else current()] * n
         if turn and out.outputs[0].finish_reason is not None:
-            break  # the session's iterator stays open for its next turn
+            break  # the stream's iterator stays open for its next turn
     if turn and (last is None or last.outputs[0].finish_reason is None):
-        raise EngineError("vLLM ended the session before the turn did")
+        raise EngineError("vLLM ended the streaming-input request before the turn did")
     if last is None or not last.outputs:
         raise EngineError("vLLM returned no output")
     if labels:
         # The engine core's labels say which weights sampled each token (an update may have
-        # come while the request ran); they index all the session's sampled tokens so far.
+        # come while the request ran); they index all the stream's sampled tokens so far.
         spans = getattr(last.outputs[0], "weight_versions", None)
         versions = ([version] * len(tokens) if pinned
                     else span_versions(spans, sampled + len(tokens), version)[sampled:])

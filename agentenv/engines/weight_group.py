@@ -256,9 +256,9 @@ def receive(group: Any, meta: Meta, device: Any = "cpu") -> Iterator[tuple[str, 
             yield name, buf[offset:offset + n].view(getattr(torch, dtype)).view(shape)
 
 
-def root_error(group: BaseExceptionGroup) -> BaseException:
+def root_error(failure: BaseExceptionGroup) -> BaseException:
     """The error to raise for a task group's failure: the first that is not a consequence of
-    another (a cancelled wait, a join given up), else the group itself."""
+    another (a cancelled wait, a join given up), else the exception group itself."""
     import anyio
 
     def leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -269,7 +269,7 @@ def root_error(group: BaseExceptionGroup) -> BaseException:
             yield exc
 
     consequences = (JoinCancelled, anyio.get_cancelled_exc_class())
-    return next((e for e in leaves(group) if not isinstance(e, consequences)), group)
+    return next((e for e in leaves(failure) if not isinstance(e, consequences)), failure)
 
 
 class Rendezvous:

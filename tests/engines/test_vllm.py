@@ -143,7 +143,7 @@ def sessions(vengine):
 
 
 @pytest.mark.slow
-async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(vengine, sessions):
+async def test_a_programs_stream_is_token_exact_and_recomputes_only_new_tokens(vengine, sessions):
     prompt = testing.chat_prompt(vengine, "Compute 77 * 3.", system="Solve the problem with Python. " * 6)
     tok = vengine.tokenizer
     spliced = [tok.encode(x) for x in ("\n<interpreter>\n231\n</interpreter>\n", "\nok\n", "7")]
@@ -162,7 +162,7 @@ async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(
     sessions(True)
     assert vengine.sessions
     kept = await turns(lambda ids, t: vengine.generate_turn("prog", ids, params, f"prog-{t}"))
-    # vLLM drops a turn's last sampled token from a session; were it not sent again, the
+    # vLLM drops a turn's last sampled token from a streaming-input request; were it not sent again, the
     # context would differ from the trajectory's and greedy tokens would diverge.
     assert [g.token_ids for g in kept] == [g.token_ids for g in plain]
     for a, b in zip(plain, kept):
@@ -177,12 +177,12 @@ async def test_a_programs_session_is_token_exact_and_recomputes_only_new_tokens(
 
 
 @pytest.mark.slow
-async def test_a_cancelled_session_turn_leaves_no_session_and_no_request(vengine, sessions):
+async def test_a_cancelled_streamed_turn_leaves_no_stream_and_no_request(vengine, sessions):
     sessions(True)
     prompt = testing.chat_prompt(vengine, "Compute 5 * 5.")
     async with anyio.create_task_group() as tg:  # cancelled mid-turn
         tg.start_soon(vengine.generate_turn, "gone", prompt, SamplingParams(max_tokens=600), "gone-0")
-        # A session's turn runs as its streaming request, named by the session.
+        # A streamed turn runs as its program's streaming-input request, named by the stream.
         await until(lambda: (s := vengine._streams.get("gone")) is not None and _sampled(vengine, s.request_id) >= 4,
                     "the turn sampled its first tokens")
         tg.cancel_scope.cancel()
@@ -196,7 +196,7 @@ async def test_a_cancelled_session_turn_leaves_no_session_and_no_request(vengine
 
 
 @pytest.mark.slow
-async def test_a_weight_update_ends_a_session_so_old_kv_is_not_reused(vengine, model_dir, sessions):
+async def test_a_weight_update_ends_a_stream_so_old_kv_is_not_reused(vengine, model_dir, sessions):
     from safetensors.torch import load_file
 
     sessions(True)
@@ -207,7 +207,7 @@ async def test_a_weight_update_ends_a_session_so_old_kv_is_not_reused(vengine, m
     v = await vengine.load_weights({"model.norm.weight": norm})  # the same weights, a new version
     g2 = await vengine.generate_turn("upd", prompt + g.token_ids + [5], SamplingParams(max_tokens=8), "upd-1")
     assert g2.weight_version == v == g.weight_version + 1
-    assert g2.cached_tokens == 0  # a new session under the new salt, not the old one continued
+    assert g2.cached_tokens == 0  # a new stream under the new salt, not the old one continued
     vengine.release("upd")
 
 
@@ -228,7 +228,7 @@ async def test_reactor_on_vllm(vengine, sessions, with_sessions):
     for t in trajs:
         assert vengine.tokenizer.decode(t.input_ids).endswith(t.text)
         assert not t.finish_reason.startswith("error"), t.error
-    # Every program's session was closed when it ended (the reactor releases it).
+    # Every program's stream was closed when it ended (the reactor releases it).
     await vengine._streams.reap()
     assert not vengine._streams.open
     if with_sessions:
@@ -241,7 +241,7 @@ async def test_reactor_on_vllm(vengine, sessions, with_sessions):
 async def test_engine_core_killed_mid_run_is_restarted_and_no_program_is_lost(vengine, sessions, with_sessions):
     """SIGKILL vLLM's engine core while programs are mid-flight: the engine starts a new core
     and resubmits what the dead one lost; every program finishes from its last completed turn
-    (with sessions: in a new session on the new core)."""
+    (with sessions=true: in a new stream on the new core)."""
     import psutil
 
     from agentenv import Reactor, RolloutConfig, Trajectory, make

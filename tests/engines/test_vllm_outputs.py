@@ -1,6 +1,6 @@
 """The one stream loop (``vllm_outputs.read_outputs``) over vLLM's own output types, as
 ``AsyncLLM.generate`` yields them: plain requests (final output, or deltas) and the turns of a
-streaming-input session, with and without the engine core's weight-version labels."""
+streaming-input request, with and without the engine core's weight-version labels."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ async def test_deltas_are_stamped_on_arrival_unless_the_adapter_pins_them():
     assert pinned.versions == [1, 1, 1]
 
 
-async def test_a_session_turn_stops_at_its_finished_output_and_leaves_the_stream_open():
+async def test_a_streamed_turn_stops_at_its_finished_output_and_leaves_the_stream_open():
     outputs = stream(output([5]), output([6], "length"), output([7]), output([8], "stop"))
     first = await read_outputs(outputs, version=0, pinned=False, labels=False, current=lambda: 0, turn=True)
     assert first.tokens == [5, 6] and first.finish_reason == "length"
@@ -66,8 +66,8 @@ async def test_a_session_turn_stops_at_its_finished_output_and_leaves_the_stream
     assert second.tokens == [7, 8] and second.finish_reason == "stop"  # the same stream, read on
 
 
-async def test_a_session_turns_labels_index_every_token_the_session_sampled():
-    # The session sampled 3 tokens in earlier turns; the update landed at its 4th token.
+async def test_a_streamed_turns_labels_index_every_token_the_stream_sampled():
+    # The stream sampled 3 tokens in earlier turns; the update landed at its 4th token.
     final = output([5, 6], "length", spans=[("0", 0, 3), ("1", 3, 5)])
     outs = await read_outputs(stream(final), version=0, pinned=False, labels=True, current=lambda: 1,
                               sampled=3, turn=True)
@@ -75,7 +75,7 @@ async def test_a_session_turns_labels_index_every_token_the_session_sampled():
 
 
 async def test_a_stream_that_ends_early_or_empty_is_an_engine_error():
-    with pytest.raises(EngineError, match="ended the session before the turn did"):
+    with pytest.raises(EngineError, match="ended the streaming-input request before the turn did"):
         await read_outputs(stream(output([5])), version=0, pinned=False, labels=False, current=lambda: 0, turn=True)
     with pytest.raises(EngineError, match="no output"):
         await read_outputs(stream(), version=0, pinned=False, labels=False, current=lambda: 0)

@@ -252,7 +252,7 @@ def test_a_judges_verdicts_reach_the_list_row(rollout):
 def test_a_model_segment_after_a_model_segment_is_marked_continued(cut_rollout):
     """A turn cut at --max-tokens-per-turn without a tool call is followed by another model
     turn with nothing inserted: the viewer's span says "continued" (docs/schemas.md)."""
-    run = RolloutRun(cut_rollout)
+    run = RolloutFile(cut_rollout)
     seen = 0
     for row in read_jsonl(cut_rollout):
         spans = run.trajectory(row["id"])["spans"]

@@ -1,6 +1,6 @@
-"""vLLM's streaming-input sessions against a new request per turn, side by side.
+"""vLLM's streaming-input requests against a new request per turn, side by side.
 
-    python bench/vllm_sessions.py [--programs 64 --turns 8 --turn-tokens 27 --tool-tokens 30 --rounds 3]
+    python bench/vllm_streams.py [--programs 64 --turns 8 --turn-tokens 27 --tool-tokens 30 --rounds 3]
 
 A closed loop of tool-calling programs on one vLLM engine (the bundled model): each program
 samples ``--turn-tokens`` tokens, then appends ``--tool-tokens`` tokens (its "tool output"),
@@ -9,13 +9,13 @@ samples ``--turn-tokens`` tokens, then appends ``--tool-tokens`` tokens (its "to
 * ``request`` (``engine.sessions = False``): every turn is a new request whose prompt is the
   whole sequence so far; the prefix cache serves every *full* KV block, so each turn prefills
   its new tokens plus the part of the last block the cache does not keep;
-* ``session`` (the default): one vLLM streaming-input request per program
-  (``agentenv.engines.vllm_sessions``): its KV stays allocated between turns, and a turn
+* ``stream`` (``engine.sessions = True``, vLLM's word): one vLLM streaming-input request per
+  program (``agentenv.engines.vllm_streams``): its KV stays allocated between turns, and a turn
   prefills only its new tokens (and the one sampled last), at the price of per-token deltas.
 
 Both go through ``Engine.generate_turn`` and ``Engine.release``, as the reactor does.
 
-Prints each round's tok/s for both, then ``session_speedup: <median session / median request>``.
+Prints each round's tok/s for both, then ``stream_speedup: <median stream / median request>``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def _ids(rnd: random.Random, n: int, vocab: int) -> list[int]:
 
 
 async def program(engine, p: int, args, seed: int, vocab: int) -> int:
-    """One program's turns through ``Engine.generate_turn`` (a session or a request per turn,
-    as ``engine.sessions`` says), then ``release``."""
+    """One program's turns through ``Engine.generate_turn`` (a streaming-input request or a request
+    per turn, as ``engine.sessions`` says), then ``release``."""
     rnd = random.Random(seed * 100_003 + p)
     ids = _ids(rnd, args.prompt_tokens, vocab)
     params = SamplingParams(max_tokens=args.turn_tokens, temperature=1.0, stop_token_ids=())
@@ -62,11 +62,11 @@ async def program(engine, p: int, args, seed: int, vocab: int) -> int:
 async def main_async(args) -> None:
     engine = await open_engine("vllm", str(default_model()), seed=0)
     vocab = min(len(engine.tokenizer), 200)
-    rates: dict[str, list[float]] = {"request": [], "session": []}
+    rates: dict[str, list[float]] = {"request": [], "stream": []}
     async with engine:
         for rnd in range(args.rounds + 1):  # round 0 warms both paths up
-            for mode in ("request", "session"):
-                engine.sessions = mode == "session"
+            for mode in ("request", "stream"):
+                engine.sessions = mode == "stream"
                 counts: list[int] = []
 
                 async def one(p: int) -> None:
@@ -80,11 +80,11 @@ async def main_async(args) -> None:
                 if rnd:
                     rates[mode].append(rate)
                     print(f"round {rnd} {mode:8s} {sum(counts)} tokens: {rate:.0f} tok/s", flush=True)
-    req, ses = statistics.median(rates["request"]), statistics.median(rates["session"])
-    print(f"median: request {req:.0f} tok/s, session {ses:.0f} tok/s")
-    print(f"session_speedup: {ses / req:.2f}")
-    _report.write("vllm_sessions", {"tok_s": rates, "median_request_tok_s": req, "median_session_tok_s": ses,
-                                    "session_speedup": ses / req}, headline="session_speedup", args=args)
+    req, ses = statistics.median(rates["request"]), statistics.median(rates["stream"])
+    print(f"median: request {req:.0f} tok/s, stream {ses:.0f} tok/s")
+    print(f"stream_speedup: {ses / req:.2f}")
+    _report.write("vllm_streams", {"tok_s": rates, "median_request_tok_s": req, "median_stream_tok_s": ses,
+                                   "stream_speedup": ses / req}, headline="stream_speedup", args=args)
 
 
 def main() -> None:

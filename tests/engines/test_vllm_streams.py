@@ -1,17 +1,17 @@
-"""The bookkeeping of vLLM streaming-input sessions (``vllm_sessions.InputStreams``): which
-turn continues which session, what it is fed, eviction and closing. Pure Python: the engine
+"""The bookkeeping of vLLM streaming-input requests (``vllm_streams.InputStreams``): which
+turn continues which stream, what it is fed, eviction and closing. Pure Python: the engine
 side (token-exactness against a request per turn) is in ``test_vllm.py``."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentenv.engines.vllm_sessions import InputStreams
+from agentenv.engines.vllm_streams import InputStreams
 
 pytestmark = pytest.mark.anyio
 
 
-def test_a_turn_that_extends_the_sequence_continues_the_session_fed_only_its_new_tokens():
+def test_a_turn_that_extends_the_sequence_continues_the_stream_fed_only_its_new_tokens():
     streams = InputStreams(4)
     s, chunk, fresh = streams.for_turn("p", [1, 2, 3], version=0, lora=None, incarnation=0)
     assert fresh and chunk == [1, 2, 3] and streams.opened == 1
@@ -29,7 +29,7 @@ def test_a_turn_that_extends_the_sequence_continues_the_session_fed_only_its_new
     {"lora": "adapter"},
     {"incarnation": 1},  # a restarted engine core holds none of it
 ])
-def test_anything_else_opens_a_new_session_fed_the_whole_prompt(change):
+def test_anything_else_opens_a_new_stream_fed_the_whole_prompt(change):
     streams = InputStreams(4)
     s, _, _ = streams.for_turn("p", [1, 2, 3], version=0, lora=None, incarnation=0)
     streams.end_turn(s, [1, 2, 3], [7, 8], "length")
@@ -40,7 +40,7 @@ def test_anything_else_opens_a_new_session_fed_the_whole_prompt(change):
     assert streams.get("p") is new and streams.continued == 0
 
 
-def test_a_busy_session_is_not_continued():
+def test_a_busy_stream_is_not_continued():
     streams = InputStreams(4)
     s, _, _ = streams.for_turn("p", [1], version=0, lora=None, incarnation=0)
     streams.end_turn(s, [1], [2], "stop")
@@ -49,7 +49,7 @@ def test_a_busy_session_is_not_continued():
     assert fresh and new is not s
 
 
-async def test_past_the_limit_the_least_recently_used_idle_session_is_closed_and_busy_ones_never():
+async def test_past_the_limit_the_least_recently_used_idle_stream_is_closed_and_busy_ones_never():
     streams = InputStreams(2)
     a, _, _ = streams.for_turn("a", [1], 0, None, 0)
     b, _, _ = streams.for_turn("b", [1], 0, None, 0)
@@ -64,14 +64,14 @@ async def test_past_the_limit_the_least_recently_used_idle_session_is_closed_and
     await streams.reap()
 
 
-def test_a_turn_that_did_not_end_at_a_stop_or_the_length_closes_its_session():
+def test_a_turn_that_did_not_end_at_a_stop_or_the_length_closes_its_stream():
     streams = InputStreams(2)
     s, _, _ = streams.for_turn("p", [1], 0, None, 0)
     streams.end_turn(s, [1], [2], "abort")
     assert streams.get("p") is None
 
 
-async def test_reap_closes_the_output_streams_of_ended_sessions():
+async def test_reap_closes_the_output_streams_of_ended_streams():
     closed = []
 
     async def outputs():
@@ -91,5 +91,20 @@ async def test_reap_closes_the_output_streams_of_ended_sessions():
     assert closed == [True]
 
 
-def test_sessions_off_means_no_session_is_opened():
+def test_streams_off_means_no_stream_is_opened():
     assert InputStreams(0).for_turn("p", [1], 0, None, 0) == (None, [], True)
+
+
+def test_the_former_module_name_still_imports_the_same_names_with_a_warning(monkeypatch):
+    """``agentenv.engines.vllm_sessions`` was this module's name ("session" is a sandbox
+    session's word now): it still imports, deprecated, with the same objects."""
+    import importlib
+    import sys
+
+    from agentenv.engines import vllm_streams
+
+    monkeypatch.delitem(sys.modules, "agentenv.engines.vllm_sessions", raising=False)
+    with pytest.warns(DeprecationWarning, match="vllm_streams"):
+        former = importlib.import_module("agentenv.engines.vllm_sessions")
+    assert former.InputStreams is InputStreams and former.feed is vllm_streams.feed
+    assert former.session_limit is vllm_streams.stream_limit
