@@ -39,7 +39,8 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
     env = make("retool-math")
     tasks = env.tasks(6, seed=3)
     async with RayRollouts("retool-math", workers=2, config=CONFIG, seed=3) as c:
-        groups = [g async for g in c.rollouts(tasks, group_size=2)]
+        async with c.rollouts(tasks, group_size=2) as received:
+            groups = [g async for g in received]
         assert len(set(c.pids)) == 2 and os.getpid() not in c.pids  # two actor processes did the work
         assert c.prepared > 0  # the workers started sandbox sessions while their engines loaded
     remote = [t for g in groups for t in g.trajectories]
@@ -85,8 +86,9 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
             return saved
 
         killer = asyncio.ensure_future(until(kill_once_progressed, "a group of the victim progressed"))
-        async for g in c.rollouts(tasks, group_size=2):
-            got += g.trajectories
+        async with c.rollouts(tasks, group_size=2) as received:
+            async for g in received:
+                got += g.trajectories
         assert killer.done(), "the run ended before a group of the victim had progressed"
         saved = killer.result()
         assert c.replaced == 1 and c.continued >= 1 and victim not in c.workers
@@ -186,8 +188,9 @@ async def test_workers_share_engine_actors_and_a_killed_engine_loses_nothing(clu
             return n
 
         killer = asyncio.ensure_future(kill_once_serving())
-        async for g in c.rollouts(tasks, group_size=2):
-            got += g.trajectories
+        async with c.rollouts(tasks, group_size=2) as received:
+            async for g in received:
+                got += g.trajectories
         assert killer.done(), "the run ended before the engine actor served 4 requests"
         assert killer.result() >= 4
         assert c.replaced == 0  # no rollout worker died: the engine's loss was absorbed below them
@@ -268,8 +271,9 @@ async def test_an_agent_environment_on_workers_a_killed_worker_replays_its_agent
             return saved
 
         killer = asyncio.ensure_future(until(kill_once_called, "the victim's agents made their first calls"))
-        async for g in c.rollouts(tasks, group_size=2):
-            got += g.trajectories
+        async with c.rollouts(tasks, group_size=2) as received:
+            async for g in received:
+                got += g.trajectories
         saved = killer.result()
         assert c.replaced == 1 and c.rerun == c.continued == 2 and victim not in c.workers
     assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
