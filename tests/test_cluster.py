@@ -110,6 +110,49 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
 
 
 @pytest.mark.slow
+async def test_leaving_a_rollout_early_or_on_an_error_leaves_the_workers_running_nothing(cluster, caplog):
+    """``rollouts`` owns every call it makes: left after its first group, or failing (an
+    ``on_snapshot`` that raises: raised as it is, not wrapped in an exception group), it
+    cancels its groups on the workers, whose in-flight programs are then none; the workers go
+    on serving the next call, and no asyncio task is left pending."""
+    import gc
+
+    spec = {"profile": "lognormal", "mean_turns": 4.0, "turn_tokens": 16, "tool_tokens": 8, "tool_median": 0.3,
+            "tool_cap": 1.2, "prompt_tokens": 32}
+    env = make("trace", **spec)
+    config = RolloutConfig(concurrency=8, max_new_tokens=4096, max_turns=env.max_turns, tool_timeout=env.tool_timeout)
+    tasks = env.tasks(8, seed=9)
+    ids = [t.id for t in tasks]
+
+    def boom(tid: str, snap) -> None:
+        raise ValueError(f"on_snapshot of {tid}")
+
+    async with RayRollouts("trace", workers=2, env_args=spec, config=config, seed=9, groups_per_worker=2,
+                           snapshot_interval=0.2) as c:
+
+        async def idle() -> bool:
+            busy = [s for w in c.workers for s in (await w.snapshot.remote(ids)).values()]
+            if busy:
+                raise LookupError(len(busy))
+            return True
+
+        async with c.rollouts(tasks, group_size=2) as received:
+            first = await received.receive()
+        assert first.task.id in ids
+        await until_ok(idle, LookupError, "the workers cancelled the groups left behind")
+        with pytest.raises(ValueError, match="on_snapshot of"):
+            async with c.rollouts(tasks, group_size=2, on_snapshot=boom) as received:
+                async for _ in received:
+                    pass
+        await until_ok(idle, LookupError, "the workers cancelled the groups of the failed call")
+        async with c.rollouts(tasks[:2], group_size=2) as received:
+            got = [t async for g in received for t in g.trajectories]
+        assert keys(got) == sorted((t.id, i) for t in tasks[:2] for i in range(2))
+    gc.collect()
+    assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+
+
+@pytest.mark.slow
 def test_cli_rollout_on_a_ray_cluster_killed_and_resumed(tmp_path):
     """The CLI on a local cluster, SIGKILLed mid-run (a torn line added to its output, as a
     crash mid-write leaves one), then ``--resume``: every sample exactly once, the finished
