@@ -64,7 +64,7 @@ from .config import RolloutConfig, SandboxOptions
 from .engines.spec import EngineSpec
 from .env import Environment, Task
 from .errors import ConfigError, EngineError, describe
-from .inflight import holding, merge_snapshot
+from .inflight import TaskSnapshot, holding, merge_snapshot, read_snapshot
 from .raycluster import actor_options, connect, cpu_share, died_errors
 from .raycluster import ray_module as _ray
 from .reactor import Group
@@ -176,15 +176,17 @@ class RolloutWorker:
 
     async def group(self, task: dict[str, Any], group_size: int, saved: dict[str, Any] | None = None
                     ) -> list[dict[str, Any]]:
-        """Run one group; ``saved`` (a :meth:`snapshot` entry from a worker that died) continues
-        its programs from their last completed turn and keeps its finished ones."""
+        """Run one group; ``saved`` (a snapshot's saved form, of the group on a worker that died
+        or in a log) continues its programs from their last completed turn and keeps its
+        finished ones."""
         from .inflight import restore
 
         if self.reactor is None:
             raise RuntimeError(self._error or "the rollout worker is not running")
-        resume, finished = restore(saved) if saved else (None, ())
-        if saved:  # in this worker's snapshots too, should it die in turn: finished programs, agents' calls
-            self.in_flight.restored(saved)
+        snap = read_snapshot(saved) if saved else None
+        resume, finished = restore(snap) if snap else (None, ())
+        if snap:  # in this worker's snapshots too, should it die in turn: finished programs, agents' calls
+            self.in_flight.restored(snap)
         for t in finished:
             self.in_flight.finished(t)
         try:
@@ -193,10 +195,12 @@ class RolloutWorker:
             self.in_flight.forget(task["id"])
         return [t.to_dict() for t in group.trajectories]
 
-    async def snapshot(self, task_ids: list[str], have: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The tasks' programs as of their last completed turn (see ``inflight.InFlight``); with
+    async def snapshot(self, task_ids: list[str], have: dict[str, dict[str, Any]] | None = None
+                       ) -> dict[str, dict[str, Any]]:
+        """The tasks' programs as of their last completed turn (see ``inflight.InFlight``), in
+        their saved form (versioned: the driver reads it with ``inflight.read_snapshot``); with
         ``have`` (what the driver holds), only what it lacks."""
-        return self.in_flight.snapshot(set(task_ids), have)
+        return {tid: s.to_dict() for tid, s in self.in_flight.snapshot(set(task_ids), have).items()}
 
     async def stop(self) -> None:
         """End :meth:`serve`: it closes the runtime and returns."""
@@ -276,7 +280,7 @@ class RayRollouts:
         self.rerun = 0  # groups run again because their worker died
         self.continued = 0  # ... of which continued from a snapshot, not from the start
         self.snapshot_interval = snapshot_interval
-        self.snapshots: dict[str, dict[str, Any]] = {}  # task id -> its group's latest snapshot
+        self.snapshots: dict[str, TaskSnapshot] = {}  # task id -> its group's latest snapshot
         self.placed: dict[str, Any] = {}  # task id -> the worker actor running its group now
         self._serving: dict[Any, Any] = {}  # worker actor -> its serve() call's ref
         self._started_ray = False
@@ -384,8 +388,8 @@ class RayRollouts:
         return max(1, -(-self.config.concurrency // max(1, group_size)))
 
     @contextlib.asynccontextmanager
-    async def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, dict[str, Any]] | None = None,
-                       on_snapshot: Callable[[str, dict[str, Any]], None] | None = None
+    async def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, TaskSnapshot] | None = None,
+                       on_snapshot: Callable[[str, TaskSnapshot], None] | None = None
                        ) -> AsyncIterator[MemoryObjectReceiveStream[Group]]:
         """Run ``group_size`` programs of every task on the workers: a stream of the groups,
         each as it is complete, ending when every group has come. Leaving the block (done,
@@ -432,7 +436,7 @@ class _Dispatch:
     its worker if the dispatch is cancelled; :meth:`poll` keeps the snapshots."""
 
     def __init__(self, owner: RayRollouts, tasks: list[Task], group_size: int,
-                 on_snapshot: Callable[[str, dict[str, Any]], None] | None) -> None:
+                 on_snapshot: Callable[[str, TaskSnapshot], None] | None) -> None:
         self.owner = owner
         self.queue = deque(tasks)
         self.group_size = group_size
@@ -468,7 +472,8 @@ class _Dispatch:
                 return
             i = min(free, key=lambda j: self.load[j])
             task = self.queue.popleft()
-            ref = o.workers[i].group.remote(asdict(task), self.group_size, o.snapshots.get(task.id))
+            snap = o.snapshots.get(task.id)
+            ref = o.workers[i].group.remote(asdict(task), self.group_size, snap.to_dict() if snap else None)
             call = _Call(i, o.workers[i], task, ref)
             self.calls.add(call)
             o.placed[task.id] = o.workers[i]
@@ -530,7 +535,7 @@ class _Dispatch:
             for reply in replies:
                 for tid, part in reply.items():
                     if tid in running:
-                        snap = o.snapshots[tid] = merge_snapshot(o.snapshots.get(tid), part)
+                        snap = o.snapshots[tid] = merge_snapshot(o.snapshots.get(tid), read_snapshot(part))
                         if self.on_snapshot is not None:
                             self.on_snapshot(tid, snap)
 

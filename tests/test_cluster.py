@@ -62,7 +62,7 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
 
 def progressed(snapshot) -> bool:
     """A snapshot with work in it: a finished program, or one past its first turn."""
-    return bool(snapshot["finished"]) or any(p["segments"] for p in snapshot["partial"])
+    return bool(snapshot.finished) or any(p.segments for p in snapshot.partial)
 
 
 @pytest.mark.slow
@@ -100,12 +100,12 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
     by_key = {(t.task_id, t.sample_index): t.to_dict() for t in got}
     kept = 0
     for snap in saved.values():
-        for d in snap["finished"]:
+        for d in snap.finished:
             assert by_key[(d["task_id"], d["sample_index"])]["segments"] == d["segments"]
             kept += 1
-        for p in snap["partial"]:
-            assert by_key[(p["task"], p["sample"])]["segments"][: len(p["segments"])] == p["segments"]
-            kept += bool(p["segments"])
+        for p in snap.partial:
+            assert by_key[(p.task_id, p.sample_index)]["segments"][: len(p.segments)] == p.segments
+            kept += bool(p.segments)
     assert kept >= 1
 
 
@@ -303,7 +303,7 @@ async def test_an_agent_environment_on_workers_a_killed_worker_replays_its_agent
         def kill_once_called() -> dict:
             """The victim's two groups, each of whose programs the driver holds with a call."""
             saved = {tid: s for tid, s in c.snapshots.items() if c.placed.get(tid) is victim
-                     and len(s["partial"]) == 2 and all(p.get("calls") for p in s["partial"])}
+                     and len(s.partial) == 2 and all(p.calls for p in s.partial)}
             if len(saved) < 2:
                 return {}
             ray.kill(victim)  # no await since `saved` was taken: the driver holds these
@@ -317,7 +317,7 @@ async def test_an_agent_environment_on_workers_a_killed_worker_replays_its_agent
         saved = killer.result()
         assert c.replaced == 1 and c.rerun == c.continued == 2 and victim not in c.workers
     assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
-    before = {p["k"]: p["calls"][0]["g"]["ids"] for s in saved.values() for p in s["partial"]}
+    before = {p.key: p.calls[0]["g"]["ids"] for s in saved.values() for p in s.partial}
     assert len(before) == 4
     check_three_calls(AutoTokenizer.from_pretrained(HERMES), got, tasks, before)
 
