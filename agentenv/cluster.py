@@ -2,8 +2,9 @@
 and local sandbox pool on its node; the driver keeps the global queue of groups.
 
     async with RayRollouts("retool-math", workers=2, config=RolloutConfig()) as cluster:
-        async for group in cluster.rollouts(env.tasks(64), group_size=4):
-            ...   # the same Group objects a one-machine run yields, each complete
+        async with cluster.rollouts(env.tasks(64), group_size=4) as groups:
+            async for group in groups:
+                ...   # the same Group objects a one-machine run yields, each complete
 
 ``env`` is an id or spec string, or an :class:`~agentenv.env.Environment` instance (the workers
 then make its class, imported with the driver's ``sys.path``, and give it the instance's id;
@@ -18,7 +19,12 @@ Optional (``pip install agentenv[ray]``). The cluster is the one at ``address`` 
 * **Streaming.** Groups come back as each completes (rewards and ``group_reward`` applied on
   the worker), as :class:`~agentenv.reactor.Group` objects, as a local run's reactor yields them.
 * **Workers** open their sandbox first and start the sessions their first programs will take
-  (``prepare_sessions``), then the engine, as a one-machine run does.
+  (``prepare_sessions``), then the engine, as a one-machine run does. A worker's runtime is
+  held open by one long call, :meth:`RolloutWorker.serve`, which the driver owns: ``stop``
+  ends it, and the driver waits for it (10 s at most) before ending the actor.
+* **Concurrency.** ``rollouts`` is an async context manager, as a reactor's is: every remote
+  call it makes is awaited by a task of its task group (groups, snapshot polls), and leaving
+  it (done, failed or cancelled) cancels those still running, on the workers too.
 * **Faults.** A worker that dies (node lost, process killed) is replaced by a new actor; the
   groups it had in flight continue on the live workers from their latest snapshot: every
   ``snapshot_interval`` seconds the driver asks each worker for its in-flight programs as of
@@ -42,23 +48,33 @@ the model per worker; ``vllm``: give each worker a GPU with ``worker_options={"n
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import math
 import os
 import sys
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Sequence
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .config import RolloutConfig, SandboxOptions
 from .engines.spec import EngineSpec
 from .env import Environment, Task
 from .errors import ConfigError, EngineError, describe
-from .inflight import holding, merge_snapshot
+from .inflight import TaskSnapshot, holding, merge_snapshot, read_snapshot
 from .raycluster import actor_options, connect, cpu_share, died_errors
 from .raycluster import ray_module as _ray
 from .reactor import Group
 from .trajectory import Trajectory
+
+#: Seconds a worker has to close its runtime once told to stop, before its actor is killed.
+STOP_S = 10.0
+#: Seconds a worker has to answer a snapshot poll; a later reply is not waited for (the
+#: snapshot held stays as it was, and the next poll asks for the same again).
+SNAPSHOT_REPLY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,12 @@ class WorkerSpec:
 
 class RolloutWorker:
     """The Ray actor (wrapped by ``ray.remote`` at start): one reactor, engine and sandbox pool,
-    open for the actor's life in a task that owns them, serving ``group`` calls concurrently."""
+    open for as long as its :meth:`serve` call runs, serving ``group`` calls concurrently.
+
+    Everything here runs on the actor's event loop, each remote call in its own asyncio task
+    (Ray's): the runtime's task groups belong to the ``serve`` call's task, which enters and
+    leaves them, and ``start``, ``group``, ``snapshot`` and ``stop`` only wait on events or
+    use the reactor it holds open."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         from .inflight import InFlight
@@ -97,23 +118,25 @@ class RolloutWorker:
         self.reactor: Any = None
         self.in_flight = InFlight()  # every program's state at its last completed turn
         self.prepared = 0  # sandbox sessions started while the engine loaded
-        self._ready: asyncio.Event | None = None
-        self._stop: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        # Made by the first call to need them: anyio's events are made on a running loop,
+        # which Ray's async actors do not run ``__init__`` on. ``serve`` and ``start`` may run
+        # in either order.
+        self._ready: anyio.Event | None = None
+        self._stop: anyio.Event | None = None
         self._error: str | None = None
 
-    async def start(self) -> dict[str, int]:
-        """Open everything; this worker's pid and the sandbox sessions it prepared."""
-        self._ready, self._stop = asyncio.Event(), asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._hold())
-        await self._ready.wait()
-        if self._error is not None:
-            raise RuntimeError(self._error)
-        return {"pid": os.getpid(), "prepared": self.prepared}
+    def _events(self) -> tuple[anyio.Event, anyio.Event]:
+        if self._ready is None or self._stop is None:
+            self._ready, self._stop = anyio.Event(), anyio.Event()
+        return self._ready, self._stop
 
-    async def _hold(self) -> None:
+    async def serve(self) -> None:
+        """Open the environment and runtime and hold them open until :meth:`stop`. What fails
+        is kept for :meth:`start` and :meth:`group` to raise, not raised here: the driver
+        waits for this call's end only to know it ended."""
         from .runtime import open_runtime
 
+        ready, stop = self._events()
         s = self.spec
         try:
             env = s.make_env()
@@ -125,13 +148,22 @@ class RolloutWorker:
                     env, self._engine_source(), s.sandbox, s.config, programs=s.config.concurrency,
                     journal=self.in_flight))
                 self.prepared, self.reactor = runtime.prepared, runtime.reactor
-                self._ready.set()
-                await self._stop.wait()
+                ready.set()
+                await stop.wait()
         except Exception as exc:  # noqa: BLE001 - reported to the driver by start() and group()
             self._error = describe(exc)
         finally:
             self.reactor = None
-            self._ready.set()
+            ready.set()
+
+    async def start(self) -> dict[str, int]:
+        """Wait until :meth:`serve` has opened everything: this worker's pid and the sandbox
+        sessions it prepared."""
+        ready, _ = self._events()
+        await ready.wait()
+        if self._error is not None:
+            raise RuntimeError(self._error)
+        return {"pid": os.getpid(), "prepared": self.prepared}
 
     def _engine_source(self) -> Any:
         """The worker's own engine (its spec), or the driver's engine actors, shared by every worker."""
@@ -144,15 +176,17 @@ class RolloutWorker:
 
     async def group(self, task: dict[str, Any], group_size: int, saved: dict[str, Any] | None = None
                     ) -> list[dict[str, Any]]:
-        """Run one group; ``saved`` (a :meth:`snapshot` entry from a worker that died) continues
-        its programs from their last completed turn and keeps its finished ones."""
+        """Run one group; ``saved`` (a snapshot's saved form, of the group on a worker that died
+        or in a log) continues its programs from their last completed turn and keeps its
+        finished ones."""
         from .inflight import restore
 
         if self.reactor is None:
             raise RuntimeError(self._error or "the rollout worker is not running")
-        resume, finished = restore(saved) if saved else (None, ())
-        if saved:  # in this worker's snapshots too, should it die in turn: finished programs, agents' calls
-            self.in_flight.restored(saved)
+        snap = read_snapshot(saved) if saved else None
+        resume, finished = restore(snap) if snap else (None, ())
+        if snap:  # in this worker's snapshots too, should it die in turn: finished programs, agents' calls
+            self.in_flight.restored(snap)
         for t in finished:
             self.in_flight.finished(t)
         try:
@@ -161,20 +195,43 @@ class RolloutWorker:
             self.in_flight.forget(task["id"])
         return [t.to_dict() for t in group.trajectories]
 
-    async def snapshot(self, task_ids: list[str], have: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The tasks' programs as of their last completed turn (see ``inflight.InFlight``); with
+    async def snapshot(self, task_ids: list[str], have: dict[str, dict[str, Any]] | None = None
+                       ) -> dict[str, dict[str, Any]]:
+        """The tasks' programs as of their last completed turn (see ``inflight.InFlight``), in
+        their saved form (versioned: the driver reads it with ``inflight.read_snapshot``); with
         ``have`` (what the driver holds), only what it lacks."""
-        return self.in_flight.snapshot(set(task_ids), have)
+        return {tid: s.to_dict() for tid, s in self.in_flight.snapshot(set(task_ids), have).items()}
 
     async def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-        if self._task is not None:
-            await self._task
+        """End :meth:`serve`: it closes the runtime and returns."""
+        self._events()[1].set()
+
+
+async def _ended(serving: Any) -> None:
+    """Wait (:data:`STOP_S` at most) for a worker's ``serve`` call to end, however it ended: a
+    ref never fetched that holds an error (the actor died) is reported by Ray as unhandled."""
+    if serving is None:
+        return
+    with anyio.move_on_after(STOP_S), contextlib.suppress(Exception):
+        await serving
+
+
+def _sole(group: BaseExceptionGroup) -> BaseException:
+    """The one exception a task group's failure holds, however nested (the group itself when
+    it holds several): a caller sees the error raised, as it would without a task group."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(reversed(exc.exceptions))
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else group
 
 
 class RayRollouts:
-    """Rollout workers on a Ray cluster behind one async iterator of groups (see the module doc).
+    """Rollout workers on a Ray cluster behind one stream of groups (see the module doc).
 
     ``engine`` is an engine name (with ``model``, ``engine_kwargs``, ``base_urls``, ``seed``
     and the config's sampling settings) or an :class:`~agentenv.engines.spec.EngineSpec`."""
@@ -223,8 +280,9 @@ class RayRollouts:
         self.rerun = 0  # groups run again because their worker died
         self.continued = 0  # ... of which continued from a snapshot, not from the start
         self.snapshot_interval = snapshot_interval
-        self.snapshots: dict[str, dict[str, Any]] = {}  # task id -> its group's latest snapshot
+        self.snapshots: dict[str, TaskSnapshot] = {}  # task id -> its group's latest snapshot
         self.placed: dict[str, Any] = {}  # task id -> the worker actor running its group now
+        self._serving: dict[Any, Any] = {}  # worker actor -> its serve() call's ref
         self._started_ray = False
         self._actor_cls: Any = None
 
@@ -242,7 +300,7 @@ class RayRollouts:
                 self.engine_actors = start_actors(self.spec.engine, replicas=self.engines_wanted,
                                                   options=self.engine_options)
                 self.spec = replace(self.spec, engine_actors=self.engine_actors)
-            await asyncio.gather(*(self._add_worker() for _ in range(self.workers_wanted)))
+            await self._add_workers(self.workers_wanted)
         except BaseException:
             await self.aclose()
             raise
@@ -251,11 +309,30 @@ class RayRollouts:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _add_workers(self, n: int) -> None:
+        """Start ``n`` workers together; every one is started (or failed) before the first
+        failure is raised, so :meth:`aclose` ends them all."""
+        errors: list[Exception] = []
+
+        async def add() -> None:
+            try:
+                await self._add_worker()
+            except Exception as exc:  # noqa: BLE001 - raised below, once all have started or failed
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(add)
+        if errors:
+            raise errors[0]
+
     async def _add_worker(self, index: int | None = None) -> None:
         actor = self._actor_cls.remote(self.spec)
+        self._serving[actor] = actor.serve.remote()  # holds the worker's runtime open until stop()
         try:
             started = await actor.start.remote()
         except Exception as exc:  # noqa: BLE001 - the worker could not open its engine/sandbox
+            await _ended(self._serving.pop(actor))
             _ray().kill(actor)
             hint = ("; the environment's own module travels with the workers, but what it imports must be "
                     "installed on every node (or shipped with worker_options={'runtime_env': ...})"
@@ -268,76 +345,125 @@ class RayRollouts:
         else:
             self.workers[index], self.pids[index] = actor, started["pid"]
 
-    async def aclose(self) -> None:
-        ray = _ray()
-        workers, self.workers = self.workers, []
-        for w in workers:
-            try:
-                await asyncio.wait_for(w.stop.remote(), 10)
-            except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below anyway
-                pass
-            ray.kill(w)
-        if self.engine_actors:
-            from .engines.actors import stop_actors
+    async def _replace_worker(self, index: int) -> None:
+        """A new worker in the place of worker ``index``, which died."""
+        self.replaced += 1
+        await _ended(self._serving.pop(self.workers[index], None))
+        await self._add_worker(index)
 
-            actors, self.engine_actors = self.engine_actors, []
-            await stop_actors(actors)
-        if self._started_ray and ray.is_initialized():
-            ray.shutdown()
-            self._started_ray = False
+    async def aclose(self) -> None:
+        """Stop every worker (each closes its runtime, :data:`STOP_S` at most, then its actor
+        ends) and the engine actors, and shut down a cluster started for this; cancelling it
+        does not cut that short."""
+        with anyio.CancelScope(shield=True):
+            workers, self.workers = self.workers, []
+            serving, self._serving = self._serving, {}
+            async with anyio.create_task_group() as tg:
+                for w in workers:
+                    tg.start_soon(self._stop_worker, w, serving.get(w))
+            if self.engine_actors:
+                from .engines.actors import stop_actors
+
+                actors, self.engine_actors = self.engine_actors, []
+                await stop_actors(actors)
+            ray = _ray()
+            if self._started_ray and ray.is_initialized():
+                ray.shutdown()
+                self._started_ray = False
+
+    @staticmethod
+    async def _stop_worker(actor: Any, serving: Any) -> None:
+        """Tell the worker to stop and wait for its ``serve`` call to end (its runtime closed),
+        :data:`STOP_S` at most; then end the actor, stuck or not."""
+        with anyio.move_on_after(STOP_S):
+            for ref in (actor.stop.remote(), serving):
+                if ref is not None:
+                    with contextlib.suppress(Exception):  # a dead worker: killed below anyway
+                        await ref
+        _ray().kill(actor)
 
     def _per_worker(self, group_size: int) -> int:
         if self.groups_per_worker:
             return self.groups_per_worker
         return max(1, -(-self.config.concurrency // max(1, group_size)))
 
-    async def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, dict[str, Any]] | None = None,
-                       on_snapshot: Callable[[str, dict[str, Any]], None] | None = None) -> AsyncIterator[Group]:
-        """Run ``group_size`` programs of every task on the workers; yield each group when it is
-        complete. Cancelling the iteration leaves the workers running nothing of it.
+    @contextlib.asynccontextmanager
+    async def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, TaskSnapshot] | None = None,
+                       on_snapshot: Callable[[str, TaskSnapshot], None] | None = None
+                       ) -> AsyncIterator[MemoryObjectReceiveStream[Group]]:
+        """Run ``group_size`` programs of every task on the workers: a stream of the groups,
+        each as it is complete, ending when every group has come. Leaving the block (done,
+        failed or cancelled) leaves the workers running nothing of it.
 
         ``saved`` (task id -> snapshot, see ``inflight.snapshot_of``) continues groups a run
         left unfinished; ``on_snapshot(task_id, snapshot)`` sees every snapshot taken (the CLI
         logs them, so ``--resume`` continues the programs). A group given its finished
-        trajectories yields them again with the rest."""
+        trajectories yields them again with the rest. An error (a worker's that is not its
+        death, a replacement that failed to start, ``on_snapshot``'s) is raised as it is."""
         self.snapshots.update(saved or {})
         d = _Dispatch(self, list(tasks), group_size, on_snapshot)
-        poller = asyncio.ensure_future(d.poll()) if self.snapshot_interval else None
+        # Groups wait here while the caller handles one: up to one per slot on the workers.
+        send, receive = anyio.create_memory_object_stream[Group](len(self.workers) * d.per_worker)
         try:
-            while d.queue or d.inflight:
-                d.fill()
-                done, _ = await asyncio.wait([*d.inflight, *([poller] if poller else [])],
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if poller in done:
-                    poller.result()  # it ends only by failing (on_snapshot raised): raise that here
-                for fut in done - {poller}:
-                    group = await d.settle(fut)
-                    if group is not None:
-                        yield group
-        finally:  # stop what is still running on the workers (their reactors cancel its programs)
-            if poller is not None:
-                poller.cancel()
-                await asyncio.gather(poller, return_exceptions=True)
-            await d.cancel()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(d.run, send)
+                try:
+                    with receive:
+                        yield receive
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            sole = _sole(group)
+            if sole is group:
+                raise
+            raise sole from sole.__cause__  # as raised where it was, its cause kept
+
+
+@dataclass(eq=False)
+class _Call:
+    """One group's call on a worker: the worker's index and actor, the task and the call's ref."""
+
+    index: int
+    actor: Any
+    task: Task
+    ref: Any = field(repr=False)
 
 
 class _Dispatch:
     """One :meth:`RayRollouts.rollouts` call: the queue of groups, each worker's load, the calls
-    in flight, and the snapshots of their programs."""
+    in flight, and the snapshots of their programs. :meth:`run` places groups and settles the
+    calls' outcomes; each call is awaited by its own task (:meth:`_await`), which cancels it on
+    its worker if the dispatch is cancelled; :meth:`poll` keeps the snapshots."""
 
     def __init__(self, owner: RayRollouts, tasks: list[Task], group_size: int,
-                 on_snapshot: Callable[[str, dict[str, Any]], None] | None) -> None:
+                 on_snapshot: Callable[[str, TaskSnapshot], None] | None) -> None:
         self.owner = owner
         self.queue = deque(tasks)
         self.group_size = group_size
         self.per_worker = owner._per_worker(group_size)
         self.on_snapshot = on_snapshot
-        self.inflight: dict[asyncio.Future, tuple[int, Any, Task]] = {}  # future -> (worker index, actor, task)
-        self.refs: dict[asyncio.Future, Any] = {}
+        self.calls: set[_Call] = set()
         self.load = [0] * len(owner.workers)
         self.died = died_errors()
 
-    def fill(self) -> None:
+    async def run(self, out: MemoryObjectSendStream[Group]) -> None:
+        """Place groups on the workers until every one is complete, each sent to ``out`` as
+        it is. The calls' outcomes come back on a stream without a bound: one per call, and
+        the calls are as many as the workers' slots (and a dead worker's, until settled)."""
+        done_send, done = anyio.create_memory_object_stream[tuple[_Call, Any]](math.inf)
+        with done_send, done:
+            async with out, anyio.create_task_group() as tg:
+                if self.owner.snapshot_interval:
+                    tg.start_soon(self.poll)
+                while self.queue or self.calls:
+                    self.fill(tg, done_send)
+                    call, outcome = await done.receive()
+                    group = await self.settle(call, outcome)
+                    if group is not None:
+                        await out.send(group)
+                tg.cancel_scope.cancel()  # the poller: nothing is left to snapshot
+
+    def fill(self, tg: TaskGroup, done: MemoryObjectSendStream[tuple[_Call, Any]]) -> None:
         """Place queued groups on the least loaded workers that have room."""
         o = self.owner
         while self.queue:
@@ -346,74 +472,82 @@ class _Dispatch:
                 return
             i = min(free, key=lambda j: self.load[j])
             task = self.queue.popleft()
-            ref = o.workers[i].group.remote(asdict(task), self.group_size, o.snapshots.get(task.id))
-
-            async def wait(ref: Any = ref) -> list[dict[str, Any]]:
-                return await ref
-
-            fut = asyncio.ensure_future(wait())
-            self.refs[fut] = ref
-            self.inflight[fut] = (i, o.workers[i], task)
+            snap = o.snapshots.get(task.id)
+            ref = o.workers[i].group.remote(asdict(task), self.group_size, snap.to_dict() if snap else None)
+            call = _Call(i, o.workers[i], task, ref)
+            self.calls.add(call)
             o.placed[task.id] = o.workers[i]
             self.load[i] += 1
+            tg.start_soon(self._await, call, done)
 
-    async def settle(self, fut: asyncio.Future) -> Group | None:
-        """A finished call: its group, or (its worker died) None, the group queued again to
-        continue from its snapshot on a live worker, and the worker replaced."""
-        o = self.owner
-        i, actor, task = self.inflight.pop(fut)
-        self.refs.pop(fut, None)
-        if actor is o.workers[i]:
-            self.load[i] -= 1
+    async def _await(self, call: _Call, done: MemoryObjectSendStream[tuple[_Call, Any]]) -> None:
+        """The call's outcome (its trajectories' dicts, or what it raised) to ``done``; the call
+        cancelled on its worker (its reactor cancels the group's programs) if this is."""
         try:
-            dicts = fut.result()
-        except self.died:
+            outcome = await call.ref
+        except anyio.get_cancelled_exc_class():
+            with contextlib.suppress(Exception):  # its worker may be gone
+                _ray().cancel(call.ref)
+            raise
+        except Exception as exc:  # noqa: BLE001 - settled (raised, or the group run again) by run()
+            outcome = exc
+        done.send_nowait((call, outcome))
+
+    async def settle(self, call: _Call, outcome: Any) -> Group | None:
+        """A finished call: its group, or (its worker died) None, the group queued again to
+        continue from its snapshot on a live worker, and the worker replaced. Any other error
+        of the call is raised."""
+        o, i, task = self.owner, call.index, call.task
+        self.calls.discard(call)
+        if call.actor is o.workers[i]:
+            self.load[i] -= 1
+        if isinstance(outcome, self.died):
             o.rerun += 1
             o.continued += task.id in o.snapshots
             self.queue.appendleft(task)  # again, elsewhere: from its snapshot, or whole
-            if actor is o.workers[i]:  # the first of its failures: replace it
-                o.replaced += 1
+            if call.actor is o.workers[i]:  # the first of its failures: replace it
                 self.load[i] = 0
-                await o._add_worker(i)
+                await o._replace_worker(i)
             return None
+        if isinstance(outcome, BaseException):
+            raise outcome
         o.snapshots.pop(task.id, None)
         o.placed.pop(task.id, None)
-        return Group(task, [Trajectory.from_dict(d) for d in dicts])
+        return Group(task, [Trajectory.from_dict(d) for d in outcome])
 
     async def poll(self) -> None:
         """Keep each in-flight group's latest snapshot (its programs at their last completed
-        turn), so a group whose worker dies continues from there."""
+        turn), so a group whose worker dies continues from there. Runs until cancelled."""
         o = self.owner
         while True:
-            await asyncio.sleep(o.snapshot_interval or 1.0)
+            await anyio.sleep(o.snapshot_interval or 1.0)
             by_actor: dict[Any, list[str]] = {}
-            for _, actor, task in list(self.inflight.values()):
-                by_actor.setdefault(actor, []).append(task.id)
+            for call in list(self.calls):
+                by_actor.setdefault(call.actor, []).append(call.task.id)
             # Each worker sends only what the driver lacks (``inflight.InFlight.snapshot``):
             # new turns and newly finished programs, not every program's whole prefix.
-            have = {a: {tid: holding(o.snapshots.get(tid)) for tid in ids} for a, ids in by_actor.items()}
-            replies = await asyncio.gather(*(a.snapshot.remote(ids, have[a]) for a, ids in by_actor.items()),
-                                           return_exceptions=True)
-            running = {task.id for _, _, task in self.inflight.values()}
+            replies: list[dict[str, Any]] = []
+            async with anyio.create_task_group() as tg:
+                for actor, ids in by_actor.items():
+                    have = {tid: holding(o.snapshots.get(tid)) for tid in ids}
+                    tg.start_soon(self._ask, actor, ids, have, replies)
+            running = {call.task.id for call in self.calls}
             for reply in replies:
-                if isinstance(reply, dict):
-                    for tid, part in reply.items():
-                        if tid in running:
-                            snap = o.snapshots[tid] = merge_snapshot(o.snapshots.get(tid), part)
-                            if self.on_snapshot is not None:
-                                self.on_snapshot(tid, snap)
+                for tid, part in reply.items():
+                    if tid in running:
+                        snap = o.snapshots[tid] = merge_snapshot(o.snapshots.get(tid), read_snapshot(part))
+                        if self.on_snapshot is not None:
+                            self.on_snapshot(tid, snap)
 
-    async def cancel(self) -> None:
-        """Cancel the calls still in flight (the workers' reactors cancel their programs)."""
-        ray = _ray()
-        for fut in self.inflight:
+    @staticmethod
+    async def _ask(actor: Any, ids: list[str], have: dict[str, Any], replies: list[dict[str, Any]]) -> None:
+        """One worker's snapshot reply into ``replies``; none from a worker that is dead or
+        does not answer within :data:`SNAPSHOT_REPLY_S`."""
+        with anyio.move_on_after(SNAPSHOT_REPLY_S):
             try:
-                ray.cancel(self.refs[fut])
-            except Exception:  # noqa: BLE001 - its worker may be gone
+                replies.append(await actor.snapshot.remote(ids, have))
+            except Exception:  # noqa: BLE001 - a dead worker: its groups are settled by run()
                 pass
-            fut.cancel()
-        if self.inflight:
-            await asyncio.gather(*self.inflight, return_exceptions=True)
 
 
 __all__ = ["RayRollouts", "RolloutWorker", "WorkerSpec", "connect"]

@@ -188,10 +188,8 @@ class RayGroups:
         already = done | set(resume.held if resume is not None else ())
         logged: dict[str, tuple[Any, ...]] = {}  # program -> how far its records in the log go
 
-        async def groups() -> AsyncIterator[Group]:
-            async for group in self.cluster.rollouts(
-                    todo, group_size, saved=saved,
-                    on_snapshot=lambda tid, snap: inflight.log_snapshot(self.log, snap, logged)):
+        async def groups(received: AsyncIterator[Group]) -> AsyncIterator[Group]:
+            async for group in received:
                 for t in group.trajectories:
                     if (t.task_id, t.sample_index) not in already:
                         self._stats.add(t)  # the summary counts every program run, as a local run's
@@ -199,7 +197,10 @@ class RayGroups:
 
         self._stats.start(len(tasks) * group_size - len(done))
         try:
-            yield groups()
+            async with self.cluster.rollouts(
+                    todo, group_size, saved=saved,
+                    on_snapshot=lambda tid, snap: inflight.log_snapshot(self.log, snap, logged)) as received:
+                yield groups(received)
         finally:
             self._stats.stop()
 

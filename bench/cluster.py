@@ -98,11 +98,13 @@ async def main_async(a: argparse.Namespace) -> None:
             async with RayRollouts("trace", workers=workers, env_args=spec, config=config, seed=a.seed,
                                    worker_options={"num_cpus": os.cpu_count() / workers},
                                    snapshot_interval=a.snapshot_interval or None) as cluster:
-                async for _ in cluster.rollouts(env.tasks(2, seed=a.seed + 1), a.group_size):
-                    pass  # warm-up
+                async with cluster.rollouts(env.tasks(2, seed=a.seed + 1), a.group_size) as warm_up:
+                    async for _ in warm_up:
+                        pass
                 c0, t0, trajs = cpu_seconds(), time.perf_counter(), []
-                async for group in cluster.rollouts(tasks, a.group_size):
-                    trajs += group.trajectories
+                async with cluster.rollouts(tasks, a.group_size) as received:
+                    async for group in received:
+                        trajs += group.trajectories
                 results[f"ray, {workers} worker{'s' if workers > 1 else ''}"] = (
                     time.perf_counter() - t0, cpu_seconds() - c0, len(trajs))
                 check(trajs, env)

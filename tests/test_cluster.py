@@ -39,7 +39,8 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
     env = make("retool-math")
     tasks = env.tasks(6, seed=3)
     async with RayRollouts("retool-math", workers=2, config=CONFIG, seed=3) as c:
-        groups = [g async for g in c.rollouts(tasks, group_size=2)]
+        async with c.rollouts(tasks, group_size=2) as received:
+            groups = [g async for g in received]
         assert len(set(c.pids)) == 2 and os.getpid() not in c.pids  # two actor processes did the work
         assert c.prepared > 0  # the workers started sandbox sessions while their engines loaded
     remote = [t for g in groups for t in g.trajectories]
@@ -61,7 +62,7 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
 
 def progressed(snapshot) -> bool:
     """A snapshot with work in it: a finished program, or one past its first turn."""
-    return bool(snapshot["finished"]) or any(p["segments"] for p in snapshot["partial"])
+    return bool(snapshot.finished) or any(p.segments for p in snapshot.partial)
 
 
 @pytest.mark.slow
@@ -85,8 +86,9 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
             return saved
 
         killer = asyncio.ensure_future(until(kill_once_progressed, "a group of the victim progressed"))
-        async for g in c.rollouts(tasks, group_size=2):
-            got += g.trajectories
+        async with c.rollouts(tasks, group_size=2) as received:
+            async for g in received:
+                got += g.trajectories
         assert killer.done(), "the run ended before a group of the victim had progressed"
         saved = killer.result()
         assert c.replaced == 1 and c.continued >= 1 and victim not in c.workers
@@ -98,13 +100,53 @@ async def test_a_worker_killed_mid_run_loses_nothing_and_its_programs_continue(c
     by_key = {(t.task_id, t.sample_index): t.to_dict() for t in got}
     kept = 0
     for snap in saved.values():
-        for d in snap["finished"]:
+        for d in snap.finished:
             assert by_key[(d["task_id"], d["sample_index"])]["segments"] == d["segments"]
             kept += 1
-        for p in snap["partial"]:
-            assert by_key[(p["task"], p["sample"])]["segments"][: len(p["segments"])] == p["segments"]
-            kept += bool(p["segments"])
+        for p in snap.partial:
+            assert by_key[(p.task_id, p.sample_index)]["segments"][: len(p.segments)] == p.segments
+            kept += bool(p.segments)
     assert kept >= 1
+
+
+@pytest.mark.slow
+async def test_leaving_a_rollout_early_or_on_an_error_leaves_the_workers_running_nothing(cluster, caplog):
+    """``rollouts`` owns every call it makes: left while its groups run, or failing (an
+    ``on_snapshot`` that raises: raised as it is, not wrapped in an exception group), it
+    cancels its groups on the workers, whose in-flight programs are then none, well before
+    their tool calls (20 s each) could have ended; no asyncio task is left pending."""
+    import gc
+
+    spec = {"profile": "swe", "mean_turns": 4.0, "turn_tokens": 16, "tool_tokens": 8, "tool_median": 20.0,
+            "tool_cap": 40.0, "prompt_tokens": 32}
+    env = make("trace", **spec)
+    config = RolloutConfig(concurrency=8, max_new_tokens=4096, max_turns=env.max_turns, tool_timeout=env.tool_timeout)
+    tasks = env.tasks(8, seed=9)
+    ids = [t.id for t in tasks]
+
+    def boom(tid: str, snap) -> None:
+        raise ValueError(f"on_snapshot of {tid}")
+
+    async with RayRollouts("trace", workers=2, env_args=spec, config=config, seed=9, groups_per_worker=2,
+                           snapshot_interval=0.2) as c:
+
+        async def idle() -> bool:
+            busy = [s for w in c.workers for s in (await w.snapshot.remote(ids)).values()]
+            if busy:
+                raise LookupError(len(busy))
+            return True
+
+        async with c.rollouts(tasks, group_size=2):
+            await until(lambda: len(c.snapshots) >= 2, "the workers' programs started")
+        await until_ok(idle, LookupError, "the workers cancelled the groups left behind", timeout=15)
+        with pytest.raises(ValueError, match="on_snapshot of"):
+            async with c.rollouts(tasks, group_size=2, on_snapshot=boom) as received:
+                async for _ in received:
+                    pass
+        await until_ok(idle, LookupError, "the workers cancelled the groups of the failed call", timeout=15)
+        assert c.replaced == 0
+    gc.collect()
+    assert not [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
 
 
 @pytest.mark.slow
@@ -186,8 +228,9 @@ async def test_workers_share_engine_actors_and_a_killed_engine_loses_nothing(clu
             return n
 
         killer = asyncio.ensure_future(kill_once_serving())
-        async for g in c.rollouts(tasks, group_size=2):
-            got += g.trajectories
+        async with c.rollouts(tasks, group_size=2) as received:
+            async for g in received:
+                got += g.trajectories
         assert killer.done(), "the run ended before the engine actor served 4 requests"
         assert killer.result() >= 4
         assert c.replaced == 0  # no rollout worker died: the engine's loss was absorbed below them
@@ -260,7 +303,7 @@ async def test_an_agent_environment_on_workers_a_killed_worker_replays_its_agent
         def kill_once_called() -> dict:
             """The victim's two groups, each of whose programs the driver holds with a call."""
             saved = {tid: s for tid, s in c.snapshots.items() if c.placed.get(tid) is victim
-                     and len(s["partial"]) == 2 and all(p.get("calls") for p in s["partial"])}
+                     and len(s.partial) == 2 and all(p.calls for p in s.partial)}
             if len(saved) < 2:
                 return {}
             ray.kill(victim)  # no await since `saved` was taken: the driver holds these
@@ -268,12 +311,13 @@ async def test_an_agent_environment_on_workers_a_killed_worker_replays_its_agent
             return saved
 
         killer = asyncio.ensure_future(until(kill_once_called, "the victim's agents made their first calls"))
-        async for g in c.rollouts(tasks, group_size=2):
-            got += g.trajectories
+        async with c.rollouts(tasks, group_size=2) as received:
+            async for g in received:
+                got += g.trajectories
         saved = killer.result()
         assert c.replaced == 1 and c.rerun == c.continued == 2 and victim not in c.workers
     assert keys(got) == sorted((t.id, i) for t in tasks for i in range(2))  # every one, exactly once
-    before = {p["k"]: p["calls"][0]["g"]["ids"] for s in saved.values() for p in s["partial"]}
+    before = {p.key: p.calls[0]["g"]["ids"] for s in saved.values() for p in s.partial}
     assert len(before) == 4
     check_three_calls(AutoTokenizer.from_pretrained(HERMES), got, tasks, before)
 

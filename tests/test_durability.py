@@ -289,18 +289,18 @@ async def test_a_group_saved_mid_way_continues_token_exact(engine):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(reactor.group, task, 4)
                 await until(
-                    lambda: any(p["stats"] for p in tracker.snapshot({task.id}).get(task.id, {}).get("partial", [])),
+                    lambda: any(p.stats for s in tracker.snapshot({task.id}).values() for p in s.partial),
                     "a program completed a turn",
                 )
                 tg.cancel_scope.cancel()  # the "crash": mid-way through the group
         saved = tracker.snapshot({task.id})[task.id]
-        snap = json.loads(json.dumps(saved))  # as the checkpoint stores it
-        resume, finished = inflight.restore(snap)
+        snap = json.loads(json.dumps(saved.to_dict()))  # as the checkpoint stores it
+        resume, finished = inflight.restore(inflight.read_snapshot(snap))
         mid = [p for p in resume.partial.values() if p.turns]
         assert mid, "no program had completed a turn"
         group = await Reactor(engine, env, sb, config).group(task, 4, resume=resume, finished=finished)
     assert sorted(t.sample_index for t in group.trajectories) == [0, 1, 2, 3]
-    assert {t.group_id for t in group.trajectories} == {saved["partial"][0]["group"]}  # the group keeps its id
+    assert {t.group_id for t in group.trajectories} == {saved.partial[0].group_id}  # the group keeps its id
     by_id = {t.id: t for t in group.trajectories}
     for d in snap["finished"]:  # programs that had ended are kept, not run again
         assert {k: by_id[d["id"]].to_dict()[k] for k in ("prompt_ids", "segments", "tool_calls")} == \

@@ -44,7 +44,7 @@ async def test_a_runtime_it_opens_runs_groups_and_closes_its_sandbox_and_engine(
     await env.aclose()
     assert rewarded(groups, tasks, 2)
     snapshot = programs.snapshot({t.id for t in tasks})  # the journal given was the reactor's
-    assert sorted(snapshot) == sorted(t.id for t in tasks) and all(len(s["finished"]) == 2 for s in snapshot.values())
+    assert sorted(snapshot) == sorted(t.id for t in tasks) and all(len(s.finished) == 2 for s in snapshot.values())
     assert engine._closed  # opened from its spec, so closed with the runtime
     assert child_pids() - before == set()  # the sandbox closed: no session or server left
 

@@ -5,7 +5,9 @@
 and task indices) and ``state.json``, written last so that its presence marks the checkpoint
 complete: the step, the run's config, the torch RNG state, and the task stream's position
 (``tasks``: its next index, the tasks in flight, generated again on resume with their
-programs continued from the saved prefixes, and how many groups were buffered).
+programs continued from the saved prefixes, and how many groups were buffered). Each task in
+flight's programs are a :class:`~agentenv.inflight.TaskSnapshot` in its saved form, which
+names its version; :func:`agentenv.inflight.read_snapshot` reads it back, from any version.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .. import inflight
 from ..errors import ConfigError
 from ..reactor import Group
 from .config import TrainConfig
@@ -70,7 +73,7 @@ class Checkpoints:
             for index, group in generation.buffered:
                 f.write(json.dumps({"index": index, "trajectories": [t.to_dict() for t in group.trajectories]}) + "\n")
         tasks = {"next": generation.next, "in_flight": generation.in_flight, "buffered": len(generation.buffered),
-                 "programs": generation.programs}
+                 "programs": {tid: s.to_dict() for tid, s in generation.programs.items()}}
         state = {"step": step, "version": step, "task_cursor": step * self.cfg.groups_per_step,
                  "config": asdict(self.cfg), "torch_rng": torch.get_rng_state().tolist(), "tasks": tasks}
         (path / "state.json").write_text(json.dumps(state))  # last: marks the checkpoint complete
@@ -94,7 +97,7 @@ class Checkpoints:
             return position, []
         tasks = state["tasks"]
         position.cursor, position.redo = tasks["next"], list(tasks["in_flight"])
-        position.saved = dict(tasks.get("programs", {}))
+        position.saved = {tid: inflight.read_snapshot(d) for tid, d in tasks.get("programs", {}).items()}
         assert ckpt is not None
         buf = ckpt / "buffer.jsonl"
         restored = []

@@ -58,7 +58,7 @@ class StreamPosition:
     #: ``id(group)`` -> its task index, for the groups in the buffer.
     index: dict[int, int] = field(default_factory=dict)
     #: Task id -> its programs as a checkpoint saved them (continued, then forgotten).
-    saved: dict[str, Any] = field(default_factory=dict)
+    saved: dict[str, inflight.TaskSnapshot] = field(default_factory=dict)
 
     def next_index(self) -> int:
         if self.redo:
@@ -76,7 +76,7 @@ class GenerationState:
     next: int
     in_flight: list[int]
     buffered: list[tuple[int, Group]]
-    programs: dict[str, Any]
+    programs: dict[str, inflight.TaskSnapshot]
 
 
 class Generation:

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from agentenv.errors import ConfigError
+from agentenv.errors import AgentEnvError, ConfigError
+from agentenv.inflight import SNAPSHOT_VERSION, TaskSnapshot
 from agentenv.registry import make
 from agentenv.train import Policy, TrainConfig, latest_checkpoint
 from agentenv.train.checkpoints import Checkpoints
@@ -36,11 +37,31 @@ def test_a_fresh_run_generates_from_its_start_step(tmp_path):
     assert (position.cursor, position.redo, position.saved, restored) == (6, [], {}, [])
 
 
+def test_a_checkpoint_written_before_snapshots_had_a_version_is_read_and_a_newer_one_refused(tmp_path):
+    """A ``state.json`` whose programs are unversioned snapshots (as checkpoints held before
+    snapshots had a version) resumes them; one of a snapshot version this agentenv does not
+    know is refused, naming it."""
+    cfg = TrainConfig(out_dir=str(tmp_path), groups_per_step=2, group_size=2)
+    stream = TaskStream(make("retool-math"), cfg.groups_per_step, cfg.seed)
+    ckpt = tmp_path / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    entry = {"k": "p0", "task": "t", "sample": 0, "prompt": [1, 2], "segments": [], "tools": [], "stats": []}
+    tasks = {"next": 5, "in_flight": [4], "buffered": 0, "programs": {"t": {"partial": [entry], "finished": []}}}
+    (ckpt / "state.json").write_text(json.dumps({"step": 2, "tasks": tasks}))
+    position, _ = Checkpoints(tmp_path, cfg).restore_generation(ckpt, 2, stream)
+    (program,) = position.saved["t"].partial
+    assert (program.key, program.prompt_ids, program.group_id) == ("p0", [1, 2], "")  # no group id in v1: none
+    tasks["programs"]["t"] = {"v": SNAPSHOT_VERSION + 1, "agentenv": "9.0", "partial": [], "finished": []}
+    (ckpt / "state.json").write_text(json.dumps({"step": 2, "tasks": tasks}))
+    with pytest.raises(AgentEnvError, match=f"snapshot version {SNAPSHOT_VERSION + 1}.*agentenv 9.0"):
+        Checkpoints(tmp_path, cfg).restore_generation(ckpt, 2, stream)
+
+
 def test_a_checkpoint_restores_the_policy_rng_and_generation(groups, model_dir, tmp_path):
     cfg = TrainConfig(out_dir=str(tmp_path), groups_per_step=2, group_size=3, seed=5)
     checkpoints = Checkpoints(tmp_path, cfg)
     stream = TaskStream(make("retool-math"), cfg.groups_per_step, cfg.seed)
-    programs = {"some-task": {"partial": [], "finished": []}}
+    programs = {"some-task": TaskSnapshot([], [])}
     policy = Policy(model_dir)
     state = GenerationState(next=11, in_flight=[9, 10], buffered=[(8, groups[0]), (7, groups[1])], programs=programs)
     path = checkpoints.save(policy, 4, state)
@@ -49,7 +70,9 @@ def test_a_checkpoint_restores_the_policy_rng_and_generation(groups, model_dir, 
     assert path == checkpoints.path(4) == latest_checkpoint(tmp_path)
     saved = json.loads((path / "state.json").read_text())
     assert (saved["step"], saved["version"], saved["task_cursor"]) == (4, 4, 8)
-    assert saved["tasks"] == {"next": 11, "in_flight": [9, 10], "buffered": 2, "programs": programs}
+    assert saved["tasks"] == {"next": 11, "in_flight": [9, 10], "buffered": 2,
+                              "programs": {"some-task": programs["some-task"].to_dict()}}
+    assert saved["tasks"]["programs"]["some-task"]["v"] == SNAPSHOT_VERSION
     Checkpoints.restore_rng(path)
     assert torch.equal(torch.rand(4), drawn)  # the RNG continues as it was at the checkpoint
 
