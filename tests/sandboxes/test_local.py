@@ -305,35 +305,6 @@ async def test_a_full_pool_hands_over_prewarmed_sessions_instead_of_deadlocking(
             await s.aclose()
 
 
-async def test_closing_a_channel_ends_the_requests_waiting_on_it():
-    """The pool closes a fork server's channel when it replaces the server (its base server
-    died): a start waiting there for an answer, inside the start's shielded scope, must end
-    at once (and be retried on the new server), not wait for an answer that never comes."""
-    import socket
-
-    from agentenv.sandboxes.local.control import _Control, _ServerGone
-
-    host, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    ctl = _Control(host)
-    errors: list[BaseException] = []
-
-    async def ask() -> None:
-        try:
-            await ctl.request({"op": "spawn"})
-        except _ServerGone as exc:
-            errors.append(exc)
-
-    with anyio.fail_after(DEADLINE_S):
-        async with anyio.create_task_group() as tg:
-            for _ in range(3):  # one reading the socket, two waiting for their turn to read
-                tg.start_soon(ask)
-            await until(lambda: ctl.pending >= 3 and len(ctl._answers) >= 3, "all three sent, none answered")
-            await anyio.sleep(0.05)
-            ctl.close()
-    assert len(errors) == 3
-    server.close()
-
-
 @pytest.mark.parametrize("setup, why", [("import os\nos._exit(3)", "exited with status 3"),
                                         ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
                                          "killed by SIGKILL")])
