@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from agentenv.sandboxes.local import LocalSandbox
-from agentenv.sandboxes.local.control import _Control, _ServerGone
 from agentenv.sandboxes.local.frames import FrameReader
 
 from ..waiting import until

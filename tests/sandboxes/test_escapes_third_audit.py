@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
