@@ -119,23 +119,6 @@ async def test_no_worker_survives_close():
     assert not {c.pid for c in me.children(recursive=True)} & set(pids)
 
 
-@pytest.mark.parametrize("end", ["the session", "the pool"])
-async def test_an_unisolated_sessions_working_directory_is_removed_when_it_ends(end):
-    # The host ends an unisolated session by killing its reaper (which can then remove
-    # nothing): its fork server removes the directory when it reaps the reaper, and closing the
-    # pool removes the directory all its sessions' were made in.
-    async with LocalSandbox(prewarm=0, isolate=False) as sb:
-        s = await sb.session()
-        workdir = (await s.run("import os\nopen('left', 'w').write('x')\nos.getcwd()")).value.strip("'")
-        root = os.path.dirname(workdir)
-        assert os.path.basename(root).startswith("agentenv-sbx-") and os.path.isfile(os.path.join(workdir, "left"))
-        if end == "the session":
-            await s.aclose()
-            await until(lambda: not os.path.exists(workdir), f"{workdir} removed")
-            assert os.path.isdir(root)  # the pool's, for its next session
-    assert not os.path.exists(root)
-
-
 async def test_setup_runs_once_and_sessions_fork_the_prepared_state():
     setup = "import time, os\nPREPARED_AT = time.time()\nPREPARED_BY = os.getpid()"
     async with LocalSandbox(prewarm=0) as sb:
