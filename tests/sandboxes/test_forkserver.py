@@ -109,8 +109,8 @@ async def test_a_request_the_server_cannot_serve_is_answered_with_an_error_and_i
     resp, fds = await template.request({"op": "reboot"})
     assert resp == {"error": "unknown op 'reboot'"} and fds == []
     # A spawn that fails once its session socket is taken (here: no "isolate"; a fork or a
-    # working directory that fails goes the same way). The socket was once closed twice,
-    # the second time when the next spawn's socket had its number: that spawn failed.
+    # working directory that fails goes the same way) closes that socket once: a second close
+    # would hit whatever has its number then, the next spawn's socket, and fail that spawn.
     mine, theirs = socket.socketpair()
     resp, fds = await template.request({"op": "spawn"}, [theirs.fileno()])
     theirs.close()

@@ -51,7 +51,7 @@ def test_a_switch_is_a_bool(name):
 
 
 async def test_a_limit_no_session_could_apply_never_turns_into_an_unisolated_pool():
-    # Before the check, a negative /tmp size failed every session's mount: the pool read that
-    # as a host without isolation and, allowed to, ran every session UNISOLATED.
+    # Unchecked, a negative /tmp size fails every session's mount: the pool would read that as
+    # a host without isolation and, allowed to, run every session UNISOLATED.
     with pytest.raises(ConfigError, match="tmp_mb"):
         LocalSandbox(limits=Limits(tmp_mb=-1), allow_unisolated=True)

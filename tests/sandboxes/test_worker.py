@@ -95,8 +95,8 @@ def test_the_hosts_sigint_makes_the_call_a_timeout_whatever_the_code_does(worker
 
 def test_a_late_sigint_after_the_answer_is_ignored_and_the_state_kept(worker):
     # The host's deadline signal can arrive just as the answer goes out: the worker may still be
-    # in the write, its sweep or back at the read. None of these may end it (it once did, in
-    # about two rounds of five: the write's handler took the interrupt for a broken channel).
+    # in the write, its sweep or back at the read. None of these may end it (sent right after an
+    # answer, the signal finds the worker still in its write in about two rounds of five).
     worker.call("kept = 0")
     for i in range(10):
         worker.proc.send_signal(signal.SIGINT)
