@@ -5,11 +5,8 @@ the user's ``<code>`` frames."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import struct
 import time
 
 import anyio
@@ -17,7 +14,6 @@ import psutil
 import pytest
 
 from agentenv.sandboxes.local import LocalSandbox
-from agentenv.sandboxes.local.frames import FrameReader
 
 from ..waiting import until
 from .hostile import FORGE, FRAME, LIMITS, check_sibling, hostile
@@ -254,51 +250,6 @@ async def test_a_stale_frame_over_the_cap_is_still_refused(sandbox):
         assert r.status == "error" and r.state_lost and "byte result" in r.error, r
     finally:
         await s.aclose()
-
-
-def answer(stdout: str) -> bytes:
-    return json.dumps({"status": "ok", "stdout": stdout, "stderr": "", "value": None, "error": None,
-                       "truncated": False}).encode()
-
-
-def framed(seq: int, payload: bytes) -> bytes:
-    return struct.pack(">IQ", len(payload), seq) + payload
-
-
-async def test_the_reader_drops_stale_frames_and_refuses_unknown_numbers():
-    a, b = socket.socketpair()
-    stream = await anyio.abc.UNIXSocketStream.from_socket(a)
-    try:
-        reader = FrameReader(stream)
-        b.sendall(framed(1, answer("old")) + framed(2, answer("older")) + framed(3, answer("mine")))
-        with anyio.fail_after(10):
-            got = await reader.read(3, 1 << 20, stale=[1, 2, 3])
-        assert got["stdout"] == "mine"
-        b.sendall(framed(99, answer("forged")))
-        with anyio.fail_after(10):
-            assert "answered call 99 during call 4" in await reader.read(4, 1 << 20, stale=[1, 2, 3])
-    finally:
-        await stream.aclose()
-        b.close()
-
-
-async def test_a_read_cancelled_mid_frame_loses_nothing():
-    a, b = socket.socketpair()
-    stream = await anyio.abc.UNIXSocketStream.from_socket(a)
-    try:
-        reader = FrameReader(stream)
-        raw = framed(5, answer("x" * 5000))
-        b.sendall(raw[:3000])  # the header and part of the payload
-        with anyio.move_on_after(0.2) as scope:
-            await reader.read(5, 1 << 20)
-        assert scope.cancelled_caught
-        b.sendall(raw[3000:])
-        with anyio.fail_after(10):
-            got = await reader.read(5, 1 << 20)
-        assert got["stdout"] == "x" * 5000
-    finally:
-        await stream.aclose()
-        b.close()
 
 
 # -- 4. tracebacks name only the user's code ------------------------------------------------
