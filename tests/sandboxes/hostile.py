@@ -154,6 +154,14 @@ def frame(payload, n=None):
 """
 
 
+def private_uids(slot: int) -> int:
+    """The first of 8 uids (``slot``: 0 to 15) of the sandbox's range that no other test, nor
+    another test process on the machine, uses (uids are owned machine-wide, and a test that
+    leaves uids handed out keeps them locked for its process's life)."""
+    assert 0 <= slot < 16
+    return LIMITS.uid + 48_000 + (os.getpid() % 125) * 128 + slot * 8
+
+
 def proc_path(pid: int, path: str) -> str:
     """A path inside a live session's own filesystem, as the host (root) sees it."""
     return f"/proc/{pid}/root{path}"

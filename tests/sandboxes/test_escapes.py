@@ -383,42 +383,6 @@ async def test_two_pools_in_one_process_do_not_share_limits():
         assert results["other"].value == "0", results["other"]  # the other pool's session was unaffected
 
 
-async def test_a_closed_sessions_cgroups_are_reused_only_once_empty_and_still_limit():
-    # Making and removing cgroups takes the kernel's global cgroup lock, so a pool reuses a
-    # closed session's directories: never while a process (or zombie) is left in them.
-    cg = _Cgroups()
-    if cg.missing:
-        pytest.skip("no cgroup v1 hierarchy")
-    try:
-        first = await cg.acquire(LIMITS)
-        child = await anyio.open_process(["sleep", "30"])
-        for d in first:
-            Path(d, "cgroup.procs").write_text(str(child.pid))
-        cg.release(first)
-        assert set(await cg.acquire(LIMITS)).isdisjoint(first)  # occupied: new directories instead
-        child.kill()
-        await child.wait()  # reaped: nothing left in it
-        assert await cg.acquire(LIMITS) == first
-    finally:
-        for dirs in [first] + list(cg.free):
-            cg.release(dirs)
-        assert cg.remove_all()
-        cg.remove_roots()
-    # And in a pool, a session on reused directories is held to the same limits.
-    async with LocalSandbox(limits=LIMITS, prewarm=0) as sb:
-        await (await sb.session()).aclose()
-        released, made = [list(d) for d in sb._cgroups.free], sb._cgroups.n
-        await until(lambda: not sb._cgroups._busy(released[0]), "the closed session's cgroups emptied")
-        b = await sb.session()
-        assert b._cgroups in released and sb._cgroups.n == made
-        flood = ("import os, time\nkids = []\ntry:\n    while True:\n        pid = os.fork()\n"
-                 "        if pid == 0:\n            time.sleep(3)\n            os._exit(0)\n        kids.append(pid)\n"
-                 "except OSError:\n    pass\nlen(kids)")
-        r = await b.run(flood, timeout=10)
-        assert LIMITS.pids - 4 <= int(r.value) < LIMITS.pids, r
-        await b.aclose()
-
-
 async def test_stale_cgroups_of_a_dead_process_are_reaped_at_start():
     proc = await anyio.open_process(["true"])
     await proc.wait()

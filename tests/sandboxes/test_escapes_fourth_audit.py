@@ -8,15 +8,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import platform
-import re
 import subprocess
 import sys
 
 import pytest
 
 import agentenv
-from agentenv.sandboxes.local import syscalls
 
 from .hostile import LIBC, hostile, sibling, syscall, x86_64
 
@@ -268,91 +265,8 @@ async def test_its_own_sockets_still_answer_ordinary_options(sandbox):
 
 
 # -- 18. syscalls by family, not by name (issue 48) -------------------------------------------
-# Numbers the installed libseccomp may not know yet (x86_64), from the kernel's syscall table.
-NEWER_X86_64 = {
-    335: "uretprobe",
-    336: "uprobe",
-    457: "statmount",
-    458: "listmount",
-    459: "lsm_get_self_attr",
-    460: "lsm_set_self_attr",
-    461: "lsm_list_modules",
-    462: "mseal",
-    463: "setxattrat",
-    464: "getxattrat",
-    465: "listxattrat",
-    466: "removexattrat",
-    467: "open_tree_attr",
-    468: "file_getattr",
-    469: "file_setattr",
-}
-TABLE_TOP = 512
-# Calls the kernel passes through seccomp unfiltered: only a uprobe's own trampoline may make
-# them, and anyone else gets SIGILL (checked below).
-KERNEL_EXEMPT = {"uretprobe", "uprobe"}
-
-
-def syscall_table() -> dict[int, str]:
-    """The running architecture's syscall numbers and names, from libseccomp's resolver and
-    (for numbers it does not know) the table above."""
-    pyseccomp = pytest.importorskip("pyseccomp")
-    table = dict(NEWER_X86_64) if platform.machine() == "x86_64" else {}
-    for nr in range(TABLE_TOP):
-        try:
-            table[nr] = pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, nr).decode()
-        except ValueError:
-            pass
-    return table
-
-
-def test_every_syscall_of_the_table_is_allowed_with_a_reason_or_denied():
-    table = syscall_table()
-    names = set(table.values())
-    allowed = {n for n in names if n in syscalls.ALLOWED}
-    denied_by_name = {n for n in names if n in syscalls.DENIED}
-    exempt = names & KERNEL_EXEMPT
-    by_default = names - allowed - denied_by_name - exempt  # the allow-list's default: ENOSYS
-    unknown = names - allowed - denied_by_name - by_default - exempt
-    assert not set(syscalls.ALLOWED) & set(syscalls.DENIED)
-    assert all(syscalls.ALLOWED[n].strip() for n in allowed)
-    if platform.machine() == "x86_64":  # a typo in the allow-list would allow nothing, silently
-        assert set(syscalls.ALLOWED) <= names, set(syscalls.ALLOWED) - names
-    print(f"\nsyscall table ({platform.machine()}, {len(names)} calls): allowed with a reason {len(allowed)}, "
-          f"denied by name {len(denied_by_name)}, denied by default {len(by_default)}, exempt by the kernel "
-          f"{len(exempt)}, unknown {len(unknown)}")
-    assert not unknown and len(allowed) + len(denied_by_name) + len(by_default) + len(exempt) == len(names)
-
-
-def test_no_newer_variant_of_a_denied_call_is_allowed():
-    """``quotactl`` denied means ``quotactl_fd`` too; ``open_tree``, ``open_tree_attr``;
-    ``mount``, ``mount_setattr``; ``inotify_init``, ``inotify_init1``: no name that is a denied
-    one with a variant's suffix is allowed."""
-    names = set(syscall_table().values())
-    denied = names - set(syscalls.ALLOWED)
-    suffix = re.compile(r"(_fd|_attr|_setattr|_getattr|[0-9]+|at|at2|_at)")
-    variants = [(d, n) for d in denied for n in names
-                if n.startswith(d) and suffix.fullmatch(n[len(d):]) and n in syscalls.ALLOWED]
-    assert not variants, variants
-    assert {"quotactl_fd", "mount_setattr", "open_tree_attr", "inotify_init1"} <= denied
-
-
-@x86_64
-async def test_every_call_off_the_allow_list_fails_in_a_session(sandbox):
-    """Called for real, with zero arguments, in a child: each is refused before the kernel
-    runs it (EPERM when denied by name, ENOSYS otherwise)."""
-    table = syscall_table()
-    nrs = sorted(nr for nr in range(TABLE_TOP) if table.get(nr) not in set(syscalls.ALLOWED) | KERNEL_EXEMPT)
-    code = (LIBC + f"nrs = {nrs!r}\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n"
-            "    bad = []\n    for nr in nrs:\n        ctypes.set_errno(0)\n        ret = libc.syscall(nr, 0, 0, 0, "
-            "0, 0, 0)\n"
-            "        if ret != -1 or ctypes.get_errno() not in (1, 38):\n            bad.append((nr, ret, "
-            "ctypes.get_errno()))\n"
-            "    os.write(w, repr(bad).encode())\n    os._exit(0)\nos.close(w)\nout = os.read(r, 1 << 16)\n"
-            "_, status = os.waitpid(pid, 0)\n(out.decode(), status)")
-    r = await hostile(sandbox, code, timeout=20)
-    assert r.value == "('[]', 0)", r
-
-
+# The allow-list's content against the syscall table, and every call off it in a session:
+# test_syscalls.py.
 @x86_64
 @pytest.mark.parametrize("nr", [335, 336], ids=["uretprobe", "uprobe"])
 async def test_the_calls_the_kernel_lets_past_seccomp_do_nothing_outside_a_uprobe(sandbox, nr):

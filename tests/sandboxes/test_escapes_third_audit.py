@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -18,10 +17,10 @@ import pytest
 
 from agentenv.errors import SandboxError
 from agentenv.sandboxes.local import LocalSandbox
-from agentenv.sandboxes.local.uids import _Uids
 
 from .hostile import (FORGE, FRAME, LIBC, LIMITS, SIBLING_CHECK, SIBLING_OK, SPIN, check_sibling, host_state,
-                      hostile, proc_path, sibling, sleep_tag, sleepers, spinners, syscall, wait_for, x86_64)
+                      hostile, private_uids, proc_path, sibling, sleep_tag, sleepers, spinners, syscall, wait_for,
+                      x86_64)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -414,58 +413,6 @@ def _in_session(pid: int, worker: int) -> bool:
         return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{worker}/ns/pid") or pid == worker
     except OSError:
         return True  # gone meanwhile
-
-
-async def test_a_uid_is_reused_only_once_its_last_worker_is_reaped():
-    uids = _Uids(private_uids(2), 8)
-    try:
-        first = uids.acquire()
-        proc = await anyio.open_process(["sleep", "30"])
-        uids.release(first, os.pidfd_open(proc.pid))
-        second = uids.acquire()
-        assert second != first  # its process still runs: a new uid instead
-        proc.kill()
-        await proc.wait()  # reaped
-        assert uids.acquire() == first
-    finally:
-        uids.close()
-
-
-def private_uids(slot: int) -> int:
-    """The first of 8 uids of the sandbox's range that no other test, nor another test process
-    on the machine, uses (uids are owned machine-wide, and a test that leaves uids handed out
-    keeps them locked for its process's life)."""
-    return LIMITS.uid + 48_000 + (os.getpid() % 1_000) * 16 + slot * 8
-
-
-async def test_two_pools_and_two_processes_never_share_a_uid():
-    base = private_uids(0)
-    script = ("import sys\nsys.path.insert(0, '.')\nfrom agentenv.sandboxes.local.uids import _Uids\n"
-              f"u = _Uids({base}, 6)\nprint([u.acquire() for _ in range(3)], flush=True)\n"
-              "sys.stdin.read()\n")
-    other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             cwd=Path(__file__).resolve().parents[2])
-    try:
-        theirs = set(eval(other.stdout.readline()))
-        a, b = _Uids(base, 6), _Uids(base, 6)
-        try:
-            ours = [a.acquire(), b.acquire(), a.acquire()]
-            assert len(set(ours)) == 3 and not set(ours) & theirs
-            with pytest.raises(SandboxError, match="every sandbox uid"):
-                b.acquire()  # 3 + 3 of 6: none left on this machine
-        finally:
-            for pool, uid in zip((a, b, a), ours):
-                pool.release(uid, None)
-            a.close()
-            b.close()
-    finally:
-        other.stdin.close()
-        other.wait()
-    c = _Uids(base, 6)  # the other process exited: its uids are free again
-    try:
-        assert len({c.acquire() for _ in range(6)}) == 6
-    finally:
-        c.close()
 
 
 async def test_a_pool_out_of_uids_refuses_a_start_and_recovers():

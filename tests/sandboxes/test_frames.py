@@ -1,6 +1,8 @@
 """Fuzzing the host's reader of answer frames (``frames.py``): arbitrary bytes, JSON of any
 shape, depth and size, through the decoder, through a real socket and from inside real
-sessions. It never raises; a session that sent a bad frame is replaced and the next call works."""
+sessions. It never raises; a session that sent a bad frame is replaced and the next call works.
+Then ``FrameReader``'s own rules: earlier calls' frames dropped, another number refused, and a
+read cancelled mid-frame resumed where it stopped."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import struct
 import anyio
 import pytest
 
-from agentenv.sandboxes.local.frames import MALFORMED, decode_answer, decode_violation, read_frame
+from agentenv.sandboxes.local.frames import MALFORMED, FrameReader, decode_answer, decode_violation, read_frame
 from agentenv.sandboxes.local.protocol import VIOLATION
 
 from .hostile import FRAME, hostile
@@ -106,3 +108,48 @@ async def test_sessions_that_send_random_frames_are_replaced_and_the_next_call_w
         r = await hostile(sandbox, code, timeout=10, session_survives=False)
         if r.status != "ok":  # a frame that happens to be a valid answer is the code's own answer
             assert r.status == "error" and r.state_lost and "SandboxError" in r.error, r
+
+
+def answer(stdout: str) -> bytes:
+    return json.dumps({"status": "ok", "stdout": stdout, "stderr": "", "value": None, "error": None,
+                       "truncated": False}).encode()
+
+
+def framed(seq: int, payload: bytes) -> bytes:
+    return struct.pack(">IQ", len(payload), seq) + payload
+
+
+async def test_the_reader_drops_stale_frames_and_refuses_unknown_numbers():
+    a, b = socket.socketpair()
+    stream = await anyio.abc.UNIXSocketStream.from_socket(a)
+    try:
+        reader = FrameReader(stream)
+        b.sendall(framed(1, answer("old")) + framed(2, answer("older")) + framed(3, answer("mine")))
+        with anyio.fail_after(10):
+            got = await reader.read(3, 1 << 20, stale=[1, 2, 3])
+        assert got["stdout"] == "mine"
+        b.sendall(framed(99, answer("forged")))
+        with anyio.fail_after(10):
+            assert "answered call 99 during call 4" in await reader.read(4, 1 << 20, stale=[1, 2, 3])
+    finally:
+        await stream.aclose()
+        b.close()
+
+
+async def test_a_read_cancelled_mid_frame_loses_nothing():
+    a, b = socket.socketpair()
+    stream = await anyio.abc.UNIXSocketStream.from_socket(a)
+    try:
+        reader = FrameReader(stream)
+        raw = framed(5, answer("x" * 5000))
+        b.sendall(raw[:3000])  # the header and part of the payload
+        with anyio.move_on_after(0.2) as scope:
+            await reader.read(5, 1 << 20)
+        assert scope.cancelled_caught
+        b.sendall(raw[3000:])
+        with anyio.fail_after(10):
+            got = await reader.read(5, 1 << 20)
+        assert got["stdout"] == "x" * 5000
+    finally:
+        await stream.aclose()
+        b.close()

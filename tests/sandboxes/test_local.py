@@ -119,23 +119,6 @@ async def test_no_worker_survives_close():
     assert not {c.pid for c in me.children(recursive=True)} & set(pids)
 
 
-@pytest.mark.parametrize("end", ["the session", "the pool"])
-async def test_an_unisolated_sessions_working_directory_is_removed_when_it_ends(end):
-    # The host ends an unisolated session by killing its reaper (which can then remove
-    # nothing): its fork server removes the directory when it reaps the reaper, and closing the
-    # pool removes the directory all its sessions' were made in.
-    async with LocalSandbox(prewarm=0, isolate=False) as sb:
-        s = await sb.session()
-        workdir = (await s.run("import os\nopen('left', 'w').write('x')\nos.getcwd()")).value.strip("'")
-        root = os.path.dirname(workdir)
-        assert os.path.basename(root).startswith("agentenv-sbx-") and os.path.isfile(os.path.join(workdir, "left"))
-        if end == "the session":
-            await s.aclose()
-            await until(lambda: not os.path.exists(workdir), f"{workdir} removed")
-            assert os.path.isdir(root)  # the pool's, for its next session
-    assert not os.path.exists(root)
-
-
 async def test_setup_runs_once_and_sessions_fork_the_prepared_state():
     setup = "import time, os\nPREPARED_AT = time.time()\nPREPARED_BY = os.getpid()"
     async with LocalSandbox(prewarm=0) as sb:
@@ -303,35 +286,6 @@ async def test_a_full_pool_hands_over_prewarmed_sessions_instead_of_deadlocking(
         assert (await held[1].run("x")).value == "1"
         for s in held:
             await s.aclose()
-
-
-async def test_closing_a_channel_ends_the_requests_waiting_on_it():
-    """The pool closes a fork server's channel when it replaces the server (its base server
-    died): a start waiting there for an answer, inside the start's shielded scope, must end
-    at once (and be retried on the new server), not wait for an answer that never comes."""
-    import socket
-
-    from agentenv.sandboxes.local.control import _Control, _ServerGone
-
-    host, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    ctl = _Control(host)
-    errors: list[BaseException] = []
-
-    async def ask() -> None:
-        try:
-            await ctl.request({"op": "spawn"})
-        except _ServerGone as exc:
-            errors.append(exc)
-
-    with anyio.fail_after(DEADLINE_S):
-        async with anyio.create_task_group() as tg:
-            for _ in range(3):  # one reading the socket, two waiting for their turn to read
-                tg.start_soon(ask)
-            await until(lambda: ctl.pending >= 3 and len(ctl._answers) >= 3, "all three sent, none answered")
-            await anyio.sleep(0.05)
-            ctl.close()
-    assert len(errors) == 3
-    server.close()
 
 
 @pytest.mark.parametrize("setup, why", [("import os\nos._exit(3)", "exited with status 3"),

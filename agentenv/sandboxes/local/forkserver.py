@@ -469,9 +469,13 @@ def serve_control(ctrl: socket.socket, ns: dict) -> None:
         req = json.loads(msg)
         try:
             if req["op"] == "spawn":
-                sock = socket.socket(fileno=fds[0])
-                pid, reaper, pidfds, workdir = _spawn(sock, req, ns)
-                sock.close()
+                # The socket object owns the session socket's fd from here (closed once, here:
+                # a second close, when it is collected, could hit the next request's socket).
+                sock = socket.socket(fileno=fds.pop(0))
+                try:
+                    pid, reaper, pidfds, workdir = _spawn(sock, req, ns)
+                finally:
+                    sock.close()
                 try:
                     socket.send_fds(ctrl, [json.dumps({"pid": pid, "reaper": reaper}).encode()], pidfds)
                 finally:

@@ -69,14 +69,18 @@ def _die_with_parent() -> None:
 class _Interrupted:
     """Whether the host's SIGINT (its deadline) arrived during this call: then the call is a
     timeout whatever the code did with the KeyboardInterrupt (swallowed it, or hung in an
-    exception's ``__str__`` while we formatted it)."""
+    exception's ``__str__`` while we formatted it). It interrupts only while ``execute`` runs
+    the call (``armed``): one that arrives as the answer goes out (in the sweep, the write or
+    back at the read) must not end the worker, whose call has been answered."""
 
     flag = False
+    armed = False
 
     @classmethod
     def handler(cls, signum, frame):  # noqa: ANN001
         cls.flag = True
-        raise KeyboardInterrupt
+        if cls.armed:
+            raise KeyboardInterrupt
 
 
 def _code_frames_only(te: traceback.TracebackException, seen: set[int]) -> None:
@@ -112,7 +116,7 @@ def execute(code: str, ns: dict, max_output: int) -> dict:
     start = time.perf_counter()
     old_out, old_err, old_in = sys.stdout, sys.stderr, sys.stdin
     sys.stdout, sys.stderr, sys.stdin = out, err, io.StringIO("")
-    _Interrupted.flag = False
+    _Interrupted.flag, _Interrupted.armed = False, True
     try:
         tree = ast.parse(code, filename="<code>", mode="exec")
         last = None
@@ -137,6 +141,7 @@ def execute(code: str, ns: dict, max_output: int) -> dict:
         sys.stdout, sys.stderr, sys.stdin = old_out, old_err, old_in
     if _Interrupted.flag:
         status, value, error = "timeout", None, "TimeoutError: execution exceeded the time limit"
+    _Interrupted.armed = False  # a signal from here on finds the call answered (the host says timeout)
     return {
         "status": status,
         "stdout": out.getvalue(),
