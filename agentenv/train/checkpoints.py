@@ -46,7 +46,7 @@ class Checkpoints:
 
     def resume_point(self) -> tuple[int, Path | None]:
         """The step a run starts after, and the checkpoint it resumes from: ``(0, None)``
-        unless ``cfg.resume``. ConfigError when there is no checkpoint, or when it was written
+        unless ``cfg.checkpoints.resume``. ConfigError when there is no checkpoint, or when it was written
         with other :attr:`TrainConfig.RESUME_KEYS` settings."""
         if not self.cfg.checkpoints.resume:
             return 0, None

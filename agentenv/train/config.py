@@ -402,7 +402,7 @@ def evaluations(cfg: TrainConfig) -> int:
 
 
 def scaled_eval_tasks(cfg: TrainConfig) -> int:
-    """The default held-out tasks per evaluation, scaled to the run: ``cfg.eval_tasks``, but
+    """The default held-out tasks per evaluation, scaled to the run: ``eval_tasks``, but
     no more than keeps all the evaluations' programs (tasks x ``eval_k``) within half the
     training's (steps x groups_per_step x group_size), and at least :data:`MIN_EVAL_TASKS`.
     A 5-step run of retool-math's defaults evaluates 10 tasks instead of 128; its 100-step

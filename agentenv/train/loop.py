@@ -55,7 +55,7 @@ def _leaves(eg: BaseExceptionGroup) -> list[BaseException]:
 
 
 class StepLoop:
-    """Steps ``start_step + 1 .. cfg.steps`` of a run whose parts are open: the policy, the
+    """Steps ``start_step + 1 .. steps`` of a run whose parts are open: the policy, the
     engine it syncs, generation, evaluations, the log, checkpoints and the status bar.
     ``run`` returns the run's summary (also written to ``summary.json``)."""
 

@@ -336,7 +336,8 @@ def test_an_environments_training_defaults_apply_where_no_value_is_given():
 
     register("tuned-math", Tuned)
     cfg = TrainConfig.for_env("tuned-math", temperature=1.2, env_kwargs={"other": 1})
-    assert cfg.lr == 3e-4 and cfg.temperature == 1.2 and cfg.env_kwargs == {"extra_digits": 1, "other": 1}
+    assert cfg.optimiser.lr == 3e-4 and cfg.rollout.temperature == 1.2
+    assert cfg.env.env_kwargs == {"extra_digits": 1, "other": 1}
     register("bad-math", type("Bad", (RetoolMathEnv,), {"train_defaults": {"learning_rate": 1}}))
     with pytest.raises(ConfigError, match="unknown settings"):
         TrainConfig.for_env("bad-math")
