@@ -188,7 +188,7 @@ class OptimiserOptions:
 
 
 @dataclass(frozen=True)
-class LossOptions:
+class LossConfig:
     """The GRPO loss: ratio clipping, importance-weight truncation, aggregation, KL
     (``agentenv.train.loss.grpo_loss`` takes it)."""
 
@@ -276,7 +276,7 @@ class TrainConfig:
     checkpoints: CheckpointOptions = concern(CheckpointOptions)
     staleness: StalenessOptions = concern(StalenessOptions)
     optimiser: OptimiserOptions = concern(OptimiserOptions)
-    loss: LossOptions = concern(LossOptions)
+    loss: LossConfig = concern(LossConfig)
     tracking: TrackingOptions = concern(TrackingOptions)
     sandbox: SandboxOptions = concern(SandboxOptions)
     judge: JudgeOptions = _JUDGE
@@ -443,7 +443,7 @@ def _env_args(env: str, items: list[str], flag: str) -> dict[str, Any]:
     return env_kwargs(env, items, flag)
 
 
-__all__ = ["MIN_EVAL_TASKS", "BatchOptions", "CheckpointOptions", "EvaluationOptions", "LossOptions",
+__all__ = ["MIN_EVAL_TASKS", "BatchOptions", "CheckpointOptions", "EvaluationOptions", "LossConfig",
            "OptimiserOptions", "StalenessOptions", "TrackingOptions", "TrainClusterOptions", "TrainConfig",
            "TrainEngineOptions", "TrainOutputOptions", "env_train_defaults", "evaluation_cost", "evaluations",
            "saved_settings", "scaled_eval_tasks", "unknown_setting"]

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from .config import LossOptions
-
-#: The loss's settings: the training config's loss concern, declared (with their defaults,
-#: help and checks) in ``agentenv.train.config``.
-LossConfig = LossOptions
+# The loss's settings are the training config's loss concern, declared (with their defaults,
+# help and checks) in ``agentenv.train.config``.
+from .config import LossConfig
 
 
 def group_advantages(rewards: list[float], eps: float = 1e-6, scale: bool = True) -> list[float]:
