@@ -4,6 +4,7 @@ the resume settings are derived from the fields (``agentenv.options``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import fields
 from pathlib import Path
 
@@ -226,8 +227,9 @@ def test_train_config_is_its_concerns_and_takes_flat_names_unique_across_them():
         TrainConfig(learning_rate=1e-3)
     with pytest.raises(ConfigError, match=r"no setting 'max_stalenes' \(did you mean max_staleness"):
         TrainConfig(max_stalenes=1)
-    with pytest.raises(ConfigError, match="optimiser given as a whole and by its options"):
-        TrainConfig(optimiser=OptimiserOptions(), lr=1e-3)
+    # An option given with its concern changes it: dataclasses.replace with a flat name works too.
+    assert TrainConfig(optimiser=OptimiserOptions(steps=2), lr=1e-3).optimiser == OptimiserOptions(steps=2, lr=1e-3)
+    assert dataclasses.replace(flat, lr=5e-4) == flat.replace(lr=5e-4)
 
 
 def test_train_config_refuses_what_training_cannot_do():

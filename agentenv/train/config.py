@@ -263,9 +263,9 @@ class TrainConfig:
 
     Made from concerns (``TrainConfig(optimiser=OptimiserOptions(lr=1e-3))``), from flat option
     names (``TrainConfig(lr=1e-3, env="x")``: each goes to the concern holding it, the rest of
-    that concern keeps its defaults), or both for different concerns. A name that is a concern's
-    and an option's (``env``, ``engine``, ``sandbox``, ``judge``, ``cluster``) is the concern when
-    given one, else the option."""
+    that concern keeps its defaults), or both (an option given changes the concern given). A name
+    that is a concern's and an option's (``env``, ``engine``, ``sandbox``, ``judge``, ``cluster``)
+    is the concern when given one, else the option."""
 
     env: EnvOptions = concern(EnvOptions)
     engine: TrainEngineOptions = concern(TrainEngineOptions)
@@ -291,10 +291,10 @@ class TrainConfig:
     def __init__(self, **settings: Any) -> None:
         whole, parts = _route(settings)
         for name, cls in _concerns().items():
-            if name in whole and name in parts:
-                raise ConfigError(f"TrainConfig: {name} given as a whole and by its options {sorted(parts[name])}; "
-                                  "give one of them")
-            value = whole[name] if name in whole else cls(**parts.get(name, {}))
+            if name in whole:  # its options given too change it (``dataclasses.replace(cfg, lr=...)``)
+                value = _replace(whole[name], **parts[name]) if name in parts else whole[name]
+            else:
+                value = cls(**parts.get(name, {}))
             object.__setattr__(self, name, value)
         self.__post_init__()
 
@@ -311,7 +311,9 @@ class TrainConfig:
             )
 
     def replace(self, **settings: Any) -> "TrainConfig":
-        """This config with ``settings`` (flat option names, or whole concerns) changed."""
+        """This config with ``settings`` (flat option names, or whole concerns) changed; unlike
+        ``dataclasses.replace``, a name that is a concern's and an option's (``env="x"``) changes
+        only that option."""
         whole, parts = _route(settings)
         held = {name: whole.get(name, getattr(self, name)) for name in _concerns()}
         for name, changes in parts.items():
