@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
 
@@ -58,7 +58,7 @@ class TrainRunConfig:
     output: TrainOutput = field(default_factory=TrainOutput)
 
     def __post_init__(self) -> None:
-        if self.config.resume and self.output.overwrite:
+        if self.config.checkpoints.resume and self.output.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other")
 
 
@@ -138,27 +138,29 @@ def _train_command(argv: Sequence[str]) -> Command:
         known, _ = pre.parse_known_args(argv)
         env = build(_EnvChoice, vars(known)).env  # imports the --env-module modules
     except _NotNow:
-        env = TrainConfig().env
+        env = TrainConfig().env.env
     defaults = env_train_defaults(env)
     changes: dict[str, dict[str, Any]] = {}
     if defaults.get("env_kwargs"):
-        base = TrainConfig.__dataclass_fields__["env_kwargs"].metadata["option"].help
+        base = EnvOptions.__dataclass_fields__["env_kwargs"].metadata["option"].help
         shown = " ".join(f"{k}={v}" for k, v in defaults["env_kwargs"].items())
-        changes["config.env_kwargs"] = {"help": f"{base} ({env}'s training defaults: {shown})"}
+        changes["config.env.env_kwargs"] = {"help": f"{base} ({env}'s training defaults: {shown})"}
     # --eval-tasks on the command line is used as given; otherwise it is sized to the run.
     given = any(a == "--eval-tasks" or a.startswith("--eval-tasks=") for a in argv)
     return Command(
         "train", TRAIN_HELP, TrainRunConfig, functools.partial(_train, eval_tasks_given=given),
         description=f"{TRAIN_DESCRIPTION} The defaults shown are {env}'s: its training defaults (agentenv envs "
                     "shows them) over the trainer's. Options on the command line override them.",
-        changes=changes, defaults={f"config.{k}": v for k, v in defaults.items() if k != "env_kwargs"},
+        changes=changes,
+        defaults={f"config.{TrainConfig.PATHS[k]}": v for k, v in defaults.items() if k != "env_kwargs"},
         first=TRAIN_FIRST)
 
 
 TRAIN_HELP = "GRPO-train a policy on an environment (async by default)"
 TRAIN_DESCRIPTION = ("Trains --model on --env's tasks for --steps optimiser steps of --groups-per-step groups, "
                      "writing metrics and checkpoints to --out-dir. Every other option has a working default.")
-TRAIN_FIRST = ("config.env", "config.model", "config.steps", "config.groups_per_step", "config.out_dir")
+TRAIN_FIRST = ("config.env.env", "config.engine.model", "config.optimiser.steps", "config.batch.groups_per_step",
+               "config.output.out_dir")
 
 
 def _commands(argv: Sequence[str]) -> list[Command]:
@@ -292,30 +294,32 @@ def _train(opts: TrainRunConfig, eval_tasks_given: bool = False) -> int:
     """Refuse or clear an earlier run in ``--out-dir``, then train. Without ``--eval-tasks``
     (``eval_tasks_given``) the held-out evaluations are sized to the run."""
     cfg = opts.config
-    out_dir = Path(cfg.out_dir)
+    out_dir = Path(cfg.output.out_dir)
     fresh = not out_dir.exists()
     earlier = _earlier_run(out_dir)
-    if earlier and not (cfg.resume or opts.output.overwrite):
+    if earlier and not (cfg.checkpoints.resume or opts.output.overwrite):
         raise AgentEnvError(f"{out_dir} holds an earlier run ({', '.join(earlier)}): pass --resume to continue it, "
                             "--overwrite to replace it, or another --out-dir")
-    check_choices(engine=cfg.engine, sandbox=cfg.sandbox, cluster=cfg.cluster, report_to=cfg.report_to)
-    _check_e2b(cfg.sandbox)
-    defaults = env_train_defaults(cfg.env)
+    check_choices(engine=cfg.engine.engine, sandbox=cfg.sandbox.sandbox, cluster=cfg.cluster.cluster,
+                  report_to=cfg.tracking.report_to)
+    _check_e2b(cfg.sandbox.sandbox)
+    defaults = env_train_defaults(cfg.env.env)
     # The parser's defaults were the env's; its env arguments go under the ones given.
-    cfg = replace(cfg, env_kwargs={**defaults.get("env_kwargs", {}), **cfg.env_kwargs})
-    from_env = {k: getattr(cfg, k) for k, v in defaults.items() if k != "env_kwargs" and getattr(cfg, k) == v}
+    cfg = cfg.replace(env_kwargs={**defaults.get("env_kwargs", {}), **cfg.env.env_kwargs})
+    settings = cfg.settings()
+    from_env = {k: settings[k] for k, v in defaults.items() if k != "env_kwargs" and settings[k] == v}
     from_env.update({f"env_arg {k}": v for k, v in defaults.get("env_kwargs", {}).items()
-                     if k not in opts.config.env_kwargs})
+                     if k not in opts.config.env.env_kwargs})
     scaled_from = None
-    if cfg.eval_every and not eval_tasks_given:
-        scaled_from, cfg = cfg.eval_tasks, replace(cfg, eval_tasks=scaled_eval_tasks(cfg))
-        scaled_from = scaled_from if scaled_from != cfg.eval_tasks else None
+    if cfg.evaluation.eval_every and not eval_tasks_given:
+        scaled_from, cfg = cfg.evaluation.eval_tasks, cfg.replace(eval_tasks=scaled_eval_tasks(cfg))
+        scaled_from = scaled_from if scaled_from != cfg.evaluation.eval_tasks else None
         from_env.pop("eval_tasks", None)
     from .train.checkpoints import Checkpoints
 
     Checkpoints(out_dir, cfg).resume_point()  # a --resume with nothing to resume: one line, before the others
     if from_env:
-        print(f"agentenv train: {cfg.env}'s training defaults: " + " ".join(f"{k}={v}" for k, v in from_env.items())
+        print(f"agentenv train: {cfg.env.env}'s training defaults: " + " ".join(f"{k}={v}" for k, v in from_env.items())
               + " (options on the command line override them)", file=sys.stderr, flush=True)
     if opts.output.overwrite:
         import shutil
@@ -332,13 +336,16 @@ def _train(opts: TrainRunConfig, eval_tasks_given: bool = False) -> int:
     from .console import console, phrases
 
     con = console()
-    where = [f"cluster=ray ranks={cfg.trainer_ranks}{' fsdp' if cfg.fsdp else ''}", f"engines={cfg.engines}"]
-    reports = ", ".join(cfg.report_to if cfg.report_to is not None else default_report_to()) or "none"
-    con.print(phrases(con, "agentenv train:", f"env={cfg.env}", f"mode={cfg.mode}", f"steps={cfg.steps}",
-                      f"batch={cfg.groups_per_step}x{cfg.group_size}", f"max_staleness={cfg.staleness}",
-                      f"lr={cfg.lr}", f"lora_rank={cfg.lora_rank}", *(where if cfg.cluster == "ray" else []),
-                      f"-> {cfg.out_dir}", f"(report to: {reports})"), markup=False)
-    if not cfg.resume:
+    cluster, opt, report_to = cfg.cluster, cfg.optimiser, cfg.tracking.report_to
+    where = [f"cluster=ray ranks={cluster.trainer_ranks}{' fsdp' if cluster.fsdp else ''}",
+             f"engines={cluster.engines}"]
+    reports = ", ".join(report_to if report_to is not None else default_report_to()) or "none"
+    con.print(phrases(con, "agentenv train:", f"env={cfg.env.env}", f"mode={cfg.staleness.mode}", f"steps={opt.steps}",
+                      f"batch={cfg.batch.groups_per_step}x{cfg.batch.group_size}",
+                      f"max_staleness={cfg.staleness.limit}", f"lr={opt.lr}", f"lora_rank={opt.lora_rank}",
+                      *(where if cluster.cluster == "ray" else []), f"-> {cfg.output.out_dir}",
+                      f"(report to: {reports})"), markup=False)
+    if not cfg.checkpoints.resume:
         con.print(f"agentenv train: {evaluation_cost(cfg, scaled_from)}", markup=False)
     try:
         summary = train(cfg, progress=opts.output.progress and sys.stderr.isatty())

@@ -9,8 +9,8 @@ flag, help, default and check the CLI derives, validated once at the boundary.
 * :class:`RunOptions`, :class:`OutputOptions`, :class:`EvalOptions`: what a rollout or an
   evaluation run does and where it writes.
 
-The trainer's settings (``agentenv.train.config.TrainConfig``) declare the options they share
-with these as :func:`~agentenv.options.same_as` them.
+The trainer's settings (``agentenv.train.config.TrainConfig``) hold the concerns they share
+with a rollout run (env, engine, rollout, sandbox, judge) and add training's own.
 """
 
 from __future__ import annotations

@@ -99,9 +99,9 @@ class Environment:
     JSON-schema arguments) in the prompt, the way the model's own template offers tools (Qwen's
     ``<tools>`` block, Llama 3.1's function list); False: the prompt says what it says."""
     train_defaults: ClassVar[dict[str, Any]] = {}
-    """Training settings that make this environment learn (``TrainConfig`` field names, plus
-    ``env_kwargs``); ``agentenv train`` and ``TrainConfig.for_env`` use them where the user
-    gave no value of their own."""
+    """Training settings that make this environment learn (``TrainConfig``'s flat option names,
+    e.g. ``lr`` or ``max_turns``, ``env_kwargs`` among them); ``agentenv train`` and
+    ``TrainConfig.for_env`` use them where the user gave no value of their own."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.options = kwargs

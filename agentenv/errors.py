@@ -70,7 +70,7 @@ class PromptTooLongError(EngineError):
 
 class RankDiedError(EngineError):
     """A trainer rank (a Ray actor of ``RayPolicy``) died: its process group is gone. The
-    trainer restarts its ranks from the last checkpoint (``TrainConfig.rank_restarts``)."""
+    trainer restarts its ranks from the last checkpoint (``TrainConfig.cluster.rank_restarts``)."""
 
 
 class ProgramEndedError(AgentEnvError, RuntimeError):

@@ -80,12 +80,12 @@ def train_flags(defaults: dict[str, Any]) -> str:
 
 def _flags(defaults: dict[str, Any]) -> list[str]:
     """:func:`train_flags`' words, one flag with its value each."""
-    from dataclasses import MISSING, fields
+    from dataclasses import MISSING
 
-    from .options import flag_of
+    from .options import flag_of, walk
     from .train.config import TrainConfig
 
-    known = {f.name: f for f in fields(TrainConfig)}
+    known = {f.name: f for _, f, _ in walk(TrainConfig)}
     out: list[str] = []
     for name, value in defaults.items():
         f = known.get(name)

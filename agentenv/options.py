@@ -20,7 +20,10 @@ default and check, and the rest is derived from the fields.
 * :func:`resume_settings` collects the fields marked ``resume``: what a resumed run must
   share with the run it continues.
 * :func:`same_as` declares a field of another config as the same option (the trainer's
-  ``temperature`` is the rollout's, with a stricter check).
+  ``group_size`` is the rollout's, with another help).
+* :func:`concern` declares a field that holds a whole config, one concern of a larger one; it
+  may take only some of the concern's options and re-declare some for its holder (the
+  trainer holds the rollout's ``RolloutConfig``, its ``temperature`` checked to be > 0).
 * Each option belongs to a concern, its help group: the option's ``group``, else its config's
   ``GROUP`` class attribute. :func:`add_options` given ``groups`` (name -> title, in the order
   ``--help`` shows them) puts each flag under its group's heading.
@@ -34,6 +37,7 @@ defaults to True is turned off by its ``flag``, e.g. ``--no-progress``), ``X | N
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import types
 import typing
@@ -108,6 +112,43 @@ def same_as(cls: type, name: str, **changes: Any) -> Any:
     return field(default=default, default_factory=f.default_factory, metadata={"option": spec})
 
 
+@dataclass(frozen=True, slots=True)
+class Concern:
+    """What a field holding a config says about it (``field(metadata={"concern": ...})``)."""
+
+    #: The names of the options its holder takes, in the order it lists them (None: all); the
+    #: rest keep their defaults and have no flag.
+    only: tuple[str, ...] | None = None
+    #: name -> :class:`Option` settings re-declared for this holder (a stricter check).
+    changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def concern(cls: type, *, only: Sequence[str] | None = None, **changes: Mapping[str, Any]) -> Any:
+    """A field holding the config ``cls`` (default: ``cls()``), one concern of a larger config:
+    its options are the holder's, ``only`` those named (see :class:`Concern`), each of
+    ``changes`` (name -> :class:`Option` settings) re-declared for the holder."""
+    unknown = (set(only or ()) | set(changes)) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ConfigError(f"{cls.__name__} has no options {sorted(unknown)}")
+    spec = Concern(tuple(only) if only is not None else None, changes)
+    return field(default_factory=cls, metadata={"concern": spec})
+
+
+def concern_of(f: Field) -> Concern:
+    """The :class:`Concern` a field holding a config was declared with (the whole config, as is)."""
+    return f.metadata.get("concern") or Concern()
+
+
+def _as_held(f: Field, spec: Concern) -> Field:
+    """``f`` as its holder declares it: its :class:`Option` with the holder's changes."""
+    if f.name not in spec.changes:
+        return f
+    held = copy.copy(f)
+    held.metadata = types.MappingProxyType(
+        {**f.metadata, "option": replace(f.metadata["option"], **spec.changes[f.name])})
+    return held
+
+
 def option_of(f: Field) -> Option | None:
     """The :class:`Option` a field was declared with (None: a plain field)."""
     return f.metadata.get("option")
@@ -144,34 +185,35 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Field, _Shape]]:
-    """Every option of ``cls`` and of the configs it holds: (dotted path, field, shape)."""
-    hints = _hints(cls)
-    for f in fields(cls):
+def _walk(cls: type, prefix: str = "", within: str | None = None, spec: Concern = Concern()
+          ) -> Iterator[tuple[str, Field, _Shape, str | None]]:
+    """Every option of ``cls`` and of the concerns it holds, as its holder declares it (``spec``):
+    (dotted path, field, shape, help group)."""
+    hints, own = _hints(cls), getattr(cls, "GROUP", None) or within
+    named = {f.name: f for f in fields(cls)}
+    for f in named.values() if spec.only is None else (named[n] for n in spec.only):  # ``only`` in its order
         if not f.init:
             continue
         shape = _shape(hints[f.name])
         if shape.config is not None:
-            yield from walk(shape.config, f"{prefix}{f.name}.")
+            yield from _walk(shape.config, f"{prefix}{f.name}.", own, concern_of(f))
         else:
-            yield f"{prefix}{f.name}", f, shape
+            f = _as_held(f, spec)
+            opt = option_of(f)
+            yield f"{prefix}{f.name}", f, shape, (opt.group if opt is not None else None) or own
+
+
+def walk(cls: type, prefix: str = "") -> Iterator[tuple[str, Field, _Shape]]:
+    """Every option of ``cls`` and of the configs it holds: (dotted path, field, shape); a held
+    config's options as :func:`concern` declares them."""
+    for path, f, shape, _ in _walk(cls, prefix):
+        yield path, f, shape
 
 
 def groups_of(cls: type, within: str | None = None, prefix: str = "") -> dict[str, str | None]:
     """The help group of every option of ``cls`` (dotted path -> group): the option's own, else
     the nearest config's ``GROUP`` around it, else None."""
-    hints, own = _hints(cls), getattr(cls, "GROUP", None) or within
-    out: dict[str, str | None] = {}
-    for f in fields(cls):
-        if not f.init:
-            continue
-        shape = _shape(hints[f.name])
-        if shape.config is not None:
-            out.update(groups_of(shape.config, own, f"{prefix}{f.name}."))
-        else:
-            opt = option_of(f)
-            out[f"{prefix}{f.name}"] = (opt.group if opt is not None else None) or own
-    return out
+    return {path: group for path, _, _, group in _walk(cls, prefix, within)}
 
 
 def flag_of(f: Field) -> str:
@@ -281,17 +323,20 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, defaults: Mapping
                 parser_.add_argument(former, type=kind, default=default, dest=path, help=argparse.SUPPRESS)
 
 
-def build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
+def build(cls: type, values: Mapping[str, Any], prefix: str = "", earlier: dict[str, Any] | None = None) -> Any:
     """The config ``cls`` from parsed ``values`` (dotted path -> value, as :func:`add_options`
-    names them); a repeated flag not given leaves its field's default."""
+    names them); a repeated flag not given leaves its field's default. A ``convert`` sees the
+    options built before its own, in its config and in the concerns held before it
+    (``earlier``, by field name: the trainer's held-out env arguments are typed against its env)."""
     hints = _hints(cls)
+    earlier = {} if earlier is None else earlier
     kwargs: dict[str, Any] = {}
     for f in fields(cls):
         if not f.init:
             continue
         path, shape = prefix + f.name, _shape(hints[f.name])
         if shape.config is not None:
-            kwargs[f.name] = build(shape.config, values, path + ".")
+            kwargs[f.name] = build(shape.config, values, path + ".", earlier)
             continue
         if path not in values:
             continue
@@ -299,26 +344,37 @@ def build(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
         if shape.repeat and value is None and f.default_factory is not MISSING:
             value = f.default_factory()  # type: ignore[misc]
         if opt is not None and opt.convert is not None and value is not None:
-            value = opt.convert(list(value), dict(kwargs))
-        kwargs[f.name] = value
+            value = opt.convert(list(value), {**earlier, **kwargs})
+        kwargs[f.name] = earlier[f.name] = value
     return cls(**kwargs)
 
 
 def validate(config: Any) -> None:
-    """Each option's check and choices, on a config built in Python; the first failure is a
-    :class:`~agentenv.errors.ConfigError` that names the field and the value."""
+    """Each option's check and choices, on a config built in Python, and those its held concerns'
+    options are re-declared with (:func:`concern`; each concern checks its own); the first
+    failure is a :class:`~agentenv.errors.ConfigError` that names the field and the value."""
     hints = _hints(type(config))
     for f in fields(config):
-        opt, value = option_of(f), getattr(config, f.name)
-        if opt is None or value is None:
-            continue
-        shape = _shape(hints[f.name])
-        if opt.check is not None and not shape.repeat and not opt.check(value):
-            raise ConfigError(f"{f.name} {opt.check.says}, got {value!r}")
-        choices = opt.choices or shape.choices
-        if choices and not shape.repeat and value not in choices:
-            listed = ", ".join(map(str, choices[:-1])) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
-            raise ConfigError(f"{f.name} must be {listed}, got {value!r}")
+        value = getattr(config, f.name)
+        if "concern" in f.metadata:
+            spec = concern_of(f)
+            for held in fields(value):
+                if held.name in spec.changes:
+                    _check(_as_held(held, spec), getattr(value, held.name), _hints(type(value))[held.name])
+        elif option_of(f) is not None and value is not None:
+            _check(f, value, hints[f.name])
+
+
+def _check(f: Field, value: Any, hint: Any) -> None:
+    opt, shape = option_of(f), _shape(hint)
+    if opt is None or value is None:
+        return
+    if opt.check is not None and not shape.repeat and not opt.check(value):
+        raise ConfigError(f"{f.name} {opt.check.says}, got {value!r}")
+    choices = opt.choices or shape.choices
+    if choices and not shape.repeat and value not in choices:
+        listed = ", ".join(map(str, choices[:-1])) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+        raise ConfigError(f"{f.name} must be {listed}, got {value!r}")
 
 
 def resume_settings(config: Any, **resolved: Any) -> dict[str, Any]:
@@ -343,5 +399,6 @@ def resume_keys(cls: type) -> tuple[str, ...]:
                  for _, f, _ in walk(cls) if (o := option_of(f)) is not None and o.resume)
 
 
-__all__ = ["Check", "NON_NEGATIVE", "Option", "POSITIVE", "UNIT", "add_options", "at_least", "build", "flag_of",
-           "groups_of", "option", "option_of", "resume_keys", "resume_settings", "same_as", "validate", "walk"]
+__all__ = ["Check", "Concern", "NON_NEGATIVE", "Option", "POSITIVE", "UNIT", "add_options", "at_least", "build",
+           "concern", "concern_of", "flag_of", "groups_of", "option", "option_of", "resume_keys", "resume_settings",
+           "same_as", "validate", "walk"]

@@ -62,10 +62,10 @@ def rollout_batch(groups: int = 4, group_size: int = 8, seed: int = 0):
     cfg = TrainConfig.for_env("retool-math")
 
     async def collect():
-        env = make("retool-math", **cfg.env_kwargs)
-        engine = EmbeddedEngine(default_model(), seed=seed, temperature=cfg.temperature)
+        env = make("retool-math", **cfg.env.env_kwargs)
+        engine = EmbeddedEngine(default_model(), seed=seed, temperature=cfg.rollout.temperature)
         try:
-            rc = RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+            rc = RolloutConfig(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
             async with default_sandbox("local") as sb, Reactor(engine, env, sb, rc) as reactor:
                 return await reactor.collect(env.tasks(groups, seed=seed), group_size=group_size)
         finally:

@@ -73,7 +73,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # a waiting thread sleeps, 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentenv import inflight  # noqa: E402
-from agentenv.config import RolloutConfig  # noqa: E402
 from agentenv.envs.retool_math import RetoolMathEnv  # noqa: E402
 from agentenv.runtime import open_runtime  # noqa: E402
 from agentenv.tools import PythonTool, ToolContext, ToolOutput  # noqa: E402
@@ -199,15 +198,14 @@ async def generate_alone(engine, a: argparse.Namespace) -> dict:
     complete and generation's version moves on at once (no weight update). Returns each
     batch's availability time (seconds from the start) and the run's wall and tokens."""
     cfg, env = config("async", a, Path(".")), make_env(a)
-    rollout = RolloutConfig(max_turns=env.max_turns, max_new_tokens=cfg.max_new_tokens, concurrency=cfg.concurrency,
-                            scheduling=cfg.scheduling, tool_timeout=env.tool_timeout, temperature=cfg.temperature)
+    rollout, batch, staleness = cfg.rollout.for_env(env), cfg.batch, cfg.staleness.limit
     programs = inflight.InFlight()
     async with open_runtime(env, engine, cfg.sandbox, rollout, journal=programs, wait=True,
-                            programs=cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1)) as runtime:
+                            programs=batch.trajectories * (staleness + 1)) as runtime:
         reactor = runtime.reactor
         v0 = engine.weight_version
-        gen = Generation(reactor, TaskStream(env, cfg.groups_per_step, cfg.seed), programs, group_size=cfg.group_size,
-                         batch=cfg.groups_per_step, max_staleness=cfg.staleness, version=v0)
+        gen = Generation(reactor, TaskStream(env, batch.groups_per_step, batch.seed), programs,
+                         group_size=batch.group_size, batch=batch.groups_per_step, max_staleness=staleness, version=v0)
         # The gate admits as in the async run (its version moves on as each batch is taken);
         # the engine's weights and version stay as they are (no weight update: none would
         # change them), and nothing is dropped as stale: the tokens keep version v0.
@@ -216,7 +214,7 @@ async def generate_alone(engine, a: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
             tg.start_soon(gen.run, tg)
-            for step in range(1, cfg.steps + 1):
+            for step in range(1, cfg.optimiser.steps + 1):
                 await gen.next_batch()
                 ready.append(time.perf_counter() - t0)
                 await gen.publish(v0 + step)
@@ -241,7 +239,8 @@ async def on_one_engine(a: argparse.Namespace, out: Path) -> tuple[dict, dict]:
     from agentenv.models import default_model
 
     cfg = config("async", a, out)
-    engine = await EngineSpec(cfg.engine, str(default_model()), temperature=cfg.temperature, seed=a.seed).open()
+    engine = await EngineSpec(cfg.engine.engine, str(default_model()), temperature=cfg.rollout.temperature,
+                              seed=a.seed).open()
     try:
         meter = DecodeMeter(engine)
         await pure_decode(engine, 64, 16, 4, 2.0)  # warm-up

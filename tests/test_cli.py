@@ -479,13 +479,14 @@ def test_train_then_resume_then_plot(tmp_path, model_dir):
     # retool-math's training defaults fill what the command line leaves out, and only that.
     line = next(ln for ln in r.stderr.splitlines() if "training defaults" in ln)
     assert "temperature=1.6" in line and "env_arg extra_digits=1" in line and "steps=" not in line
-    config = json.loads((run / "config.json").read_text())
-    assert (config["temperature"], config["aggregation"], config["env_kwargs"]) == (
+    config = json.loads((run / "config.json").read_text())  # by concern
+    assert (config["rollout"]["temperature"], config["loss"]["aggregation"], config["env"]["env_kwargs"]) == (
         1.6,
         "sequence",
         {"extra_digits": 1},
     )
-    assert (config["groups_per_step"], config["steps"], config["eval_every"]) == (2, 2, 2)
+    assert (config["batch"]["groups_per_step"], config["optimiser"]["steps"], config["evaluation"]["eval_every"]) == (
+        2, 2, 2)
     assert "eval after step 2 (v2)" in r.stderr
     assert [json.loads(x)["step"] for x in (run / "eval.jsonl").read_text().splitlines()][-1] == 2
     summary = json.loads(r.stdout.strip().splitlines()[-1])

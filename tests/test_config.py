@@ -4,6 +4,7 @@ the resume settings are derived from the fields (``agentenv.options``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import fields
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 from agentenv.cli import TrainRunConfig, build_parser
 from agentenv.config import (
     HELP_GROUPS,
+    ClusterOptions,
+    EngineOptions,
     SANDBOX_LIMITS,
     EvalRunConfig,
     RolloutConfig,
@@ -20,7 +23,7 @@ from agentenv.config import (
     open_sandbox,
 )
 from agentenv.errors import ConfigError
-from agentenv.options import (add_options, build, flag_of, groups_of, option, option_of, resume_keys, resume_settings,
+from agentenv.options import (add_options, build, concern_of, flag_of, groups_of, option, option_of, resume_settings,
                               walk)
 from agentenv.registry import describe
 from agentenv.train.config import TrainConfig
@@ -50,10 +53,16 @@ def test_every_flag_is_a_config_field_and_every_field_a_flag(name):
         f = options[path]
         assert flag == changes.get(path, {}).get("flag", flag_of(f))
         assert option_of(f).help, f"{path} has no help"
+    if name == "train":
+        # Each of TrainConfig's concerns, training's own and the rollout's it holds, is whole inside
+        # the command (of the rollout's RolloutConfig, the options a training run takes).
+        for held in fields(TrainConfig):
+            names = concern_of(held).only or [f.name for f in fields(type(getattr(TrainConfig(), held.name)))]
+            assert {f"config.{held.name}.{n}" for n in names} <= set(got), held.name
+        assert {f"config.{path}" for path in TrainConfig.PATHS.values()} == {p for p in got if p.startswith("config.")}
+        return
     # The public configs are whole inside their commands: each of their fields is an option.
-    inner = {"rollout": (RolloutConfig, "rollout."), "eval": (RolloutConfig, "rollout."),
-             "train": (TrainConfig, "config.")}[name]
-    assert {f"{inner[1]}{f.name}" for f in fields(inner[0])} <= set(got)
+    assert {f"rollout.{f.name}" for f in fields(RolloutConfig)} <= set(got)
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -159,7 +168,7 @@ def test_every_flag_reaches_its_field(name):
         assert got == value, path
     assert build(cls, {"output.overwrite": True}).output.overwrite is True
     with pytest.raises(ConfigError, match="--resume and --overwrite exclude each other"):
-        build(cls, {"output.overwrite": True, **({"config.resume": True} if name == "train" else
+        build(cls, {"output.overwrite": True, **({"config.checkpoints.resume": True} if name == "train" else
                                                    {"output.resume": True})})
 
 
@@ -168,14 +177,14 @@ def test_train_help_shows_the_chosen_envs_training_defaults():
     helps = {a.dest: a.help for a in subparser("train")._actions}
     for key, value in defaults.items():
         if key == "env_kwargs":
-            assert "retool-math's training defaults: extra_digits=1" in helps["config.env_kwargs"]
+            assert "retool-math's training defaults: extra_digits=1" in helps["config.env.env_kwargs"]
         else:
-            assert f"default {value}" in helps[f"config.{key}"], key
+            assert f"default {value}" in helps[f"config.{TrainConfig.PATHS[key]}"], key
     # Another env: the trainer's own defaults.
     helps = {a.dest: a.help for a in subparser("train", ["train", "--env", "trace"])._actions}
-    assert "(default 40)" in helps["config.steps"] and "(default 2e-05)" in helps["config.lr"]
+    assert "(default 40)" in helps["config.optimiser.steps"] and "(default 2e-05)" in helps["config.optimiser.lr"]
     parsed = build_parser(["train", "--env", "trace"]).parse_args(["train", "--env", "trace"])
-    assert vars(parsed)["config.steps"] == TrainConfig().steps
+    assert vars(parsed)["config.optimiser.steps"] == TrainConfig().optimiser.steps
 
 
 def test_a_check_names_the_option_and_the_value():
@@ -192,9 +201,55 @@ def test_a_check_names_the_option_and_the_value():
         TrainConfig(max_staleness=-1)
 
 
+def test_train_config_is_its_concerns_and_takes_flat_names_unique_across_them():
+    """TrainConfig holds the rollout's concerns (the same classes) and training's own; each option
+    has a flat name no other concern's option has, which constructs and replaces it."""
+    from agentenv.config import EnvOptions, JudgeOptions
+    from agentenv.train.config import OptimiserOptions, TrainClusterOptions, TrainEngineOptions
+
+    names = [f.name for _, f, _ in walk(TrainConfig)]
+    assert len(names) == len(set(names)) == len(TrainConfig.PATHS)
+    cfg = TrainConfig()
+    assert (type(cfg.env), type(cfg.rollout), type(cfg.sandbox), type(cfg.judge)) == (
+        EnvOptions, RolloutConfig, SandboxOptions, JudgeOptions)
+    assert isinstance(cfg.engine, EngineOptions) and isinstance(cfg.engine, TrainEngineOptions)
+    assert type(cfg.cluster) is TrainClusterOptions and type(cfg.cluster) is not ClusterOptions
+    flat = TrainConfig(steps=2, lr=1e-3, env="trace", engine="embedded", out_dir="runs/x", temperature=0.7)
+    assert (flat.optimiser.steps, flat.optimiser.lr, flat.env.env, flat.output.out_dir) == (2, 1e-3, "trace", "runs/x")
+    assert flat.rollout.temperature == 0.7 and flat.rollout.max_new_tokens == RolloutConfig().max_new_tokens
+    assert flat == TrainConfig(env=EnvOptions(env="trace"), optimiser=OptimiserOptions(steps=2, lr=1e-3),
+                               out_dir="runs/x", temperature=0.7)
+    assert flat.replace(lr=5e-4).optimiser == OptimiserOptions(steps=2, lr=5e-4)
+    assert flat.settings()["lr"] == 1e-3 and set(flat.settings()) == set(names)
+    with pytest.raises(ConfigError, match=r"^TrainConfig has no setting 'stepz' \(did you mean steps"):
+        TrainConfig(stepz=3)
+    with pytest.raises(ConfigError, match=r"no setting 'learning_rate' \(`agentenv train --help` lists them\)$"):
+        TrainConfig(learning_rate=1e-3)
+    with pytest.raises(ConfigError, match=r"no setting 'max_stalenes' \(did you mean max_staleness"):
+        TrainConfig(max_stalenes=1)
+    # An option given with its concern changes it: dataclasses.replace with a flat name works too.
+    assert TrainConfig(optimiser=OptimiserOptions(steps=2), lr=1e-3).optimiser == OptimiserOptions(steps=2, lr=1e-3)
+    assert dataclasses.replace(flat, lr=5e-4) == flat.replace(lr=5e-4)
+
+
+def test_train_config_refuses_what_training_cannot_do():
+    with pytest.raises(ConfigError, match="GRPO needs group_size >= 2"):
+        TrainConfig(group_size=1)
+    with pytest.raises(ConfigError, match="leave the rollout's top_p and top_k off"):
+        TrainConfig(rollout=RolloutConfig(top_p=0.9))
+    with pytest.raises(ConfigError, match="trainer_ranks must be between 1 and the batch's 6"):
+        TrainConfig(cluster="ray", trainer_ranks=7, groups_per_step=2, group_size=3)
+    with pytest.raises(ConfigError, match="weight_sync='group' needs a vllm or openai engine"):
+        TrainConfig(weight_sync="group")
+    assert TrainConfig(engine="vllm", weight_sync="group").engine.engine_args() == {"weight_sync": "group"}
+
+
 def test_resume_settings_are_the_fields_marked_resume():
-    assert TrainConfig.RESUME_KEYS == resume_keys(TrainConfig) == (
-        "env", "env_kwargs", "model", "groups_per_step", "group_size", "lora_rank", "seed")
+    # Training's: by flat name, the held rollout options' marks as TrainConfig re-declares them
+    # (a resumed run may change its sampling limits and its judge).
+    assert set(TrainConfig.RESUME_KEYS) == {"env", "env_kwargs", "model", "groups_per_step", "group_size", "lora_rank",
+                                            "seed"}
+    assert TrainConfig.RESUME_KEYS == tuple(f.name for _, f, _ in walk(TrainConfig) if option_of(f).resume)
     opts = RolloutRunConfig()
     settings = resume_settings(opts, model="/m")
     assert set(settings) == {"env", "env_args", "tasks", "group_size", "seed", "model", "max_turns",
@@ -249,7 +304,7 @@ async def test_sandbox_limits_given_on_the_command_line_hold_in_a_session():
 
 def test_train_takes_the_same_sandbox_limits():
     config = parsed(TrainRunConfig, ["train", "--sandbox-cpus", "0.5", "--sandbox-tmp-mb", "32"]).config
-    assert config.sandbox_options() == SandboxOptions(sandbox_cpus=0.5, sandbox_tmp_mb=32)
+    assert config.sandbox == SandboxOptions(sandbox_cpus=0.5, sandbox_tmp_mb=32)
 
 
 @pytest.mark.parametrize("name", ["rollout", "train"])

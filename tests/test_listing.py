@@ -12,6 +12,7 @@ from agentenv.cli import build_parser, main
 from agentenv.listing import BUNDLED_MODEL_NOTE, cli_spelling, format_text, listing, plain_text, train_flags
 from agentenv.formats import FORMATS, HermesFormat
 from agentenv.registry import describe, env_kwargs
+from agentenv.train.config import TrainConfig
 
 
 @pytest.mark.parametrize("text, plain", [
@@ -64,12 +65,12 @@ def test_train_defaults_are_shown_as_the_flags_that_set_them():
     parsed = vars(build_parser(argv).parse_args(argv))
     for name, value in defaults.items():
         if name == "env_kwargs":
-            assert env_kwargs("retool-math", parsed["config.env_kwargs"]) == value
+            assert env_kwargs("retool-math", parsed["config.env.env_kwargs"]) == value
         else:
-            assert parsed[f"config.{name}"] == value, name
+            assert parsed[f"config.{TrainConfig.PATHS[name]}"] == value, name
     # Without the flags the parser's defaults differ, so the flags are what set them.
     plain = vars(build_parser(argv[:3]).parse_args(argv[:3]))
-    assert all(plain[f"config.{n}"] != v for n, v in defaults.items() if n != "env_kwargs")
+    assert all(plain[f"config.{TrainConfig.PATHS[n]}"] != v for n, v in defaults.items() if n != "env_kwargs")
 
 
 def test_switches_repeats_and_unknown_names_in_train_defaults():

@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.options import (POSITIVE, UNIT, add_options, build, groups_of, option, option_of, resume_keys,
-                              resume_settings, same_as, validate, walk)
+from agentenv.options import (POSITIVE, UNIT, Check, add_options, build, concern, groups_of, option, option_of,
+                              resume_keys, resume_settings, same_as, validate, walk)
 
 
 def _pairs(items: list[str], earlier: dict[str, Any]) -> dict[str, str]:
@@ -143,3 +143,45 @@ def test_a_former_flag_still_sets_its_field_and_is_not_shown():
     add_options(p, Renamed)
     assert build(Renamed, vars(p.parse_args(["--peek", "6"]))).lookahead == 6
     assert "--lookahead" in p.format_help() and "--peek" not in p.format_help()
+
+
+def _named(items: list[str], earlier: dict[str, Any]) -> list[str]:
+    return [f"{earlier['name']}:{item}" for item in items]
+
+
+@dataclass(frozen=True)
+class Later:
+    GROUP: ClassVar[str] = "later"
+
+    labels: list[str] = option(factory=list, flag="--label", convert=_named, help="a label, typed by Holder's name")
+
+
+FAST = Check(lambda v: v == "fast", "must be fast here")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Holds Inner in part (its mode only, not resumed here, and 'slow' refused by a check)."""
+
+    name: str = option("x", "a name", group="outer")
+    inner: Inner = concern(Inner, only=("mode",), mode={"resume": False, "check": FAST})
+    later: Later = concern(Later)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def test_a_concern_held_in_part_gives_only_its_options_as_its_holder_declares_them():
+    assert [path for path, _, _ in walk(Holder)] == ["name", "inner.mode", "later.labels"]
+    assert groups_of(Holder) == {"name": "outer", "inner.mode": "inner", "later.labels": "later"}
+    assert resume_keys(Holder) == () and resume_keys(Inner) == ("mode",)
+    p = argparse.ArgumentParser(prog="t", exit_on_error=False)
+    add_options(p, Holder)
+    assert "--rate" not in p.format_help()  # the option the holder does not take keeps its default
+    # A held concern's convert sees the options built before it, in the concerns before its own.
+    built = build(Holder, vars(p.parse_args(["--name", "n", "--label", "a"])))
+    assert built == Holder(name="n", later=Later(labels=["n:a"])) and built.inner == Inner()
+    with pytest.raises(ConfigError, match=r"^mode must be fast here, got 'slow'$"):
+        Holder(inner=Inner(mode="slow"))
+    with pytest.raises(ConfigError, match=r"Inner has no options \['speed'\]"):
+        concern(Inner, only=("speed",))

@@ -5,6 +5,15 @@ Library use::
     from agentenv.train import TrainConfig, train
     summary = train(TrainConfig(env="retool-math", steps=40, mode="async"))
 
+A :class:`TrainConfig` is composed by concern (``cfg.optimiser.lr``, ``cfg.staleness.mode``,
+``cfg.env.env``; :mod:`agentenv.train.config` lists them); it is made from flat option names,
+as above, or from the concerns themselves::
+
+    from agentenv.train.config import OptimiserOptions, StalenessOptions
+    cfg = TrainConfig(env="retool-math", optimiser=OptimiserOptions(steps=40, lr=1e-5),
+                      staleness=StalenessOptions(mode="sync"))
+    cfg.replace(lr=2e-5).optimiser.lr  # 2e-05
+
 or ``agentenv train`` on the command line. The pure core (loss, advantages, batch collation,
 rollout buffer, staleness gate) is importable on its own for external trainers.
 

@@ -22,7 +22,7 @@ import torch
 from .. import inflight
 from ..errors import ConfigError
 from ..reactor import Group
-from .config import TrainConfig
+from .config import TrainConfig, saved_settings
 from .generation import GenerationState, StreamPosition, TaskStream
 
 
@@ -49,15 +49,15 @@ class Checkpoints:
 
     def resume_point(self) -> tuple[int, Path | None]:
         """The step a run starts after, and the checkpoint it resumes from: ``(0, None)``
-        unless ``cfg.resume``. ConfigError when there is no checkpoint, or when it was written
+        unless ``cfg.checkpoints.resume``. ConfigError when there is no checkpoint, or when it was written
         with other :attr:`TrainConfig.RESUME_KEYS` settings."""
-        if not self.cfg.resume:
+        if not self.cfg.checkpoints.resume:
             return 0, None
         ckpt = latest_checkpoint(self.out)
         if ckpt is None:
             raise ConfigError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
         state = _state(ckpt)
-        saved, now = state["config"], asdict(self.cfg)
+        saved, now = saved_settings(state["config"]), self.cfg.settings()
         for key in TrainConfig.RESUME_KEYS:
             if saved.get(key) != now[key]:
                 raise ConfigError(f"--resume: {key} was {saved.get(key)!r} in {ckpt}, now {now[key]!r}")
@@ -74,7 +74,7 @@ class Checkpoints:
                 f.write(json.dumps({"index": index, "trajectories": [t.to_dict() for t in group.trajectories]}) + "\n")
         tasks = {"next": generation.next, "in_flight": generation.in_flight, "buffered": len(generation.buffered),
                  "programs": {tid: s.to_dict() for tid, s in generation.programs.items()}}
-        state = {"step": step, "version": step, "task_cursor": step * self.cfg.groups_per_step,
+        state = {"step": step, "version": step, "task_cursor": step * self.cfg.batch.groups_per_step,
                  "config": asdict(self.cfg), "torch_rng": torch.get_rng_state().tolist(), "tasks": tasks}
         (path / "state.json").write_text(json.dumps(state))  # last: marks the checkpoint complete
         return path
@@ -91,7 +91,7 @@ class Checkpoints:
         programs), the stream onward, and the buffered groups it saved (with task indices)."""
         from ..trajectory import Trajectory
 
-        position = StreamPosition(cursor=start_step * self.cfg.groups_per_step)
+        position = StreamPosition(cursor=start_step * self.cfg.batch.groups_per_step)
         state = _state(ckpt) if ckpt is not None else {}
         if "tasks" not in state:  # a fresh run, or a checkpoint without generation's state
             return position, []

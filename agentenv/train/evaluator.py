@@ -1,4 +1,4 @@
-"""Held-out evaluations during training (``TrainConfig.eval_every``).
+"""Held-out evaluations during training (``TrainConfig.evaluation.eval_every``).
 
 Every ``eval_every`` steps, before the first step of a fresh run (the baseline) and after the
 last, ``eval_tasks`` held-out tasks are sampled ``eval_k`` times each with the weights of the
@@ -36,7 +36,7 @@ class Evaluator:
     def __init__(self, cfg: TrainConfig, engine: Any, env: Any, sandbox: Any, rollout: RolloutConfig, log: RunLog,
                  *, start_step: int) -> None:
         self.cfg, self.engine, self.env, self.sandbox, self.rollout, self.log = cfg, engine, env, sandbox, rollout, log
-        self.enabled = bool(cfg.eval_every)
+        self.enabled = bool(cfg.evaluation.eval_every)
         self._baseline = anyio.Event()
         if not self.baseline_due(start_step):
             self._baseline.set()
@@ -48,7 +48,7 @@ class Evaluator:
     def due(self, step: int) -> bool:
         """Whether an evaluation follows ``step`` while training goes on (the final one,
         after the last step, the step loop awaits itself)."""
-        return self.enabled and step < self.cfg.steps and step % self.cfg.eval_every == 0
+        return self.enabled and step < self.cfg.optimiser.steps and step % self.cfg.evaluation.eval_every == 0
 
     async def wait_for_baseline(self) -> None:
         await self._baseline.wait()
@@ -60,7 +60,8 @@ class Evaluator:
         cfg, env = self.cfg, self.env
         version, t_eval = self.engine.weight_version, time.perf_counter()
         async with Reactor(self.engine, env, self.sandbox, self.rollout) as r:
-            groups = await r.collect(env.tasks(cfg.eval_tasks, seed=EVAL_SEED - cfg.seed), cfg.eval_k)
+            ev = cfg.evaluation
+            groups = await r.collect(env.tasks(ev.eval_tasks, seed=EVAL_SEED - cfg.batch.seed), ev.eval_k)
         if step == 0:
             self._baseline.set()
         trajectories = [t for g in groups for t in g.trajectories]

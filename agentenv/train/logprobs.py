@@ -31,7 +31,7 @@ import torch
 CHUNKABLE = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
                        "phi3", "olmo", "olmo2"})
 
-#: Positions per chunk by default (``TrainConfig.logprob_chunk``).
+#: Positions per chunk by default (``TrainConfig.optimiser.logprob_chunk``).
 DEFAULT_CHUNK = 512
 
 

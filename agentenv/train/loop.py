@@ -1,5 +1,5 @@
 """The bundled trainer's step loop: one attempt of a run, from the step after its start to
-``cfg.steps``.
+``cfg.optimiser.steps``.
 
 Each step takes ``groups_per_step`` complete groups from :class:`~.generation.Generation`,
 recomputes logprobs on the exact sampled tokens and takes one optimiser step (in a worker
@@ -55,7 +55,7 @@ def _leaves(eg: BaseExceptionGroup) -> list[BaseException]:
 
 
 class StepLoop:
-    """Steps ``start_step + 1 .. cfg.steps`` of a run whose parts are open: the policy, the
+    """Steps ``start_step + 1 .. steps`` of a run whose parts are open: the policy, the
     engine it syncs, generation, evaluations, the log, checkpoints and the status bar.
     ``run`` returns the run's summary (also written to ``summary.json``)."""
 
@@ -77,10 +77,11 @@ class StepLoop:
                     tg.start_soon(self.bar.follow, self.generation)
                 if evaluator.baseline_due(start_step):
                     tg.start_soon(evaluator.evaluate, 0)  # the starting model, for comparison
-                for step in range(start_step + 1, cfg.steps + 1):
+                for step in range(start_step + 1, cfg.optimiser.steps + 1):
                     await self._step(step, tg, meter)
                 if evaluator.enabled:
-                    await evaluator.evaluate(cfg.steps)  # the final weights; evaluations still running are dropped
+                    # The final weights; evaluations still running are dropped.
+                    await evaluator.evaluate(cfg.optimiser.steps)
                 tg.cancel_scope.cancel()  # groups started for later steps are not needed
         except BaseExceptionGroup as eg:  # one failure inside the task group: raise it as is
             leaves = _leaves(eg)
@@ -106,7 +107,7 @@ class StepLoop:
         self.log.step(StepRow.of(step, groups, batch, stats, staleness=gen.buffer.staleness - stale_before,
                                  dropped=gen.buffer.dropped, interval=interval, sync=sync))
         self.bar.advance()
-        if step % self.cfg.checkpoint_every == 0 or step == self.cfg.steps:
+        if step % self.cfg.checkpoints.checkpoint_every == 0 or step == self.cfg.optimiser.steps:
             await anyio.to_thread.run_sync(self.checkpoints.save, self.policy, step, gen.snapshot())
         if self.evaluator.due(step):
             tg.start_soon(self.evaluator.evaluate, step)
@@ -115,7 +116,7 @@ class StepLoop:
         """Push the weights of ``step`` into the engine (after a drain, and never before the
         baseline evaluation is done) and let generation go on at the new version."""
         gen = self.generation
-        if self.cfg.partial == "drain":
+        if self.cfg.staleness.partial == "drain":
             await gen.drain()
         await self.evaluator.wait_for_baseline()
         in_flight = gen.generating  # groups that continue across this update
@@ -131,7 +132,8 @@ class StepLoop:
     def _summary(self, start_step: int, wall: float) -> dict[str, Any]:
         cfg, gen, rows, evals = self.cfg, self.generation, self.log.rows, self.log.evals
         summary: dict[str, Any] = {
-            "steps": cfg.steps, "start_step": start_step, "mode": cfg.mode, "wall_s": round(wall, 2),
+            "steps": cfg.optimiser.steps, "start_step": start_step, "mode": cfg.staleness.mode,
+            "wall_s": round(wall, 2),
             "gen_idle_frac": round(max(0.0, 1 - gen.clock.busy_s / wall), 4),
             "trainer_idle_frac": round(gen.wait_s / wall, 4),
             "staleness": staleness_summary(gen.buffer.staleness)[0], "dropped_groups": gen.buffer.dropped,

@@ -26,19 +26,11 @@ of ratios collapses on long episodes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
-
-@dataclass(frozen=True, slots=True)
-class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.28  # DAPO "clip-higher"
-    is_cap: float = 2.0
-    aggregation: Literal["token", "sequence"] = "token"
-    kl_coef: float = 0.0  # KL(theta || reference) penalty per token; 0: none (no reference model)
+# The loss's settings are the training config's loss concern, declared (with their defaults,
+# help and checks) in ``agentenv.train.config``.
+from .config import LossConfig
 
 
 def group_advantages(rewards: list[float], eps: float = 1e-6, scale: bool = True) -> list[float]:

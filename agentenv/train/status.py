@@ -33,13 +33,14 @@ class RunLog:
     def __init__(self, out: Path, cfg: TrainConfig, *, resume_step: int | None, rows: list[dict[str, Any]],
                  evals: list[dict[str, Any]], print_steps: bool = True,
                  on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.steps, self.rows, self.evals = cfg.steps, rows, evals
+        self.steps, self.rows, self.evals = cfg.optimiser.steps, rows, evals
         self.print_steps, self.on_step = print_steps, on_step
         self.metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step)
-        self.eval_log = MetricsLog(out / "eval.jsonl", resume_step=resume_step) if cfg.eval_every else None
+        self.eval_log = MetricsLog(out / "eval.jsonl", resume_step=resume_step) if cfg.evaluation.eval_every else None
         try:
-            self.trackers = Trackers(default_report_to() if cfg.report_to is None else cfg.report_to, out,
-                                     asdict(cfg), resume=resume_step is not None)
+            report_to = cfg.tracking.report_to
+            self.trackers = Trackers(default_report_to() if report_to is None else report_to, out, asdict(cfg),
+                                     resume=resume_step is not None)
         except BaseException:
             self._close_files()
             raise

@@ -29,7 +29,7 @@ import functools
 import json
 import sys
 from contextlib import AsyncExitStack
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +49,6 @@ from .config import TrainConfig
 from .evaluator import Evaluator
 from .generation import Generation, TaskStream
 from .loop import StepLoop
-from .loss import LossConfig
 from .policy import LoraSpec, Policy
 from .status import RunLog, StatusBar
 
@@ -69,7 +68,7 @@ class Trainer:
         self.on_step = on_step
         self.print_steps = print_steps
         self.progress = progress  # a live status bar on stderr (the CLI's)
-        self.out = Path(cfg.out_dir)
+        self.out = Path(cfg.output.out_dir)
         self.rows: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []  # held-out evaluations (eval.jsonl)
         self.trackers: dict[str, Path] = {}  # tracker -> its directory
@@ -87,15 +86,15 @@ class Trainer:
         from ..registry import make
 
         cfg = self.cfg
-        model = Path(cfg.model) if cfg.model else default_model()
+        model = Path(cfg.engine.model) if cfg.engine.model else default_model()
         check_model_dir(model)
         self.model_dir = model
         if self._env is None:
-            self._env = make(cfg.env, **cfg.env_kwargs)
+            self._env = make(cfg.env.env, **cfg.env.env_kwargs)
             stack.push_async_callback(self._env.aclose)
         self._eval_env = self._env
-        if cfg.eval_every and cfg.eval_env_kwargs:
-            self._eval_env = make(cfg.env, **{**cfg.env_kwargs, **cfg.eval_env_kwargs})
+        if cfg.evaluation.eval_every and cfg.evaluation.eval_env_kwargs:
+            self._eval_env = make(cfg.env.env, **{**cfg.env.env_kwargs, **cfg.evaluation.eval_env_kwargs})
             stack.push_async_callback(self._eval_env.aclose)
         from ..env import bind_tool_format
 
@@ -103,25 +102,23 @@ class Trainer:
         for line in sorted(warnings):  # type: ignore[type-var]  # a pinned format the model does not speak
             print(f"warning: {line}", file=sys.stderr, flush=True)
         self._judge = None
-        if cfg.judge:  # the training env's reward only: held-out evaluations keep the env's own
+        judge = cfg.judge
+        if judge.judge:  # the training env's reward only: held-out evaluations keep the env's own
             from ..judge import judge_from_spec, judged
 
-            self._judge = judge_from_spec(cfg.judge, model=str(model), deadline=cfg.judge_deadline,
-                                          concurrency=cfg.judge_concurrency)
+            self._judge = judge_from_spec(judge.judge, model=str(model), deadline=judge.judge_deadline,
+                                          concurrency=judge.judge_concurrency)
             stack.push_async_callback(self._judge.aclose)
-            self._env = judged(self._env, self._judge, weight=cfg.judge_weight, group=cfg.judge_group)
+            self._env = judged(self._env, self._judge, weight=judge.judge_weight, group=judge.judge_group)
         # One rollout config for the run: the runtime's reactor, its prepared sessions and the
         # held-out evaluations run with it.
-        self.rollout = RolloutConfig(
-            max_turns=cfg.max_turns or self._env.max_turns, max_new_tokens=cfg.max_new_tokens,
-            concurrency=cfg.concurrency, scheduling=cfg.scheduling,
-            tool_timeout=cfg.tool_timeout or self._env.tool_timeout, temperature=cfg.temperature)
+        self.rollout = cfg.rollout.for_env(self._env)
         self.programs = inflight.InFlight()  # in-flight programs, for the checkpoints
         # The first steps' sessions start while the model loads (see ``open_runtime``).
-        sandbox = cfg.sandbox_options() if self._sandbox is None else self._sandbox  # the caller's: left open
+        sandbox = cfg.sandbox if self._sandbox is None else self._sandbox  # the caller's: left open
         self.runtime = await stack.enter_async_context(open_runtime(
             self._env, self._engine_source(model, sampling_seed), sandbox, self.rollout,
-            programs=cfg.groups_per_step * cfg.group_size * (cfg.staleness + 1), journal=self.programs))
+            programs=cfg.batch.trajectories * (cfg.staleness.limit + 1), journal=self.programs))
         self._engine, self._sandbox = self.runtime.engine, self.runtime.sandbox
         weight_sink(self._engine, "agentenv train")  # before the policy is built: it pushes weights every step
         if self._judge is not None:
@@ -135,35 +132,31 @@ class Trainer:
             return self._engine
         cfg = self.cfg
         # A resumed run samples a new stream (seed + step), not the first run's again.
-        spec = EngineSpec.sampling_as(cfg, cfg.engine, model, kwargs=engine_kwargs(cfg, cfg.engine_args()),
-                                      base_urls=cfg.base_urls, seed=sampling_seed)
-        if not cfg.engines:
+        engine = cfg.engine
+        spec = EngineSpec.sampling_as(cfg.rollout, engine.engine, model,
+                                      kwargs=engine_kwargs(cfg, engine.engine_args()), base_urls=engine.base_urls,
+                                      seed=sampling_seed)
+        if not cfg.cluster.engines:
             return spec
         from ..engines.actors import RayEngine
 
         cpus = {"num_cpus": self._actor_cpus} if self._actor_cpus else None
-        return lambda: RayEngine.launch(spec, replicas=cfg.engines, options=cpus)
+        return lambda: RayEngine.launch(spec, replicas=cfg.cluster.engines, options=cpus)
 
     def _policy(self) -> Policy:
         """The policy in this process, or (``cluster="ray"``) data-parallel over Ray actors."""
-        cfg = self.cfg
-        torch.manual_seed(cfg.seed)
-        lora = LoraSpec(rank=cfg.lora_rank, alpha=cfg.lora_alpha) if cfg.lora_rank else None
-        loss = LossConfig(
-            clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high,
-            is_cap=cfg.is_cap,
-            aggregation=cfg.aggregation,
-            kl_coef=cfg.kl_coef,
-        )
-        kwargs = dict(lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, lora=lora,
-                      micro_batch=cfg.micro_batch, micro_batch_tokens=cfg.micro_batch_tokens, loss=loss,
-                      device=cfg.device, precision=cfg.precision, activation_checkpointing=cfg.activation_checkpointing,
-                      logprob_chunk=cfg.logprob_chunk, pack=cfg.pack)
-        if cfg.cluster == "ray":
+        cfg, opt = self.cfg, self.cfg.optimiser
+        torch.manual_seed(cfg.batch.seed)
+        lora = LoraSpec(rank=opt.lora_rank, alpha=opt.lora_alpha) if opt.lora_rank else None
+        kwargs = dict(lr=opt.lr, max_grad_norm=opt.max_grad_norm, temperature=cfg.rollout.temperature, lora=lora,
+                      micro_batch=opt.micro_batch, micro_batch_tokens=opt.micro_batch_tokens, loss=cfg.loss,
+                      device=opt.device, precision=opt.precision, activation_checkpointing=opt.activation_checkpointing,
+                      logprob_chunk=opt.logprob_chunk, pack=opt.pack)
+        if cfg.cluster.cluster == "ray":
             from .distributed import RayPolicy
 
-            return RayPolicy(self.model_dir, ranks=cfg.trainer_ranks, seed=cfg.seed, shard=cfg.fsdp,  # type: ignore[return-value]
+            return RayPolicy(self.model_dir, ranks=cfg.cluster.trainer_ranks, seed=cfg.batch.seed,  # type: ignore[return-value]
+                             shard=cfg.cluster.fsdp,
                              rank_options={"num_cpus": self._actor_cpus} if self._actor_cpus else None, **kwargs)
         return Policy(self.model_dir, **kwargs)
 
@@ -176,17 +169,17 @@ class Trainer:
             try:
                 return await self._run_once()
             except RankDiedError as exc:
-                if self.restarts >= self.cfg.rank_restarts:
+                if self.restarts >= self.cfg.cluster.rank_restarts:
                     raise
                 self.restarts += 1
                 ckpt = latest_checkpoint(self.out)
-                self.cfg = replace(self.cfg, resume=ckpt is not None)
+                self.cfg = self.cfg.replace(resume=ckpt is not None)
                 self._engine, self._env, self._sandbox = (
                     x if given else None for x, given in zip((self._engine, self._env, self._sandbox), self._given)
                 )
                 print(
                     f"agentenv train: {exc}; starting the trainer ranks again ({self.restarts}/"
-                    f"{self.cfg.rank_restarts}) from {ckpt.name if ckpt else 'the start'}",
+                    f"{self.cfg.cluster.rank_restarts}) from {ckpt.name if ckpt else 'the start'}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -194,12 +187,12 @@ class Trainer:
     async def _run_once(self) -> dict[str, Any]:
         checkpoints = Checkpoints(self.out, self.cfg)
         start_step, ckpt = checkpoints.resume_point()
-        if start_step >= self.cfg.steps:
+        if start_step >= self.cfg.optimiser.steps:
             raise ConfigError(f"the checkpoint is at step {start_step}; ask for --steps > {start_step}")
-        if self.cfg.cluster != "ray":  # Ray ranks resolve the device on their own nodes
-            check_device(self.cfg.device)  # a device this machine lacks: refused before the engine starts
+        if self.cfg.cluster.cluster != "ray":  # Ray ranks resolve the device on their own nodes
+            check_device(self.cfg.optimiser.device)  # a device this machine lacks: refused before the engine starts
         async with AsyncExitStack() as stack:
-            if self.cfg.cluster == "ray":
+            if self.cfg.cluster.cluster == "ray":
                 from ..raycluster import connect, cpu_share
 
                 # Here, not in a worker thread: a local cluster's processes die with the thread that started them.
@@ -208,8 +201,8 @@ class Trainer:
                     stack.callback(ray.shutdown)
                 # Trainer ranks and engine actors share one node's CPUs when they need more (else some would wait
                 # forever).
-                self._actor_cpus = cpu_share(ray, self.cfg.trainer_ranks + self.cfg.engines)
-            await self._open(stack, sampling_seed=self.cfg.seed + start_step)
+                self._actor_cpus = cpu_share(ray, self.cfg.cluster.trainer_ranks + self.cfg.cluster.engines)
+            await self._open(stack, sampling_seed=self.cfg.batch.seed + start_step)
             self.policy = await anyio.to_thread.run_sync(self._policy)
             stack.callback(self.policy.close)
             await self._start_weights(self.policy, start_step, ckpt)
@@ -219,7 +212,8 @@ class Trainer:
         """The policy as the checkpoint saved it (with the torch RNG), and the engine serving
         the same weights at version ``start_step``."""
         engine = self._engine
-        if self.cfg.lora_rank:  # an engine with load_weights but no enable_lora cannot say: the interface's refusal
+        # An engine with load_weights but no enable_lora cannot say: the interface's refusal.
+        if self.cfg.optimiser.lora_rank:
             await getattr(engine, "enable_lora", functools.partial(WeightSink.enable_lora, engine))(policy.lora)
         if ckpt is not None:
             await anyio.to_thread.run_sync(policy.load, ckpt)
@@ -234,10 +228,10 @@ class Trainer:
     def _generation(self, checkpoints: Checkpoints, ckpt: Path | None, start_step: int) -> Generation:
         """Generation on the runtime's reactor, where the checkpoint left the task stream."""
         cfg = self.cfg
-        stream = TaskStream(self._env, cfg.groups_per_step, cfg.seed)
+        stream = TaskStream(self._env, cfg.batch.groups_per_step, cfg.batch.seed)
         position, restored = checkpoints.restore_generation(ckpt, start_step, stream)
-        return Generation(self.runtime.reactor, stream, self.programs, group_size=cfg.group_size,
-                          batch=cfg.groups_per_step, max_staleness=cfg.staleness, version=start_step,
+        return Generation(self.runtime.reactor, stream, self.programs, group_size=cfg.batch.group_size,
+                          batch=cfg.batch.groups_per_step, max_staleness=cfg.staleness.limit, version=start_step,
                           position=position, restored=restored)
 
     async def _train(self, checkpoints: Checkpoints, start_step: int, ckpt: Path | None) -> dict[str, Any]:
@@ -252,7 +246,7 @@ class Trainer:
             generation = self._generation(checkpoints, ckpt, start_step)
             evaluator = Evaluator(cfg, self._engine, self._eval_env, self._sandbox, self.rollout, log,
                                   start_step=start_step)
-            with StatusBar(self.progress, cfg.steps, start_step) as bar:
+            with StatusBar(self.progress, cfg.optimiser.steps, start_step) as bar:
                 loop = StepLoop(cfg, policy, self._engine, generation, evaluator=evaluator, log=log,
                                 checkpoints=checkpoints, bar=bar)
                 summary = await loop.run(start_step)

@@ -519,10 +519,16 @@ class TrainingRun:
             return None
 
     def info(self) -> dict[str, Any]:
+        """The run's summary and its config by flat option name (``steps``, ``mode``), whichever
+        layout its config.json has (by concern, or flat as runs before the concerns wrote it)."""
+        from ..train.config import saved_settings
+
         with self.lock:
             self.metrics.refresh()
+        config = self._json("config.json")
         return {"kind": self.kind, "path": str(self.path), "label": self.label, "rows": len(self.metrics.items),
-                "config": self._json("config.json"), "summary": self._json("summary.json")}
+                "config": saved_settings(config) if isinstance(config, dict) else None,
+                "summary": self._json("summary.json")}
 
     def curves(self, since: int = 0, evals_since: int = 0) -> dict[str, Any]:
         """Step rows from ``since`` on, each with its :func:`derived` series, and evaluation rows

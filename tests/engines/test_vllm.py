@@ -431,11 +431,11 @@ async def test_trainer_syncs_full_weights_then_only_a_lora_adapter_into_vllm(ven
     prompt = testing.chat_prompt(vengine, "Compute 12 * 34.")
 
     async def served_vs_trained(trainer: Trainer) -> float:
-        g = await vengine.generate(prompt, SamplingParams(max_tokens=24), f"check-{trainer.cfg.lora_rank}")
+        g = await vengine.generate(prompt, SamplingParams(max_tokens=24), f"check-{trainer.cfg.optimiser.lora_rank}")
         ids = torch.tensor([prompt + g.token_ids])
         with torch.no_grad():
             lp = trainer.policy.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt):]
-        assert g.weight_version == vengine.weight_version == trainer.cfg.steps
+        assert g.weight_version == vengine.weight_version == trainer.cfg.optimiser.steps
         return float((lp - torch.tensor(g.logprobs)).abs().max())
 
     small = dict(steps=2, groups_per_step=2, group_size=2, max_new_tokens=64, lr=1e-3, checkpoint_every=100)

@@ -370,7 +370,8 @@ def test_agentenv_train_runs_the_hermes_path(tmp_path, capsys):
             "--report-to", "none"]
     assert main(args) == 0, capsys.readouterr().err
     config = json.loads((run / "config.json").read_text())
-    assert config["env_kwargs"] == {"extra_digits": 1, "format": "hermes"} and config["model"] == str(HERMES)
+    assert config["env"]["env_kwargs"] == {"extra_digits": 1, "format": "hermes"}
+    assert config["engine"]["model"] == str(HERMES)
     evals = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 4]
     assert all(e["mean_tool_ran"] >= 0.5 and e["pass@1"] > 0 for e in evals), evals

@@ -31,6 +31,45 @@ def test_a_fresh_run_starts_at_zero_and_a_resume_needs_a_checkpoint(tmp_path):
         Checkpoints(tmp_path, TrainConfig(out_dir=str(tmp_path), resume=True)).resume_point()
 
 
+#: A checkpoint's config as a run before the concerns wrote it: ``asdict`` of the flat
+#: TrainConfig, every option at the top level.
+OLD_FLAT_CONFIG = {
+    "env": "retool-math", "env_kwargs": {"extra_digits": 1}, "model": None, "engine": "embedded", "engine_kwargs": {},
+    "base_urls": None, "sandbox": "local", "sandbox_memory_mb": None, "sandbox_cpus": None, "sandbox_cpu_s": None,
+    "sandbox_pids": None, "sandbox_tmp_mb": None, "sandbox_setup_timeout": None, "mode": "async", "sleep_level": 1,
+    "steps": 4, "groups_per_step": 2, "group_size": 3, "max_staleness": 1, "partial": "continue", "lr": 2e-05,
+    "max_grad_norm": 1.0, "micro_batch": 16, "micro_batch_tokens": 8192, "pack": True, "logprob_chunk": 512,
+    "device": "auto", "precision": "auto", "activation_checkpointing": False, "lora_rank": 0, "lora_alpha": 16.0,
+    "clip_low": 0.2, "clip_high": 0.28, "is_cap": 2.0, "aggregation": "token", "kl_coef": 0.0, "concurrency": 32,
+    "scheduling": "program", "max_turns": None, "max_new_tokens": 384, "temperature": 1.0, "tool_timeout": None,
+    "seed": 5, "out_dir": "runs/old", "checkpoint_every": 2, "resume": False, "report_to": None, "eval_every": 0,
+    "eval_tasks": 32, "eval_k": 4, "eval_env_kwargs": {}, "judge": None, "judge_deadline": 30.0,
+    "judge_concurrency": 16, "judge_weight": 1.0, "judge_group": False, "cluster": "none", "trainer_ranks": 2,
+    "engines": 0, "fsdp": False, "rank_restarts": 2, "weight_sync": "auto"}
+
+
+@pytest.mark.parametrize("layout", ["flat", "by concern"])
+def test_a_checkpoint_of_either_config_layout_resumes_with_the_same_settings(layout, tmp_path):
+    """A run resumes a checkpoint whose config.json is flat (written before the concerns) or by
+    concern; a resume setting that changed is refused naming it, in either layout."""
+    from dataclasses import asdict
+
+    from agentenv.train.config import saved_settings
+
+    settings = dict(env_kwargs={"extra_digits": 1}, groups_per_step=2, group_size=3, seed=5, steps=8)
+    saved = OLD_FLAT_CONFIG if layout == "flat" else asdict(TrainConfig(**settings))
+    assert saved_settings(saved)["group_size"] == 3
+    ckpt = tmp_path / "checkpoints" / "step-000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"step": 4, "version": 4, "config": saved}))
+    resumed = TrainConfig(out_dir=str(tmp_path), resume=True, **settings)
+    assert Checkpoints(tmp_path, resumed).resume_point() == (4, ckpt)
+    # Sampling limits may change on resume; the batch's shape may not.
+    assert Checkpoints(tmp_path, resumed.replace(max_new_tokens=99)).resume_point() == (4, ckpt)
+    with pytest.raises(ConfigError, match=r"--resume: group_size was 3 in .*, now 4"):
+        Checkpoints(tmp_path, resumed.replace(group_size=4)).resume_point()
+
+
 def test_a_fresh_run_generates_from_its_start_step(tmp_path):
     cfg = TrainConfig(out_dir=str(tmp_path), groups_per_step=3)
     position, restored = Checkpoints(tmp_path, cfg).restore_generation(None, 2, TaskStream(make("retool-math"), 3, 0))
@@ -42,7 +81,7 @@ def test_a_checkpoint_written_before_snapshots_had_a_version_is_read_and_a_newer
     snapshots had a version) resumes them; one of a snapshot version this agentenv does not
     know is refused, naming it."""
     cfg = TrainConfig(out_dir=str(tmp_path), groups_per_step=2, group_size=2)
-    stream = TaskStream(make("retool-math"), cfg.groups_per_step, cfg.seed)
+    stream = TaskStream(make("retool-math"), cfg.batch.groups_per_step, cfg.batch.seed)
     ckpt = tmp_path / "checkpoints" / "step-000002"
     ckpt.mkdir(parents=True)
     entry = {"k": "p0", "task": "t", "sample": 0, "prompt": [1, 2], "segments": [], "tools": [], "stats": []}
@@ -60,7 +99,7 @@ def test_a_checkpoint_written_before_snapshots_had_a_version_is_read_and_a_newer
 def test_a_checkpoint_restores_the_policy_rng_and_generation(groups, model_dir, tmp_path):
     cfg = TrainConfig(out_dir=str(tmp_path), groups_per_step=2, group_size=3, seed=5)
     checkpoints = Checkpoints(tmp_path, cfg)
-    stream = TaskStream(make("retool-math"), cfg.groups_per_step, cfg.seed)
+    stream = TaskStream(make("retool-math"), cfg.batch.groups_per_step, cfg.batch.seed)
     programs = {"some-task": TaskSnapshot([], [])}
     policy = Policy(model_dir)
     state = GenerationState(next=11, in_flight=[9, 10], buffered=[(8, groups[0]), (7, groups[1])], programs=programs)

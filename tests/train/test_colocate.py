@@ -144,7 +144,7 @@ async def test_a_sleep_that_fails_leaves_the_engine_awake_and_serving(model_dir)
 
 def test_colocated_mode_trains_on_policy():
     cfg = TrainConfig(mode="colocated", max_staleness=3, sleep_level=2)
-    assert cfg.staleness == 0 and cfg.sleep_level == 2
+    assert cfg.staleness.limit == 0 and cfg.staleness.sleep_level == 2
     with pytest.raises(ConfigError):
         TrainConfig(mode="colocated", sleep_level=3)
 

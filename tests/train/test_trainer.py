@@ -336,7 +336,8 @@ def test_an_environments_training_defaults_apply_where_no_value_is_given():
 
     register("tuned-math", Tuned)
     cfg = TrainConfig.for_env("tuned-math", temperature=1.2, env_kwargs={"other": 1})
-    assert cfg.lr == 3e-4 and cfg.temperature == 1.2 and cfg.env_kwargs == {"extra_digits": 1, "other": 1}
+    assert cfg.optimiser.lr == 3e-4 and cfg.rollout.temperature == 1.2
+    assert cfg.env.env_kwargs == {"extra_digits": 1, "other": 1}
     register("bad-math", type("Bad", (RetoolMathEnv,), {"train_defaults": {"learning_rate": 1}}))
     with pytest.raises(ConfigError, match="unknown settings"):
         TrainConfig.for_env("bad-math")
@@ -350,15 +351,15 @@ def test_the_default_evaluation_scales_with_the_run_and_says_what_it_costs():
     from agentenv.train.config import evaluation_cost, evaluations
 
     short = TrainConfig.for_env("retool-math", steps=5)
-    assert (evaluations(short), short.eval_tasks, short.eval_k) == (2, 10, 4)
-    assert 2 * 10 * 4 <= 5 * short.groups_per_step * short.group_size // 2
+    assert (evaluations(short), short.evaluation.eval_tasks, short.evaluation.eval_k) == (2, 10, 4)
+    assert 2 * 10 * 4 <= 5 * short.batch.groups_per_step * short.batch.group_size // 2
     assert evaluation_cost(short, 128) == ("held-out evaluation: 2 x 10 tasks x 4 samples = 80 programs (scaled to "
                                            "the run from 128; --eval-tasks N sets them), beside the training's 160; "
                                            "--eval-every 0 skips them")
     full = TrainConfig.for_env("retool-math")
-    assert (full.steps, evaluations(full), full.eval_tasks) == (100, 3, 128)
-    assert TrainConfig.for_env("retool-math", steps=5, eval_tasks=64).eval_tasks == 64
-    assert TrainConfig.for_env("retool-math", steps=1, groups_per_step=1, group_size=2).eval_tasks == 8
+    assert (full.optimiser.steps, evaluations(full), full.evaluation.eval_tasks) == (100, 3, 128)
+    assert TrainConfig.for_env("retool-math", steps=5, eval_tasks=64).evaluation.eval_tasks == 64
+    assert TrainConfig.for_env("retool-math", steps=1, groups_per_step=1, group_size=2).evaluation.eval_tasks == 8
     assert evaluation_cost(TrainConfig.for_env("retool-math", eval_every=0)) == \
         "held-out evaluation: none (--eval-every 0)"
 
@@ -369,5 +370,5 @@ def test_a_weight_sync_setting_the_engine_cannot_use_is_refused():
             ConfigError, match=rf"weight_sync='{sync}' needs a vllm or openai engine, got engine='embedded'"
         ):
             TrainConfig(engine="embedded", weight_sync=sync)
-    assert TrainConfig(engine="embedded").engine_args() == {}
-    assert TrainConfig(engine="vllm", weight_sync="host").engine_args()["weight_sync"] == "host"
+    assert TrainConfig(engine="embedded").engine.engine_args() == {}
+    assert TrainConfig(engine="vllm", weight_sync="host").engine.engine_args()["weight_sync"] == "host"
