@@ -5,8 +5,6 @@ tests/engines/test_embedded_sleep.py."""
 
 from __future__ import annotations
 
-import os
-
 import anyio
 import pytest
 
