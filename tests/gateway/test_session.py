@@ -206,6 +206,24 @@ async def test_an_ended_program_cancels_its_request_in_flight_and_refuses_later_
         await s.complete(chat(*FIRST), "main")
 
 
+async def test_concurrent_requests_of_one_program_are_served_one_at_a_time_in_order(tok):
+    s = session(tok)
+    s.hooks.gate = anyio.Event()
+    answers = []
+
+    async def ask(temperature: float) -> None:
+        answers.append(await s.complete(chat(*FIRST, temperature=temperature), "main"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask, 0.1)
+        await until(lambda: s.hooks.before, "the first request waits for its turn")
+        tg.start_soon(ask, 0.2)
+        await anyio.wait_all_tasks_blocked()
+        assert len(s.hooks.before) == 1  # the second waits for the first, not for the scheduler
+        s.hooks.gate.set()
+    assert [a.index for a in answers] == [0, 1] and [p.temperature for _, _, p, _ in s.engine.asked] == [0.1, 0.2]
+
+
 async def test_a_turn_the_scheduler_refuses_ends_the_session_and_an_engine_failure_is_recorded(tok):
     s = session(tok)
     s.hooks.ended = True
