@@ -52,6 +52,17 @@ async def test_a_command_that_exits_non_zero_fails_with_its_stderrs_tail():
     assert len(message) == len(f"{sys.executable} exited with 3: ") + 500  # the last 500 characters
 
 
+async def test_a_command_that_never_reads_its_task_from_stdin_still_answers_or_fails_as_itself():
+    """The task is on stdin and in ``AGENTENV_TASK``: a command may read either. One that exits
+    without reading stdin may close the pipe before or while the task is written to it (about
+    every other run of a shell that exits at once): its answer or its exit is what counts."""
+    task = Task("t/big", "q" * 60_000)
+    for _ in range(20):
+        assert await run_command(["sh", "-c", "echo done"], task, base_url="u", api_key="k") == "done"
+        with pytest.raises(AgentFailed, match="^sh exited with 4: gave up$"):
+            await run_command(["sh", "-c", "echo gave up >&2; exit 4"], task, base_url="u", api_key="k")
+
+
 async def test_a_command_writing_more_than_a_pipe_holds_on_both_streams_finishes():
     code = "import sys; sys.stderr.write('e' * 300_000); sys.stdout.write('o' * 300_000)"
     with anyio.fail_after(120):  # a hang guard: both pipes are drained at once
