@@ -125,8 +125,11 @@ async def run_command(command: list[str], task: Task, *, base_url: str, api_key:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drain, proc.stdout, out)
                 tg.start_soon(drain, proc.stderr, err)
-                await proc.stdin.send(payload.encode())
-                await proc.stdin.aclose()
+                try:
+                    await proc.stdin.send(payload.encode())
+                    await proc.stdin.aclose()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # it closed its stdin unread (it has the task in AGENTENV_TASK): its exit tells
                 code = await proc.wait()
         finally:
             if proc.returncode is None:

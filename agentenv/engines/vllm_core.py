@@ -104,6 +104,7 @@ class VLLMCore:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         llm, dead, result = self.llm, False, None
+        failed: Exception | None = None
 
         async def watch(scope: anyio.CancelScope) -> None:
             nonlocal dead
@@ -111,17 +112,18 @@ class VLLMCore:
                 await anyio.sleep(0.5)
             scope.cancel()
 
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch, tg.cancel_scope)
-                try:
-                    result = await call(llm)
-                finally:
-                    tg.cancel_scope.cancel()
-        except (EngineError, anyio.get_cancelled_exc_class()):
-            raise
-        except Exception as exc:  # noqa: BLE001 - engine failures surface as EngineError
-            raise EngineError(f"vLLM {what} failed: {type(exc).__name__}: {exc}") from exc
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, tg.cancel_scope)
+            try:
+                result = await call(llm)
+            except Exception as exc:  # noqa: BLE001 - kept out of the task group, which would wrap it in a group
+                failed = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if isinstance(failed, EngineError):
+            raise failed
+        if failed is not None:  # engine failures surface as EngineError, vLLM's own error as the cause
+            raise EngineError(f"vLLM {what} failed: {type(failed).__name__}: {failed}") from failed
         if dead:
             raise EngineError(f"vLLM {what} failed: the engine core died") from EngineDeadError()
         return result

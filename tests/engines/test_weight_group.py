@@ -419,43 +419,6 @@ async def test_a_two_rank_run_over_the_group_serves_the_host_paths_weights(ray_c
         await host.aclose()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("shard", [False, True], ids=["whole", "fsdp"])
-async def test_rank_zero_of_a_ray_policy_sends_its_weights_itself(ray_cluster, model_dir, shard):
-    """A two-rank Ray policy stages its weights with rank 0 (sharded: both ranks gather them);
-    rank 0 forms a group with a worker (a thread of this process here; a first try whose worker
-    fails is given up) and broadcasts them: the worker receives exactly what ``sync_tensors``
-    fetches, and rank 0's process reports the bytes."""
-    from agentenv.train.distributed import RayPolicy
-
-    policy = await anyio.to_thread.run_sync(lambda: RayPolicy(model_dir, ranks=2, seed=0, shard=shard,
-                                                              logprob_chunk=0 if shard else 512))
-    peer: list = []
-    try:
-        weights = await anyio.to_thread.run_sync(policy.sync_weights)
-
-        async def ask_join(host: str, port: int, world: int, backend_name: str) -> None:
-            peer.append(await anyio.to_thread.run_sync(
-                lambda: join(host, port, 1, world, backend_name=backend_name, timeout_s=60)))
-
-        async def refuse(host: str, port: int, world: int, backend_name: str) -> None:
-            raise RuntimeError("the workers could not join")
-
-        with pytest.raises(RuntimeError, match="could not join"):
-            await weights.form_group(1, refuse)
-        sender = await weights.form_group(1, ask_join)
-        got = await sender.update(weights, lambda meta: anyio.to_thread.run_sync(lambda: dict(receive(peer[0], meta))))
-        expected = await anyio.to_thread.run_sync(policy.sync_tensors)
-        assert list(got) == list(expected) and all(torch.equal(got[n], t) for n, t in expected.items())
-        assert sender.sent_bytes == weights.nbytes == sum(t.numel() * t.element_size() for t in expected.values())
-        assert sender.pid == policy.pids[0]
-        sender.close()
-    finally:
-        for group in peer:
-            leave(group)
-        await anyio.to_thread.run_sync(policy.close)
-
-
 def test_an_update_that_fails_is_not_kept_for_a_restarted_core():
     # The engine keeps a host copy of every update so that a restarted core serves it; an update
     # that raised (a group that failed under weight_sync=group) must not be installed by a

@@ -1,7 +1,8 @@
-"""Where the policy computes (``agentenv.train.device``, ``agentenv.devices``): the CPU takes
-the same path a CUDA GPU does (device, precision, activation checkpointing, the batch moved to
-the device), on the bundled model; the choices that differ on CUDA (the process group's
-backend, a Ray rank's device) are checked as plain functions for both inputs."""
+"""Where the policy computes (``agentenv.train.device``): the CPU takes the same path a CUDA GPU
+does (device, precision, activation checkpointing, the batch moved to the device), on the
+bundled model; the choices that differ on CUDA (the process group's backend, a Ray rank's
+device) are checked as plain functions for both inputs. Device names themselves
+(``agentenv.devices``) are tests/test_devices.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentenv.devices import resolve_device
 from agentenv.errors import ConfigError
 from agentenv.train.batch import Batch
 from agentenv.train.config import TrainConfig
@@ -36,7 +36,6 @@ def devices_of(policy: Policy) -> set[torch.device]:
 
 
 def test_auto_is_this_machines_device_and_cpu_runs_the_whole_step_on_the_cpu(model_dir, tokenizer):
-    assert resolve_device("auto") == HERE
     assert Policy(model_dir, device="auto").device == HERE
     torch.manual_seed(0)
     policy = Policy(model_dir, lr=1e-3, device="cpu", loss=LossConfig(kl_coef=0.1))
@@ -63,8 +62,6 @@ def test_cuda_where_there_is_none_is_a_config_error_that_says_what_to_use(model_
     for name in ("cuda", "cuda:1"):
         with pytest.raises(ConfigError, match=f"device='{name}': torch sees no CUDA device.*use device='cpu'"):
             Policy(model_dir, device=name)
-    with pytest.raises(ConfigError, match="device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
-        resolve_device("gpu")
     with pytest.raises(ConfigError, match="device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
         TrainConfig(device="gpu")
     with pytest.raises(ConfigError, match="precision must be auto, fp32 or bf16, got 'fp16'"):

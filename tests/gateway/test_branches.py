@@ -1,0 +1,124 @@
+"""``agentenv.gateway.branches``: which request extends which token sequence, and the ids each
+costs, on the bundled tiny-hermes tokenizer's real chat template (and two templates of our own
+where a template must misbehave)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+import agentenv.models
+from agentenv.engines.embedded import load_tokenizer
+from agentenv.gateway.branches import Branches, glue_text, render
+from agentenv.gateway.messages import MessageError, assistant_message
+
+HERMES = Path(agentenv.models.__file__).parent / "tiny-hermes"
+ADD = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+ASK = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 2 + 3?"}]
+REPLY = assistant_message("It is 5.", [])
+MORE = [{"role": "user", "content": "And 4 + 4?"}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(HERMES)
+
+
+def with_template(tok, template: str):
+    """The same tokenizer with another chat template."""
+    other = copy.deepcopy(tok)
+    other.chat_template = template
+    return other
+
+
+def sample(branches: Branches, tok, role: str, messages, tools, text: str = "It is 5.", eos: bool = True):
+    """Plan a request and record ``text`` (and EOS) as what the engine sampled for it."""
+    plan = branches.plan(role, messages, tools)
+    ids = tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if eos else [])
+    branch = branches.record(plan, ids, [-0.1] * len(ids), [2] * len(ids), assistant_message(text, []), eos)
+    return plan, branch, ids
+
+
+def test_a_first_request_is_a_new_branch_of_its_whole_rendering(tok):
+    branches = Branches(tok)
+    plan = branches.plan("main", ASK, ADD)
+    assert plan.extends is None and plan.glue == []
+    assert tok.decode(plan.input_ids) == render(tok, ASK, ADD, generation_prompt=True)
+    _, branch, ids = sample(branches, tok, "main", ASK, ADD)
+    assert branches.all == [branch] and (branches.branched, branches.extended) == (1, 0)
+    assert branch.ids == plan.input_ids + ids and branch.history == ASK + [REPLY] and branch.calls == 1
+    (seg,) = branch.segments  # the prompt is the branch's prompt_ids; the reply is its one model segment
+    assert (seg.kind, seg.token_ids, seg.logprobs, seg.weight_versions) == ("model", ids, [-0.1] * len(ids),
+                                                                            [2] * len(ids))
+    assert branch.to_dict() == {"role": "main", "prompt_ids": plan.input_ids, "segments": [seg.to_dict()],
+                                "calls": 1}
+
+
+def test_a_request_that_extends_reuses_the_sampled_ids_and_adds_only_the_templates_glue(tok):
+    branches = Branches(tok)
+    first, branch, ids = sample(branches, tok, "main", ASK, ADD)
+    messages = ASK + [REPLY] + MORE
+    plan = branches.plan("main", messages, ADD)
+    assert plan.extends is branch and plan.input_ids == first.input_ids + ids + plan.glue
+    # The sampled <|im_end|> is not repeated: the glue is what the template writes after it.
+    assert tok.decode(plan.glue) == "\n<|im_start|>user\nAnd 4 + 4?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(plan.input_ids) == render(tok, messages, ADD, generation_prompt=True)  # token-exact
+    ids2 = tok.encode("It is 8.", add_special_tokens=False)
+    same = branches.record(plan, ids2, [-0.2] * len(ids2), [3] * len(ids2), assistant_message("It is 8.", []), False)
+    assert same is branch and (branches.branched, branches.extended, branch.calls) == (1, 1, 2)
+    assert [(s.kind, s.token_ids) for s in branch.segments] == [("model", ids), ("env", plan.glue), ("model", ids2)]
+    assert [s.mask for s in branch.segments] == [1, 0, 1]
+    # This reply did not end with EOS: the next glue starts with the template's end of turn.
+    nxt = branches.plan("main", messages + [assistant_message("It is 8.", [])] + MORE, ADD)
+    assert nxt.extends is branch and tok.decode(nxt.glue).startswith("<|im_end|>\n<|im_start|>user")
+
+
+@pytest.mark.parametrize("role, messages, tools", [
+    ("critic", ASK + [REPLY] + MORE, ADD),  # another role
+    ("main", ASK + [REPLY] + MORE, []),  # other tools
+    ("main", ASK[1:] + [REPLY] + MORE, ADD),  # the history truncated
+    ("main", ASK + [assistant_message("It is 6.", [])] + MORE, ADD),  # the reply rewritten
+    ("main", ASK + [REPLY], ADD),  # nothing new after the history
+])
+def test_any_other_request_starts_a_new_branch(tok, role, messages, tools):
+    branches = Branches(tok)
+    sample(branches, tok, "main", ASK, ADD)
+    plan = branches.plan(role, messages, tools)
+    assert plan.extends is None and tok.decode(plan.input_ids) == render(tok, messages, tools,
+                                                                         generation_prompt=True)
+    sample(branches, tok, role, messages, tools)
+    assert len(branches.all) == 2 and [b.index for b in branches.all] == [0, 1] and branches.all[1].role == role
+
+
+def test_a_request_extends_the_latest_branch_it_continues(tok):
+    branches = Branches(tok)
+    _, older, _ = sample(branches, tok, "main", ASK, ADD)
+    _, newer, _ = sample(branches, tok, "main", ASK, ADD)  # the same request again: a branch of its own
+    assert older is not newer
+    assert branches.plan("main", ASK + [REPLY] + MORE, ADD).extends is newer
+
+
+# Renders the last two messages only: the history changes once a message follows it.
+WINDOW = ("{% for m in messages[-2:] %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+          "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_a_template_that_rewrites_the_history_gets_no_glue_and_the_request_a_new_branch(tok):
+    window = with_template(tok, WINDOW)
+    history = ASK + [REPLY]
+    assert glue_text(window, history, MORE, [], True) is None
+    glue = glue_text(tok, history, MORE, [], True)
+    assert glue == "\n<|im_start|>user\nAnd 4 + 4?<|im_end|>\n<|im_start|>assistant\n"
+    branches = Branches(window)
+    sample(branches, window, "main", ASK, [])
+    plan = branches.plan("main", history + MORE, [])
+    assert plan.extends is None and window.decode(plan.input_ids) == "<assistant>It is 5.<user>And 4 + 4?<assistant>"
+
+
+def test_a_template_that_cannot_render_the_messages_is_the_clients_error(tok):
+    refusing = with_template(tok, "{% if tools %}{{ raise_exception('this template takes no tools') }}{% endif %}x")
+    with pytest.raises(MessageError, match="the model's chat template cannot render these messages: "
+                                           ".*this template takes no tools"):
+        Branches(refusing).plan("main", ASK, ADD)

@@ -1,0 +1,51 @@
+"""``agentenv.gateway.replies``: one sampled turn as the assistant message an agent is shown,
+split by the model's tool-call format; a call that does not parse is content plus a reason,
+never an exception."""
+
+from __future__ import annotations
+
+import json
+
+from agentenv.formats import HermesFormat, Llama3JsonFormat
+from agentenv.gateway.replies import Reply, parse_reply
+
+HERMES = HermesFormat()
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+def test_a_hermes_turn_is_its_visible_text_and_its_calls_with_ids_fixed_by_the_request():
+    text = "I will add.\n\n" + CALL + "\n" + CALL.replace("2", "7")
+    reply = parse_reply(HERMES, text, ["add"], call_id="call_4")
+    assert reply == Reply("I will add.", [{"id": "call_4_0", "name": "add", "arguments": {"a": 2, "b": 3}},
+                                          {"id": "call_4_1", "name": "add", "arguments": {"a": 7, "b": 3}}], [])
+    assert parse_reply(HERMES, text, ["add"], call_id="call_4") == reply  # a replay gets the same ids
+    assert parse_reply(HERMES, CALL, ["add"]).content is None  # calls alone: no content
+
+
+def test_without_tools_or_with_tool_choice_none_the_whole_turn_is_content():
+    assert parse_reply(HERMES, CALL, []) == Reply(CALL)
+    assert parse_reply(HERMES, CALL, ["add"], "none") == Reply(CALL)
+    assert parse_reply(HERMES, "The sum is 5.", ["add"]) == Reply("The sum is 5.")
+
+
+def test_a_malformed_call_is_content_with_its_reason_and_no_calls():
+    unknown = CALL.replace('"add"', '"mul"')
+    reply = parse_reply(HERMES, "ok " + unknown, ["add"])
+    assert reply.content == "ok " + unknown and reply.calls == []
+    assert reply.malformed == ["unknown tool 'mul'; available: add"]
+    # One bad call among good ones: the turn is not half-executed, all of it is content.
+    reply = parse_reply(HERMES, CALL + "<tool_call>{not json</tool_call>", ["add"])
+    assert reply.calls == [] and len(reply.malformed) == 1 and "not valid JSON" in reply.malformed[0]
+
+
+def test_a_llama3_call_is_the_whole_turn_so_it_shows_no_content():
+    turn = json.dumps({"name": "add", "parameters": {"a": 1, "b": 1}})
+    reply = parse_reply(Llama3JsonFormat(), turn, ["add"], call_id="call_0")
+    assert reply == Reply(None, [{"id": "call_0_0", "name": "add", "arguments": {"a": 1, "b": 1}}])
+
+
+def test_openai_calls_carry_the_arguments_as_a_json_string_unescaped():
+    reply = Reply(None, [{"id": "call_1_0", "name": "say", "arguments": {"text": "héllo"}}])
+    assert reply.openai_calls() == [{"id": "call_1_0", "type": "function",
+                                     "function": {"name": "say", "arguments": '{"text": "héllo"}'}}]
+    assert Reply("x").openai_calls() == []

@@ -1,0 +1,250 @@
+"""``agentenv.gateway.session``: one agent program's requests, one at a time, on a real scripted
+engine (``agentenv.testing.ScriptedEngine``) and a real event log: live sampling within the
+program's limits, the journal's answers on a replay, a mismatch, the end of the program."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+import agentenv.models
+from agentenv import RolloutConfig
+from agentenv.engines.embedded import load_tokenizer
+from agentenv.errors import ProgramEndedError
+from agentenv.formats import HermesFormat
+from agentenv.gateway.requests import RequestError, parse_chat
+from agentenv.gateway.session import (
+    ProgramSession,
+    ReplayMismatch,
+    SessionEnded,
+    generation_of,
+    generation_record,
+)
+from agentenv.journal import Call, Journal, parse, read
+from agentenv.testing import ScriptedEngine
+
+from ..waiting import until
+
+pytestmark = pytest.mark.anyio
+
+HERMES = Path(agentenv.models.__file__).parent / "tiny-hermes"
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(HERMES)
+
+
+class Hooks:
+    """The program's scheduler side (``agentenv.program.ProgramHooks``), recording each event;
+    ``gate`` (when set) holds every turn until it is set, ``ended`` makes the turn refused."""
+
+    def __init__(self) -> None:
+        self.before: list[tuple[int, int]] = []
+        self.after: list[int] = []
+        self.gate: anyio.Event | None = None
+        self.ended = False
+
+    async def before_turn(self, tokens: int, max_tokens: int) -> int:
+        self.before.append((tokens, max_tokens))
+        if self.ended:
+            raise ProgramEndedError("the program ended before its turn")
+        if self.gate is not None:
+            await self.gate.wait()
+        return 7
+
+    def after_turn(self, tokens: int) -> None:
+        self.after.append(tokens)
+
+
+class Recording(ScriptedEngine):
+    """The scripted engine, keeping the sampling settings and priority of each request."""
+
+    def __init__(self, script, tok, **kw) -> None:
+        super().__init__(script, tok, **kw)
+        self.asked: list = []
+
+    async def generate_turn(self, program, prompt_ids, params, request_id, *, priority=0):
+        self.asked.append((program, request_id, params, priority))
+        return await super().generate_turn(program, prompt_ids, params, request_id, priority=priority)
+
+
+def calculator(prompt: str, n: int) -> str:
+    return "The sum is 5." if "<tool_response>" in prompt else "I will add.\n" + CALL
+
+
+def session(tok, script=calculator, *, config=None, journal=None, replay=None, **engine_kw) -> ProgramSession:
+    config = config or RolloutConfig(max_turns=4, max_new_tokens=256, max_tokens_per_turn=64, temperature=0.7)
+    return ProgramSession(program="p1", engine=Recording(script, tok, **engine_kw), hooks=Hooks(), config=config,
+                          fmt=HermesFormat(), stop_ids=(tok.eos_token_id,), journal=journal, replay=replay)
+
+
+def chat(*messages, **kw):
+    return parse_chat({"model": "m", "messages": list(messages), "tools": [ADD], **kw})
+
+
+FIRST = ({"role": "user", "content": "What is 2 + 3?"},)
+
+
+def second(answer) -> tuple:
+    return (*FIRST, {"role": "assistant", "content": answer.reply.content,
+                     "tool_calls": answer.reply.openai_calls()},
+            {"role": "tool", "tool_call_id": "call_0_0", "content": "5"})
+
+
+async def test_a_live_request_is_sampled_within_its_limits_and_recorded(tok):
+    s = session(tok)
+    answer = await s.complete(chat(*FIRST, temperature=0.2), "main")
+    assert answer.reply.content == "I will add." and answer.reply.calls == [
+        {"id": "call_0_0", "name": "add", "arguments": {"a": 2, "b": 3}}]
+    assert (answer.index, answer.replayed, answer.gen.finish_reason) == (0, False, "stop")
+    n_in = answer.prompt_tokens
+    assert answer.usage() == {"prompt_tokens": n_in, "completion_tokens": len(answer.gen.token_ids),
+                              "total_tokens": n_in + len(answer.gen.token_ids)}
+    program, request_id, params, priority = s.engine.asked[0]
+    assert (program, request_id, priority) == ("p1.0", "p1-0", 7)  # branch 0 of p1, its call 0, the hooks' rank
+    assert (params.max_tokens, params.temperature, params.top_p) == (64, 0.2, 1.0)  # the request's over the run's
+    assert params.stop_token_ids == (tok.eos_token_id,)
+    assert s.hooks.before == [(n_in, 64)] and s.hooks.after == [n_in + len(answer.gen.token_ids)]
+    assert [(c.name, c.arguments, c.status) for c in s.tool_calls] == [("add", {"a": 2, "b": 3}, "ok")]
+    assert len(s.turns) == 1 and (s.calls, s.sampled) == (1, len(answer.gen.token_ids))
+    then = await s.complete(chat(*second(answer)), "main")
+    assert then.reply.content == "The sum is 5." and then.index == 1
+    assert s.engine.asked[1][:2] == ("p1.0", "p1-1") and s.branches.extended == 1  # it extended branch 0
+    assert s.engine.asked[1][2].temperature == 0.7  # the run's when the request names none
+
+
+async def test_a_program_that_spent_its_turns_or_tokens_gets_empty_replies_without_sampling(tok):
+    s = session(tok, config=RolloutConfig(max_turns=1, max_new_tokens=256))
+    await s.complete(chat(*FIRST), "main")
+    empty = await s.complete(chat(*FIRST, temperature=1.0), "main")  # call 1 of at most 1
+    assert (empty.reply.content, empty.gen.token_ids, empty.gen.finish_reason) == ("", [], "length")
+    assert len(s.engine.asked) == 1 and len(s.hooks.before) == 1  # neither the engine nor the scheduler asked
+    s = session(tok, lambda p, n: "word " * 40, config=RolloutConfig(max_turns=8, max_new_tokens=30))
+    first = await s.complete(chat(*FIRST), "main")
+    assert len(first.gen.token_ids) == 30 and first.gen.finish_reason == "length"  # cut at the program's budget
+    assert (await s.complete(chat(*FIRST, seed=1), "main")).gen.token_ids == [] and len(s.engine.asked) == 1
+
+
+async def test_a_request_past_the_context_window_is_refused_naming_it(tok):
+    s = session(tok, max_model_len=20)
+    with pytest.raises(RequestError, match=r"the messages are \d+ tokens, the model's context window is 20: "
+                                           "shorten them") as caught:
+        await s.complete(chat(*FIRST), "main")
+    assert (caught.value.param, caught.value.code) == ("messages", "context_length_exceeded")
+    assert s.engine.asked == [] and s.calls == 0
+
+
+async def test_stop_strings_end_the_visible_text_and_a_one_token_stop_stops_the_engine(tok):
+    s = session(tok, lambda p, n: "abc END def! ghi")
+    answer = await s.complete(chat(*FIRST, stop=["END", "!"]), "main")
+    assert answer.reply.content == "abc "  # cut before the first stop string
+    assert s.engine.asked[0][2].stop_token_ids == (tok.eos_token_id, tok.encode("!", add_special_tokens=False)[0])
+    assert tok.decode(answer.gen.token_ids).endswith("def!")  # the engine stopped on "!" (one token), not on END
+
+
+async def test_a_malformed_call_is_content_and_a_recorded_tool_call(tok):
+    s = session(tok, lambda p, n: "<tool_call>{oops</tool_call>")
+    answer = await s.complete(chat(*FIRST), "main")
+    assert answer.reply.content == "<tool_call>{oops</tool_call>" and answer.reply.calls == []
+    (call,) = s.tool_calls
+    assert call.status == "malformed" and call.arguments == {"raw": "<tool_call>{oops</tool_call>"}
+
+
+async def test_the_journal_logs_each_call_and_a_replay_answers_from_it_until_a_request_differs(tok, tmp_path):
+    log = Journal.create(tmp_path / "events.jsonl", {})
+    live = session(tok, journal=log)
+    a0 = await live.complete(chat(*FIRST), "main")
+    a1 = await live.complete(chat(*second(a0)), "main")
+    log.close()
+    calls = [r for r in map(parse, read(tmp_path / "events.jsonl")[0]) if isinstance(r, Call)]
+    assert [(c.key, c.n, c.role) for c in calls] == [("p1", 0, "main"), ("p1", 1, "main")]
+    assert calls[0].generation == generation_record(a0.gen)
+    replay = [{"d": c.digest, "g": c.generation} for c in calls]
+
+    again = session(tok, journal=None, replay=replay)
+    r0 = await again.complete(chat(*FIRST), "main")
+    r1 = await again.complete(chat(*second(r0)), "main")
+    assert again.engine.asked == [] and again.hooks.before == [] and again.replayed == 2  # no engine, no scheduler
+    assert (r0.replayed, r0.reply, r1.reply) == (True, a0.reply, a1.reply)
+    assert again.branches.all[0].ids == live.branches.all[0].ids  # the same token sequence, as sampled
+
+    other = session(tok, replay=replay)
+    restarted = []
+    other.on_mismatch = lambda: restarted.append(True)
+    await other.complete(chat(*FIRST), "main")
+    with pytest.raises(ReplayMismatch, match="request 1 differs from the journal's"):
+        await other.complete(chat(*FIRST, temperature=0.3), "main")
+    assert other.mismatch and restarted == [True] and other.engine.asked == []
+    # Past the journal's calls a replayed program goes on live.
+    tail = session(tok, replay=replay[:1])
+    await tail.complete(chat(*FIRST), "main")
+    assert (await tail.complete(chat(*second(r0)), "main")).replayed is False and len(tail.engine.asked) == 1
+
+
+async def test_an_ended_program_cancels_its_request_in_flight_and_refuses_later_ones(tok):
+    s = session(tok)
+    s.hooks.gate = anyio.Event()  # the scheduler never grants the turn
+    outcome = []
+
+    async def ask() -> None:
+        try:
+            await s.complete(chat(*FIRST), "main")
+        except SessionEnded:
+            outcome.append("ended")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+        await until(lambda: s.hooks.before, "the request waits for its turn")
+        s.end()
+    assert outcome == ["ended"] and s.engine.asked == [] and s.hooks.after == []
+    with pytest.raises(SessionEnded):
+        await s.complete(chat(*FIRST), "main")
+
+
+async def test_concurrent_requests_of_one_program_are_served_one_at_a_time_in_order(tok):
+    s = session(tok)
+    s.hooks.gate = anyio.Event()
+    answers = []
+
+    async def ask(temperature: float) -> None:
+        answers.append(await s.complete(chat(*FIRST, temperature=temperature), "main"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask, 0.1)
+        await until(lambda: s.hooks.before, "the first request waits for its turn")
+        tg.start_soon(ask, 0.2)
+        await anyio.wait_all_tasks_blocked()
+        assert len(s.hooks.before) == 1  # the second waits for the first, not for the scheduler
+        s.hooks.gate.set()
+    assert [a.index for a in answers] == [0, 1] and [p.temperature for _, _, p, _ in s.engine.asked] == [0.1, 0.2]
+
+
+async def test_a_turn_the_scheduler_refuses_ends_the_session_and_an_engine_failure_is_recorded(tok):
+    s = session(tok)
+    s.hooks.ended = True
+    with pytest.raises(SessionEnded):
+        await s.complete(chat(*FIRST), "main")
+
+    def broken(prompt: str, n: int) -> str:
+        raise RuntimeError("the engine lost its device")
+
+    s = session(tok, broken)
+    with pytest.raises(RuntimeError, match="lost its device"):
+        await s.complete(chat(*FIRST), "main")
+    assert s.engine_error == "RuntimeError: the engine lost its device"
+    assert s.hooks.after == [s.hooks.before[0][0]] and s.calls == 0  # the scheduler still hears the turn ended
+
+
+def test_a_generation_record_round_trips(tok):
+    from agentenv.engines.base import Generation
+
+    gen = Generation([5, 6], [-0.1, -0.2], "stop", 10, 4, 3, 6, token_versions=[2, 3])
+    back = generation_of(generation_record(gen))
+    assert (back.token_ids, back.logprobs, back.finish_reason, back.prompt_tokens, back.cached_tokens,
+            back.weight_version, back.stop_token_id, back.versions) == ([5, 6], [-0.1, -0.2], "stop", 10, 4, 3, 6,
+                                                                        [2, 3])
