@@ -57,7 +57,7 @@ class Hooks:
             await self.gate.wait()
         return 7
 
-    def after_turn(self, tokens: int) -> None:
+    def after_turn(self, tokens: int, prefilled: int = 0) -> None:
         self.after.append(tokens)
 
 
