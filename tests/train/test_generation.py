@@ -162,6 +162,11 @@ async def test_a_group_gone_stale_in_flight_is_cancelled_and_its_slot_goes_to_a_
             await sync(gen, 1)
             assert gen.cancelled == 0 and 0 in gen.position.in_flight  # one version old: still usable
             second = await gen.next_batch()
+            # Only task 0's group is to go stale at version 2: any other group sampled at version
+            # 0 (one a busy machine has not finished yet) completes first.
+            await until(lambda: all(gen._programs.oldest_version(gen.stream.task(i).id) != 0
+                                    for i in gen.position.in_flight if i != 0),
+                        "every group but task 0's sampled at version 0 complete")
             await sync(gen, 2)
             assert gen.cancelled == 1 and gen.buffer.dropped == 1 and 0 not in gen.position.in_flight
             # Its rewards are still held: only the cancellation can end its task.
