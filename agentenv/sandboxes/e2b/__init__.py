@@ -169,21 +169,23 @@ class E2BSandbox(Sandbox):
                     self._creating += 1
                     break
                 await self._room.wait()
-        try:
-            with anyio.CancelScope(shield=True):  # a created sandbox must always be recorded
+        # A created sandbox must always be recorded (for close to kill it), so its creation
+        # and its recording are shielded from cancellation together.
+        with anyio.CancelScope(shield=True):
+            try:
                 sbx = await self._retry(self._cls.create, template=self.template, timeout=self.sandbox_lifetime,
                                         **self.sandbox_opts)
-        except Exception as exc:
+            except Exception as exc:
+                async with self._room:
+                    self._creating -= 1
+                    self._room.notify_all()
+                raise SandboxError(f"cannot create an E2B sandbox: {type(exc).__name__}: {exc}") from exc
+            box = _Box(sbx)
+            box.sessions = 1
             async with self._room:
                 self._creating -= 1
+                self._boxes.append(box)
                 self._room.notify_all()
-            raise SandboxError(f"cannot create an E2B sandbox: {type(exc).__name__}: {exc}") from exc
-        box = _Box(sbx)
-        box.sessions = 1
-        async with self._room:
-            self._creating -= 1
-            self._boxes.append(box)
-            self._room.notify_all()
         return box
 
     async def _release(self, box: _Box) -> None:
@@ -195,9 +197,12 @@ class E2BSandbox(Sandbox):
         box = await self._acquire_box()
         try:
             ctx = await self._retry(box.sbx.create_code_context)
-        except Exception as exc:
-            await self._release(box)
-            raise SandboxError(f"cannot create an E2B code context: {type(exc).__name__}: {exc}") from exc
+        except BaseException as exc:  # cancelled too: the box's place is given back
+            with anyio.CancelScope(shield=True):
+                await self._release(box)
+            if isinstance(exc, Exception):
+                raise SandboxError(f"cannot create an E2B code context: {type(exc).__name__}: {exc}") from exc
+            raise
         s = E2BSession(self, box, ctx)
         if setup_code:
             res = await s.run(setup_code, timeout=max(60.0, self.default_timeout))
