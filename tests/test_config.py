@@ -232,6 +232,23 @@ def test_train_config_is_its_concerns_and_takes_flat_names_unique_across_them():
     assert dataclasses.replace(flat, lr=5e-4) == flat.replace(lr=5e-4)
 
 
+def test_a_former_flat_read_of_train_config_still_reads_with_a_warning():
+    import pickle
+
+    cfg = TrainConfig(lr=1e-3, steps=3, engine="vllm", sandbox_pids=64)
+    with pytest.warns(DeprecationWarning, match=r"TrainConfig.lr is deprecated: read cfg.optimiser.lr"):
+        assert cfg.lr == 1e-3
+    with pytest.warns(DeprecationWarning, match="cfg.optimiser.steps"):
+        assert cfg.steps == 3
+    with pytest.warns(DeprecationWarning, match=r"cfg.engine.engine_args\(\)"):
+        assert cfg.engine_args() == cfg.engine.engine_args()
+    with pytest.warns(DeprecationWarning, match="cfg.sandbox"):
+        assert cfg.sandbox_options() is cfg.sandbox and cfg.sandbox.sandbox_pids == 64
+    with pytest.raises(AttributeError, match="no attribute 'learning_rate'"):
+        cfg.learning_rate  # noqa: B018
+    assert pickle.loads(pickle.dumps(cfg)) == cfg  # (Ray ships it to trainer ranks)
+
+
 def test_train_config_refuses_what_training_cannot_do():
     with pytest.raises(ConfigError, match="GRPO needs group_size >= 2"):
         TrainConfig(group_size=1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import functools
 import typing
+import warnings
 from dataclasses import dataclass, fields
 from dataclasses import replace as _replace
 from typing import Any, ClassVar, Literal, Mapping
@@ -309,6 +310,27 @@ class TrainConfig:
                 f"trainer_ranks must be between 1 and the batch's {trajectories} "
                 f"trajectories (groups_per_step x group_size), got {self.cluster.trainer_ranks}"
             )
+
+    def __getattr__(self, name: str) -> Any:
+        # A former flat read (``cfg.lr``), for code written before the concerns: deprecated.
+        # Only names that are no concern's reach here (``cfg.env`` is the env concern).
+        path = None if name.startswith("_") else TrainConfig.PATHS.get(name)
+        if path is None:
+            raise AttributeError(f"'TrainConfig' object has no attribute {name!r}")
+        warnings.warn(f"TrainConfig.{name} is deprecated: read cfg.{path}", DeprecationWarning, stacklevel=2)
+        held, _, option = path.partition(".")
+        return getattr(object.__getattribute__(self, held), option)
+
+    def engine_args(self) -> dict[str, Any]:
+        """Deprecated: ``cfg.engine.engine_args()``."""
+        warnings.warn("TrainConfig.engine_args() is deprecated: call cfg.engine.engine_args()", DeprecationWarning,
+                      stacklevel=2)
+        return self.engine.engine_args()
+
+    def sandbox_options(self) -> SandboxOptions:
+        """Deprecated: ``cfg.sandbox``."""
+        warnings.warn("TrainConfig.sandbox_options() is deprecated: read cfg.sandbox", DeprecationWarning, stacklevel=2)
+        return self.sandbox
 
     def replace(self, **settings: Any) -> "TrainConfig":
         """This config with ``settings`` (flat option names, or whole concerns) changed; unlike
