@@ -35,3 +35,19 @@ async def sandbox():
     # After the suite: every worker this sandbox ever started is gone.
     wait_for(lambda: not any(alive(p) for p in spawned),
              "every process of the suite's sandbox exited")
+
+
+@pytest.fixture
+def cgroups():
+    """A pool's cgroups (``_Cgroups``); at the end every directory it made is removed, its parents
+    too."""
+    from agentenv.sandboxes.local import CGROUP_V1
+    from agentenv.sandboxes.local.cgroups import _Cgroups
+
+    cg = _Cgroups(CGROUP_V1)
+    if cg.missing:
+        pytest.skip(f"no writable cgroup hierarchy for {cg.missing} on this host")
+    yield cg
+    wait_for(cg.remove_all, "every released directory removed")
+    cg.remove_roots()
+    assert not [p for base in cg.bases.values() for p in base.glob(f"{cg.name}*")], "a directory was left"

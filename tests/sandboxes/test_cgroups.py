@@ -13,27 +13,15 @@ import anyio
 import pytest
 
 from agentenv.errors import SandboxError
-from agentenv.sandboxes.local import CGROUP_V1, LocalSandbox
+from agentenv.sandboxes.local import LocalSandbox
 from agentenv.sandboxes.local.cgroups import _alive, _Cgroups
 from agentenv.sandboxes.local.limits import Limits
 
-from ..waiting import DEADLINE_S, until, wait_for
+from ..waiting import DEADLINE_S, until
 from .hostile import LIMITS
 
 pytestmark = pytest.mark.anyio
 SPIN = ["sh", "-c", "while :; do :; done"]
-
-
-@pytest.fixture
-def cgroups():
-    """A pool's cgroups; at the end every directory it made is removed, its parents too."""
-    cg = _Cgroups(CGROUP_V1)
-    if cg.missing:
-        pytest.skip(f"no writable cgroup hierarchy for {cg.missing} on this host")
-    yield cg
-    wait_for(cg.remove_all, "every released directory removed")
-    cg.remove_roots()
-    assert not [p for base in cg.bases.values() for p in base.glob(f"{cg.name}*")], "a directory was left"
 
 
 async def member(dirs: list[str], argv: list[str] | None = None, *, new_session: bool = False):

@@ -16,25 +16,13 @@ import anyio.abc
 import psutil
 import pytest
 
-from agentenv.sandboxes.local import CGROUP_V1
-from agentenv.sandboxes.local.cgroups import _Cgroups
 from agentenv.sandboxes.local.handle import _Worker, pidfd_signal
 from agentenv.sandboxes.local.uids import _Uids
 
-from ..waiting import DEADLINE_S, until, wait_for
+from ..waiting import DEADLINE_S, until
 from .hostile import LIMITS, private_uids
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def cgroups():
-    cg = _Cgroups(CGROUP_V1)
-    if cg.missing:
-        pytest.skip(f"no writable cgroup hierarchy for {cg.missing} on this host")
-    yield cg
-    wait_for(cg.remove_all, "every released directory removed")
-    cg.remove_roots()
 
 
 @pytest.fixture
