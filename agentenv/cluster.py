@@ -52,6 +52,7 @@ import contextlib
 import math
 import os
 import sys
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Sequence
@@ -230,6 +231,31 @@ def _sole(group: BaseExceptionGroup) -> BaseException:
     return leaves[0] if len(leaves) == 1 else group
 
 
+class _Rollouts:
+    """What :meth:`RayRollouts.rollouts` returns: ``async with`` it for the stream of groups.
+    ``async for`` over it directly, as before it was a context, still works, deprecated: the
+    rollout is then left when the loop ends (or when the generator is closed)."""
+
+    def __init__(self, cm: contextlib.AbstractAsyncContextManager) -> None:
+        self._cm = cm
+
+    async def __aenter__(self) -> MemoryObjectReceiveStream[Group]:
+        return await self._cm.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self._cm.__aexit__(*exc)
+
+    def __aiter__(self) -> AsyncIterator[Group]:
+        warnings.warn("`async for g in cluster.rollouts(...)` is deprecated: write `async with "
+                      "cluster.rollouts(...) as groups: async for g in groups`", DeprecationWarning, stacklevel=2)
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Group]:
+        async with self._cm as groups:
+            async for group in groups:
+                yield group
+
+
 class RayRollouts:
     """Rollout workers on a Ray cluster behind one stream of groups (see the module doc).
 
@@ -331,9 +357,12 @@ class RayRollouts:
         self._serving[actor] = actor.serve.remote()  # holds the worker's runtime open until stop()
         try:
             started = await actor.start.remote()
-        except Exception as exc:  # noqa: BLE001 - the worker could not open its engine/sandbox
-            await _ended(self._serving.pop(actor))
-            _ray().kill(actor)
+        except BaseException as exc:  # cancelled too: an actor no one holds must not live on
+            with anyio.CancelScope(shield=True):
+                await _ended(self._serving.pop(actor))
+                _ray().kill(actor)
+            if not isinstance(exc, Exception):
+                raise
             hint = ("; the environment's own module travels with the workers, but what it imports must be "
                     "installed on every node (or shipped with worker_options={'runtime_env': ...})"
                     if "EnvNotFoundError" in str(exc) else "")
@@ -348,7 +377,9 @@ class RayRollouts:
     async def _replace_worker(self, index: int) -> None:
         """A new worker in the place of worker ``index``, which died."""
         self.replaced += 1
-        await _ended(self._serving.pop(self.workers[index], None))
+        old = self.workers[index]
+        _ray().kill(old)  # gone, or unreachable for now: either way its place is taken
+        await _ended(self._serving.pop(old, None))
         await self._add_worker(index)
 
     async def aclose(self) -> None:
@@ -356,8 +387,10 @@ class RayRollouts:
         ends) and the engine actors, and shut down a cluster started for this; cancelling it
         does not cut that short."""
         with anyio.CancelScope(shield=True):
-            workers, self.workers = self.workers, []
             serving, self._serving = self._serving, {}
+            # Every actor started, a worker's or one still starting (in ``_serving`` only).
+            workers = list(dict.fromkeys([*self.workers, *serving]))
+            self.workers = []
             async with anyio.create_task_group() as tg:
                 for w in workers:
                     tg.start_soon(self._stop_worker, w, serving.get(w))
@@ -387,20 +420,27 @@ class RayRollouts:
             return self.groups_per_worker
         return max(1, -(-self.config.concurrency // max(1, group_size)))
 
-    @contextlib.asynccontextmanager
-    async def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, TaskSnapshot] | None = None,
-                       on_snapshot: Callable[[str, TaskSnapshot], None] | None = None
-                       ) -> AsyncIterator[MemoryObjectReceiveStream[Group]]:
-        """Run ``group_size`` programs of every task on the workers: a stream of the groups,
-        each as it is complete, ending when every group has come. Leaving the block (done,
-        failed or cancelled) leaves the workers running nothing of it.
+    def rollouts(self, tasks: Sequence[Task], group_size: int, *, saved: dict[str, TaskSnapshot] | None = None,
+                 on_snapshot: Callable[[str, TaskSnapshot], None] | None = None) -> "_Rollouts":
+        """Run ``group_size`` programs of every task on the workers: ``async with`` it for a
+        stream of the groups, each as it is complete, ending when every group has come. Leaving
+        the block (done, failed or cancelled) leaves the workers running nothing of it.
+        (``async for`` over it directly, its former use, still works, deprecated.)
 
         ``saved`` (task id -> snapshot, see ``inflight.snapshot_of``) continues groups a run
         left unfinished; ``on_snapshot(task_id, snapshot)`` sees every snapshot taken (the CLI
         logs them, so ``--resume`` continues the programs). A group given its finished
         trajectories yields them again with the rest. An error (a worker's that is not its
         death, a replacement that failed to start, ``on_snapshot``'s) is raised as it is."""
-        self.snapshots.update(saved or {})
+        return _Rollouts(self._rollouts(tasks, group_size, saved, on_snapshot))
+
+    @contextlib.asynccontextmanager
+    async def _rollouts(self, tasks: Sequence[Task], group_size: int, saved: dict[str, Any] | None,
+                        on_snapshot: Callable[[str, TaskSnapshot], None] | None
+                        ) -> AsyncIterator[MemoryObjectReceiveStream[Group]]:
+        # A snapshot in its saved form (a dict, as code written before they were typed passes) is read.
+        self.snapshots.update({k: v if isinstance(v, TaskSnapshot) else read_snapshot(v)
+                               for k, v in (saved or {}).items()})
         d = _Dispatch(self, list(tasks), group_size, on_snapshot)
         # Groups wait here while the caller handles one: up to one per slot on the workers.
         send, receive = anyio.create_memory_object_stream[Group](len(self.workers) * d.per_worker)

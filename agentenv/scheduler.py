@@ -225,7 +225,10 @@ class CostFit:
     next token). Least squares over the last ``keep`` rows, refitted every ``refit`` rows, of
     ``t = k (step_base + step_per_seq n + step_per_ctx n ctx) + prefill_per_token u``. A negative
     coefficient (noise, or a term the rows cannot tell apart) is dropped and the rest refitted,
-    so the model never speeds up with more work. No model before ``least`` rows."""
+    so the model never speeds up with more work. No model before ``least`` rows, and none that
+    has no price for a prefilled token: rows that cannot tell it (little or no prefill in them)
+    would say re-prefill is free, and every program on a tool would give its KV up at once; the
+    previous model (or none: programs keep their KV) stands until they can."""
 
     def __init__(self, keep: int = 512, refit: int = 32, least: int = 32) -> None:
         self._rows: deque[tuple[float, float, float, float, float]] = deque(maxlen=keep)
@@ -249,7 +252,10 @@ class CostFit:
         if len(self._rows) < self._least or (self.model is not None and self._new < self._refit):
             return False
         self._new = 0
-        self.model = self._fit()
+        model = self._fit()
+        if model.prefill_per_token <= 0:
+            return False
+        self.model = model
         self.fits += 1
         return True
 

@@ -183,8 +183,9 @@ class Occupancy:
             self.turn_tokens += n
 
     def area(self) -> float:
-        """The request-seconds in flight so far, up to now."""
-        if self.t0 and not self.t1:
+        """The request-seconds in flight so far, up to now (integrated as :meth:`requests_changed`
+        does: from the first request on, whether or not the run's clock was started)."""
+        if not self.t1:
             self._advance()
         return self.in_flight_area
 

@@ -42,6 +42,9 @@ async def test_two_workers_produce_what_a_local_run_produces(cluster, engine, to
         async with c.rollouts(tasks, group_size=2) as received:
             groups = [g async for g in received]
         assert len(set(c.pids)) == 2 and os.getpid() not in c.pids  # two actor processes did the work
+        with pytest.warns(DeprecationWarning, match="async with cluster.rollouts"):  # the former use still runs
+            again = [g async for g in c.rollouts(tasks[:1], group_size=2)]
+        assert [len(g.trajectories) for g in again] == [2] and again[0].task.id == tasks[0].id
         assert c.prepared > 0  # the workers started sandbox sessions while their engines loaded
     remote = [t for g in groups for t in g.trajectories]
     async with LocalSandbox() as sb, Reactor(engine, env, sb, CONFIG) as reactor:

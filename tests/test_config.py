@@ -247,6 +247,12 @@ def test_a_former_flat_read_of_train_config_still_reads_with_a_warning():
     with pytest.raises(AttributeError, match="no attribute 'learning_rate'"):
         cfg.learning_rate  # noqa: B018
     assert pickle.loads(pickle.dumps(cfg)) == cfg  # (Ray ships it to trainer ranks)
+    # dataclasses.replace with a concern's name as an option's value would rebuild the rest of that
+    # concern from its defaults (the model gone): refused, naming cfg.replace.
+    with pytest.raises(ConfigError, match=r"write cfg.replace\(engine='vllm'\)"):
+        dataclasses.replace(cfg, engine="vllm")
+    assert dataclasses.replace(cfg, lr=5e-4).optimiser.lr == 5e-4
+    assert cfg.replace(engine="embedded").engine.engine_kwargs == cfg.engine.engine_kwargs
 
 
 def test_train_config_refuses_what_training_cannot_do():

@@ -642,11 +642,17 @@ def test_the_cost_fit_follows_a_changed_engine_and_never_fits_a_negative_cost():
     for row in turns(dear, rng, 128):
         fit.add(*row)
     assert fit.model.prefill_per_token == pytest.approx(5e-4, rel=0.15)  # only the last ``keep`` turns count
-    # Prefill that costs nothing, in rows whose times do not grow with it: its noise fit would be
-    # negative; the term is dropped (0), never a model that speeds up with more work.
+    # Rows with no prefill in them cannot price it: no model (programs keep their KV), rather than
+    # one that says re-prefill is free.
     fit = CostFit(least=32)
-    for t, k, busy, ctx, pre in turns(CostModel(0.004, 5e-4), random.Random(2), 32, noise=0.2):
-        fit.add(t, k, busy, ctx, pre)
+    for t, k, busy, ctx, pre in turns(CostModel(0.004, 5e-4, prefill_per_token=5e-5), random.Random(2), 64):
+        assert not fit.add(t - 5e-5 * pre, k, busy, ctx, 0.0)
+    assert fit.model is None and fit.fits == 0
+    # A term the times do not grow with (here the context's) fits as noise, maybe negative: it is
+    # dropped, never a model that speeds up with more work.
+    fit = CostFit(least=32)
+    for row in turns(CostModel(0.004, 5e-4, prefill_per_token=5e-5), random.Random(3), 32, noise=0.2):
+        fit.add(*row)
     m = fit.model
     assert min(m.step_base, m.step_per_seq, m.step_per_ctx, m.prefill_per_token) >= 0
-    assert m.step_base == pytest.approx(0.004, rel=0.5)
+    assert m.step_base == pytest.approx(0.004, rel=0.5) and m.prefill_per_token == pytest.approx(5e-5, rel=0.5)

@@ -98,3 +98,19 @@ def test_a_long_run_keeps_a_bounded_timeline_and_start_sample(clock):
     summary = s.summary()
     assert summary["session_starts"] == 5000 and len(s.sessions.session_start_s) == 100
     assert 2000 < summary["session_start_p50_ms"] < 3000 and 4000 < summary["session_start_p90_ms"] < 5000
+
+
+def test_the_request_seconds_in_flight_grow_up_to_now_whether_or_not_the_clock_was_started():
+    # A reactor driven through ``group`` (the trainer, a Ray worker) never starts the run's clock;
+    # the cost fit still reads the requests in flight over each turn from this area.
+    from agentenv.stats import Occupancy
+
+    from .waiting import wait_for
+
+    o = Occupancy()
+    o.requests_changed(+4)
+    first = o.area()
+    wait_for(lambda: o.area() > first, "the area grown with four requests in flight")
+    o.requests_changed(-4)
+    closed = o.area()
+    assert o.area() == closed  # nothing in flight: it stays

@@ -290,6 +290,12 @@ class TrainConfig:
     PATHS: ClassVar[dict[str, str]]
 
     def __init__(self, **settings: Any) -> None:
+        concerns = _concerns()
+        if set(concerns) <= set(settings):  # every concern named: ``dataclasses.replace(cfg, ...)``
+            lost = [n for n in concerns if not isinstance(settings[n], concerns[n])]
+            if lost:  # that concern's other options are gone: a silent reset of them
+                raise ConfigError(f"dataclasses.replace(cfg, {lost[0]}=...) would reset the rest of cfg.{lost[0]}; "
+                                  f"write cfg.replace({lost[0]}={settings[lost[0]]!r})")
         whole, parts = _route(settings)
         for name, cls in _concerns().items():
             if name in whole:  # its options given too change it (``dataclasses.replace(cfg, lr=...)``)
@@ -351,13 +357,16 @@ class TrainConfig:
         """A config for ``env`` with its ``train_defaults`` where ``settings`` give no value
         (its ``env_kwargs`` merged under the ones given), as ``agentenv train`` does."""
         defaults = env_train_defaults(env)
-        # A concern given whole is as given: the env's defaults fill only the others.
-        defaults = {k: v for k, v in defaults.items()
-                    if k == "env_kwargs" or cls.PATHS[k].split(".")[0] not in settings}
+        # A concern given whole is as given: the env's defaults fill only the others. (A name
+        # that is a concern's and an option's, ``engine="vllm"``, given as a value is the option.)
+        concerns = _concerns()
+        whole = {name for name, value in settings.items() if name in concerns and isinstance(value, concerns[name])}
+        defaults = {k: v for k, v in defaults.items() if k == "env_kwargs" or cls.PATHS[k].split(".")[0] not in whole}
         merged = {**defaults, **settings, "env": env}
         merged["env_kwargs"] = {**defaults.get("env_kwargs", {}), **settings.get("env_kwargs", {})}
         cfg = cls(**merged)
-        return cfg if "eval_tasks" in settings else cfg.replace(eval_tasks=scaled_eval_tasks(cfg))
+        given = "eval_tasks" in settings or "evaluation" in whole
+        return cfg if given else cfg.replace(eval_tasks=scaled_eval_tasks(cfg))
 
 
 @functools.cache

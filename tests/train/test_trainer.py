@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from agentenv.engines.embedded import EmbeddedEngine
+from agentenv.config import SandboxOptions
 from agentenv.errors import ConfigError
 from agentenv.train import LoraSpec, Policy, TrainConfig, Trainer, collate
+from agentenv.train.config import EvaluationOptions
 from agentenv.train.policy import nbytes
 from agentenv.envs.retool_math import RetoolMathEnv
 from ..waiting import until
@@ -328,17 +330,26 @@ async def test_held_out_evaluation_kl_penalty_and_trackers(tmp_path, monkeypatch
                       print_steps=False).run()
 
 
-def test_an_environments_training_defaults_apply_where_no_value_is_given():
+def test_an_environments_training_defaults_apply_where_no_value_is_given(monkeypatch):
     class Tuned(RetoolMathEnv):
-        train_defaults = {"lr": 3e-4, "temperature": 1.5, "env_kwargs": {"extra_digits": 1}}
+        train_defaults = {"lr": 3e-4, "temperature": 1.5, "env_kwargs": {"extra_digits": 1}, "trainer_ranks": 4,
+                          "sandbox_memory_mb": 2048, "model": "/models/m"}
 
-    from agentenv.registry import register
+    from agentenv import registry
 
-    register("tuned-math", Tuned)
+    # Registered for this test only: a later listing of every env (test_listing) must not see them.
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register("tuned-math", Tuned)
     cfg = TrainConfig.for_env("tuned-math", temperature=1.2, env_kwargs={"other": 1})
     assert cfg.optimiser.lr == 3e-4 and cfg.rollout.temperature == 1.2
     assert cfg.env.env_kwargs == {"extra_digits": 1, "other": 1}
-    register("bad-math", type("Bad", (RetoolMathEnv,), {"train_defaults": {"learning_rate": 1}}))
+    # An option named as its concern is (engine="vllm", cluster="ray") is that option: the
+    # env's defaults for the concern's other options still apply; a concern given whole is kept.
+    cfg = TrainConfig.for_env("tuned-math", engine="vllm", cluster="ray", sandbox="local")
+    assert (cfg.engine.engine, cfg.engine.model, cfg.cluster.trainer_ranks, cfg.sandbox.sandbox_memory_mb) == (
+        "vllm", "/models/m", 4, 2048)
+    assert TrainConfig.for_env("tuned-math", sandbox=SandboxOptions()).sandbox.sandbox_memory_mb is None
+    registry.register("bad-math", type("Bad", (RetoolMathEnv,), {"train_defaults": {"learning_rate": 1}}))
     with pytest.raises(ConfigError, match="unknown settings"):
         TrainConfig.for_env("bad-math")
 
@@ -359,6 +370,8 @@ def test_the_default_evaluation_scales_with_the_run_and_says_what_it_costs():
     full = TrainConfig.for_env("retool-math")
     assert (full.optimiser.steps, evaluations(full), full.evaluation.eval_tasks) == (100, 3, 128)
     assert TrainConfig.for_env("retool-math", steps=5, eval_tasks=64).evaluation.eval_tasks == 64
+    given = EvaluationOptions(eval_every=2, eval_tasks=100)
+    assert TrainConfig.for_env("retool-math", steps=5, evaluation=given).evaluation.eval_tasks == 100
     assert TrainConfig.for_env("retool-math", steps=1, groups_per_step=1, group_size=2).evaluation.eval_tasks == 8
     assert evaluation_cost(TrainConfig.for_env("retool-math", eval_every=0)) == \
         "held-out evaluation: none (--eval-every 0)"
