@@ -78,9 +78,11 @@ async def test_a_command_past_its_deadline_is_killed(tmp_path):
 
         tg.start_soon(agent)
         await until(lambda: pid_file.exists() and pid_file.read_text(), "the agent started")
+        # Held as a process, not a pid: a busy machine may give the pid to another process once
+        # this one is reaped (is_running tells them apart by their start time).
+        command = psutil.Process(int(pid_file.read_text()))
         tg.cancel_scope.cancel()
-    pid = int(pid_file.read_text())
-    assert not psutil.pid_exists(pid)  # killed and reaped, not left running
+    assert not command.is_running()  # killed and reaped (a zombie would still be running), not left running
 
 
 def test_the_task_is_json_even_with_data_json_cannot_hold():

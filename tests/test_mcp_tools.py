@@ -31,6 +31,14 @@ from .waiting import wait_for  # noqa: E402
 SERVER = str(Path(__file__).resolve().parents[1] / "examples" / "mcp_calc_server.py")
 
 
+def exited(proc: psutil.Process) -> bool:
+    """Gone (a process given its pid since is not it), or a zombie its parent has not reaped."""
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def stdio(*extra: str, **kw) -> MCPServer:
     return MCPServer(command=[sys.executable, SERVER, *extra], **kw)
 
@@ -69,21 +77,22 @@ def test_a_call_answers_and_the_key_value_state_lives_in_the_server(faulty):
 def test_a_server_that_dies_mid_call_is_that_calls_error_and_is_restarted(faulty):
     pool, tools = faulty
     before, restarts = int(call(tools["pid"]).text), pool.stats()["restarts"]
+    server = psutil.Process(before)  # held as a process: a busy machine may reuse its pid once it is gone
     out = call(tools["crash"])
     assert out.status == "error" and "restarted" in out.text and out.error.startswith("server failed")
     after = int(call(tools["pid"]).text)
     assert after != before and pool.stats()["restarts"] == restarts + 1
-    wait_for(lambda: not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE,
-             "the dead server's process is gone")
+    wait_for(lambda: exited(server), "the dead server's process is gone")
 
 
 def test_a_server_that_hangs_times_out_at_the_deadline_and_is_replaced(faulty):
     pool, tools = faulty
     before = int(call(tools["pid"]).text)
+    server = psutil.Process(before)
     out = call(tools["hang"])  # blocks the whole server process
     assert out.status == "timeout" and out.error == "no answer within 1.5s; server restarted"
     assert int(call(tools["pid"]).text) != before  # a new process answers
-    wait_for(lambda: not psutil.pid_exists(before), "the hung server was stopped")
+    wait_for(lambda: not server.is_running(), "the hung server was stopped")
 
 
 class AddEnv(Environment):

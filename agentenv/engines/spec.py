@@ -42,7 +42,7 @@ class EngineSpec:
     def sampling_as(cls, sampling: Any, kind: str, model: Any, *, kwargs: Mapping[str, Any] | None = None,
                     base_urls: Sequence[str] | None = None, seed: int = 0) -> "EngineSpec":
         """The engine ``kind`` serving ``model``, sampling as ``sampling`` says: a run's config
-        (``RolloutConfig``, ``TrainConfig``) or a mapping, read for ``temperature``, ``top_p`` and
+        (``RolloutConfig``, a ``TrainConfig``'s ``rollout``) or a mapping, read for ``temperature``, ``top_p`` and
         ``top_k``; one it lacks keeps the default (a training run has no ``top_p``: it samples the
         whole distribution it learns from). The one place a run's sampling settings become an
         engine's."""

@@ -37,7 +37,7 @@ def test_a_runs_sampling_settings_become_the_engines_in_one_place():
     spec = EngineSpec.sampling_as(rollout, "embedded", "tiny-retool", kwargs={"page_size": 32}, seed=4)
     assert (spec.temperature, spec.top_p, spec.top_k, spec.seed, spec.kwargs) == (0.7, 0.9, 5, 4, {"page_size": 32})
     # Training has no top_p or top_k: the engine samples the whole distribution it learns from.
-    spec = EngineSpec.sampling_as(TrainConfig(temperature=0.5), "embedded", "tiny-retool")
+    spec = EngineSpec.sampling_as(TrainConfig(temperature=0.5).rollout, "embedded", "tiny-retool")
     assert (spec.temperature, spec.top_p, spec.top_k) == (0.5, DEFAULT_TOP_P, DEFAULT_TOP_K)
     spec = EngineSpec.sampling_as({"temperature": 0.0}, "vllm", "m", base_urls=("http://a:1",))
     assert (spec.temperature, spec.top_p, spec.base_urls) == (0.0, DEFAULT_TOP_P, ["http://a:1"])
@@ -57,7 +57,7 @@ def test_each_sampling_default_is_the_one_engines_base_states():
     defaults = {"temperature": DEFAULT_TEMPERATURE, "top_p": DEFAULT_TOP_P, "top_k": DEFAULT_TOP_K}
     for made in (RolloutConfig(), EngineSpec("embedded", "m"), SamplingParams(max_tokens=1)):
         assert {k: getattr(made, k) for k in defaults} == defaults, type(made).__name__
-    assert TrainConfig().temperature == DEFAULT_TEMPERATURE
+    assert TrainConfig().rollout.temperature == DEFAULT_TEMPERATURE
     for function in (EmbeddedEngine.__init__, open_engine, RayEngine.start):
         params = inspect.signature(function).parameters
         assert {k: params[k].default for k in defaults if k in params} == {k: v for k, v in defaults.items()

@@ -33,9 +33,26 @@ async def servers():
         yield pool
 
 
-def reaped(pid: int) -> bool:
+def process(pid: int) -> psutil.Process | None:
+    """``pid``'s process while it runs (None: gone already), to ask later whether it was reaped
+    without taking a process that was given the pid since (a busy machine reuses pids) for it."""
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def reaped(proc: psutil.Process | None) -> bool:
     """Gone entirely: not even a zombie waiting for its parent."""
-    return not psutil.pid_exists(pid)
+    return proc is None or not proc.is_running()
+
+
+def exited(proc: psutil.Process | None) -> bool:
+    """Gone, or a zombie its parent has not reaped yet."""
+    try:
+        return reaped(proc) or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 async def call(stream, code: str, seq: int = 5) -> tuple[int, dict]:
@@ -62,7 +79,7 @@ async def test_a_session_is_a_named_fork_of_its_template_reaped_the_moment_it_en
     servers.end(w)
     await w.stream.aclose()
     # Its template reaps it as it exits, with no request to wake it.
-    await until(lambda: reaped(w.pid), "the ended session reaped by its template")
+    await until(lambda: reaped(session), "the ended session reaped by its template")
 
 
 async def test_sessions_start_with_the_templates_environment_only(servers):
@@ -88,11 +105,12 @@ async def test_a_session_that_cannot_confine_itself_never_runs_code_and_says_why
         resp, fds = await template.request(req, [theirs.fileno()])
         theirs.close()
         assert set(resp) == {"pid", "reaper"} and len(fds) == 1  # it was forked
+        unconfined = process(resp["pid"])
         stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
         seq, answer = await call(stream, "open('/tmp/ran', 'w').close()\n'ran'")
         assert seq == VIOLATION and answer == {
             "violation": "the session could not be confined: OSError: cgroup /etc is outside /sys/fs/cgroup"}
-        await until(lambda: reaped(resp["pid"]), "the unconfined session exited and was reaped")
+        await until(lambda: reaped(unconfined), "the unconfined session exited and was reaped")
         await stream.aclose()
         os.close(fds[0])
     finally:
@@ -134,11 +152,10 @@ async def test_an_unisolated_session_is_a_reaper_and_its_worker_in_the_sessions_
         pids = next(d for d in s._cgroups if "/pids/" in d)
         with open(os.path.join(pids, "cgroup.procs")) as f:
             assert {s.pid, reaper} <= {int(p) for p in f.read().split()}
-        worker = s.pid
+        worker, reaper_process = process(s.pid), process(reaper)
         await s.aclose()
-        await until(lambda: reaped(reaper), "the reaper killed and reaped by the fork server")
-        await until(lambda: not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE,
-                    "the worker killed with its session's cgroup")
+        await until(lambda: reaped(reaper_process), "the reaper killed and reaped by the fork server")
+        await until(lambda: exited(worker), "the worker killed with its session's cgroup")
 
 
 @pytest.mark.parametrize("end", ["the session", "the pool"])
