@@ -80,6 +80,6 @@ def test_git_ignores_what_the_commands_write_by_default():
     eval_out = EvalRunConfig.DEFAULTS["output.out"]
     eval_report = EvalRunConfig(output=OutputOptions(out=eval_out)).report_path
     paths = [out, Path(f"{out}.log"), eval_out, Path(f"{eval_out}.log"), eval_report,
-             Path(TrainConfig().out_dir) / "metrics.jsonl"]
+             Path(TrainConfig().output.out_dir) / "metrics.jsonl"]
     r = subprocess.run(["git", "check-ignore", *map(str, paths)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert sorted(r.stdout.split()) == sorted(map(str, paths)), r.stdout + r.stderr
