@@ -141,6 +141,31 @@ async def test_a_request_the_server_cannot_serve_is_answered_with_an_error_and_i
         await w.stream.aclose()
 
 
+def test_a_host_gone_before_its_answer_ends_the_server_quietly():
+    """The host stops (a SIGTERM'd run) while a request is being answered: the server's answer
+    finds the channel closed and it exits, with nothing on the stderr it shares with the host's
+    command (a traceback there was printed after the command's last line)."""
+    import subprocess
+    import sys
+
+    from agentenv.sandboxes.local.servers import CLEAN_ENV, FORKSERVER
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([sys.executable, "-I", str(FORKSERVER), str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=CLEAN_ENV, cwd="/", start_new_session=True)
+    theirs.close()
+    try:
+        assert json.loads(mine.recv(1 << 16))["ok"]
+        mine.send(json.dumps({"op": "reboot"}).encode())  # answered with an error...
+        mine.close()  # ...to a host already gone
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (proc.returncode, err.decode()) == (0, "")
+
+
 async def test_an_unisolated_session_is_a_reaper_and_its_worker_in_the_sessions_cgroups():
     async with LocalSandbox(prewarm=0, isolate=False) as sb:
         s = await sb.session()

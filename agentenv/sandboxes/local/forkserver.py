@@ -499,7 +499,10 @@ def serve_control(ctrl: socket.socket, ns: dict) -> None:
                     os.close(fd)
                 except OSError:
                     pass
-            ctrl.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            try:
+                ctrl.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            except OSError:  # the host is gone (its end of the channel closed): no one to answer
+                return
 
 
 def main() -> None:
