@@ -163,16 +163,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_streamable_http_server_on_loopback():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
+def serve_http_on_a_free_port() -> tuple[subprocess.Popen, int]:
+    """The example server over streamable HTTP, listening when this returns. A port found free
+    may be taken by another process before the server binds it (the server then exits): such a
+    port is replaced by another."""
+    for _ in range(3):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
         def listening():
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
-        wait_for(listening, f"the HTTP server listens on {port}", unless=lambda: proc.poll() is not None)
+        if wait_for(listening, f"the HTTP server listens on {port}", unless=lambda: proc.poll() is not None):
+            if proc.poll() is None:  # listening, and it is this server that listens
+                return proc, port
+            proc.kill()
+        proc.wait(30)
+    raise AssertionError("three free ports were each taken before the HTTP server could listen on them")
+
+
+def test_a_streamable_http_server_on_loopback():
+    proc, port = serve_http_on_a_free_port()
+    try:
         pool = MCPTools(MCPServer(url=f"http://127.0.0.1:{port}/mcp"))
         try:
             tools = {t.name: t for t in pool.tools()}

@@ -59,19 +59,23 @@ class TrainerRank:
         self.policy: Any = None
         self._rendezvous: Any = None  # rank 0: a weight-update group being formed (``engines.weight_group``)
         self._weight_sender: Any = None  # rank 0: the formed group's sending end
+        self._listen: Any = None  # rank 0, between address() and setup(): the rendezvous' socket
 
     def address(self) -> str:
-        """A free TCP port on this node, for the group's rendezvous (asked of rank 0)."""
-        import socket
-
+        """The address of the group's rendezvous (asked of rank 0): a port on this node that
+        this rank binds now and holds until :meth:`setup` serves the rendezvous on it, so no
+        other process can take it in between."""
         import ray
 
+        from ..engines.weight_group import listen
+
         ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((ip, 0))
-            return f"{ip}:{s.getsockname()[1]}"
+        self._listen = listen(ip)
+        return f"{ip}:{self._listen.getsockname()[1]}"
 
     def setup(self, address: str, timeout_s: float) -> int:
+        import socket
+
         import torch.distributed as dist
 
         from .device import process_group_backend, resolve_device, use_device
@@ -79,8 +83,21 @@ class TrainerRank:
 
         device = resolve_device(self.policy_kwargs.get("device", "cpu"))
         use_device(device)  # before the group: NCCL binds each rank to its current device
-        dist.init_process_group(process_group_backend(device.type), init_method=f"tcp://{address}", rank=self.rank,
-                                world_size=self.world, timeout=timedelta(seconds=timeout_s))
+        host, port = address.rsplit(":", 1)
+        timeout = timedelta(seconds=timeout_s)
+        listening = self._listen
+        if listening is None:
+            store = dist.TCPStore(host, int(port), self.world, is_master=False, timeout=timeout)
+        else:  # the store serves on the socket address() bound (it owns the descriptor now)
+            self._listen, fd = None, listening.detach()
+            try:
+                store = dist.TCPStore(host, int(port), self.world, is_master=True, timeout=timeout,
+                                      wait_for_workers=False, master_listen_fd=fd)
+            except BaseException:
+                socket.close(fd)
+                raise
+        dist.init_process_group(process_group_backend(device.type), store=store, rank=self.rank,
+                                world_size=self.world, timeout=timeout)
         torch.manual_seed(self.seed)
         self.policy = Policy(**self.policy_kwargs)  # it takes rank 0's weights (a broadcast), then shards
         return os.getpid()
