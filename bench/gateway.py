@@ -1,6 +1,6 @@
 """What the gateway costs: agent programs through HTTP beside the reactor's own programs.
 
-    python bench/gateway.py [--programs 1000] [--calls 4] [--tokens 64]
+    python bench/gateway.py [--programs 1000] [--calls 4] [--tokens 64] [--alone 100]
 
 ``--programs`` agent programs run at once (``agentenv.AgentEnvironment``), each a plain
 ``openai`` SDK loop of ``--calls`` chat completions through the gateway, every request
@@ -16,8 +16,11 @@ too), tokens per second, and for the HTTP path the latency of a call as the agen
 every other program's work). A fourth run puts the agents in another process (one shared
 ``httpx`` client there, :class:`ElsewhereAgent`): this process then runs only the reactor and the
 gateway, so its CPU per token is the gateway path's own cost, without any agent's
-(``gateway_overhead_ratio_agents_elsewhere``). Last line: ``gateway_overhead_ratio: X``, HTTP
-(openai SDK agents in this process) µs/token over in-process µs/token.
+(``gateway_overhead_ratio_agents_elsewhere``). Then ``--alone`` agent programs run one at a
+time: with nothing else waiting and the engine at no cost, a call's latency as the SDK sees it
+is what the gateway (with the client and the reactor) adds to a call (``gateway_added_ms_p99``).
+Last line: ``gateway_overhead_ratio: X``, HTTP (openai SDK agents in this process) µs/token over
+in-process µs/token.
 """
 
 from __future__ import annotations
@@ -221,11 +224,12 @@ async def measure_elsewhere(env: ElsewhereAgent, programs: int, tokens: int) -> 
 _TOKENIZER: list = []
 
 
-async def measure(env, programs: int, tokens: int) -> dict:
+async def measure(env, programs: int, tokens: int, *, one_at_a_time: bool = False) -> dict:
     engine = InstantEngine(_TOKENIZER[0] if _TOKENIZER else None, turn_tokens=tokens)
     _TOKENIZER[:] = [engine.tokenizer]
-    config = RolloutConfig(max_new_tokens=10**6, max_tokens_per_turn=tokens, concurrency=max(1, programs // 8),
-                           max_programs=programs)
+    at_once = 1 if one_at_a_time else programs
+    config = RolloutConfig(max_new_tokens=10**6, max_tokens_per_turn=tokens, concurrency=max(1, at_once // 8),
+                           max_programs=at_once)
     c0, t0 = time.process_time(), time.perf_counter()
     async with Reactor(engine, env, None, config) as reactor:
         groups = await reactor.collect(env.tasks(programs), 1)
@@ -250,6 +254,8 @@ def main() -> None:
     ap.add_argument("--programs", type=int, default=1000)
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--alone", type=int, default=100, help="programs run one at a time, for the latency a call "
+                    "gains through the gateway when nothing else waits (default 100)")
     ap.add_argument("--load-process", type=int, metavar="PORT", help=argparse.SUPPRESS)  # ElsewhereAgent's agents
     a = ap.parse_args()
     if a.load_process:
@@ -264,6 +270,9 @@ def main() -> None:
     raw = anyio.run(measure, HttpAgent(a.calls, a.tokens, raw=True), a.programs, a.tokens)
     raw_lat, HttpAgent.latencies = list(HttpAgent.latencies), []
     http = anyio.run(measure, HttpAgent(a.calls, a.tokens), a.programs, a.tokens)
+    http_lat, HttpAgent.latencies = list(HttpAgent.latencies), []
+    alone = anyio.run(lambda: measure(HttpAgent(a.calls, a.tokens), a.alone, a.tokens, one_at_a_time=True))
+    alone_lat = list(HttpAgent.latencies)
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}  cpus: {os.cpu_count()}")
     runs = (("in-process", native), ("http, agents elsewhere", away), ("http httpx", raw), ("http openai", http))
     for name, r in runs:
@@ -272,9 +281,17 @@ def main() -> None:
     for name, r in runs[1:]:
         if r["first_error"]:
             print(f"{name} first failure: {r['first_error']}")
-    for name, xs in (("elsewhere", ElsewhereAgent.latencies), ("httpx", raw_lat), ("openai", HttpAgent.latencies)):
+    for name, xs in (("elsewhere", ElsewhereAgent.latencies), ("httpx", raw_lat), ("openai", http_lat),
+                     ("openai, one program at a time", alone_lat)):
         if xs:
             print(latency_line(name, xs))
+    print(f"gateway's own CPU per call (agents elsewhere, {a.tokens} tokens a call): "
+          f"{away['us_per_token'] * a.tokens / 1e3:.2f} ms; in-process program's per turn: "
+          f"{native['us_per_token'] * a.tokens / 1e3:.2f} ms")
+    if alone_lat:
+        xs = sorted(alone_lat)
+        print(f"gateway_added_ms_p99: {1e3 * xs[min(len(xs) - 1, int(0.99 * len(xs)))]:.2f} "
+              f"(one program at a time, the engine at no cost: the whole call as the openai SDK sees it)")
     print(f"gateway figures of one program: {http['gateway']}")
     print(f"gateway_overhead_ratio_agents_elsewhere: {away['us_per_token'] / native['us_per_token']:.2f}")
     print(f"gateway_overhead_ratio_httpx_client: {raw['us_per_token'] / native['us_per_token']:.2f}")

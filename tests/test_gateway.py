@@ -199,6 +199,26 @@ async def test_bad_keys_and_bodies_get_openai_errors_and_an_ended_program_410(to
     assert after.status_code == 410 and after.json()["error"]["code"] == "program_ended"
 
 
+async def test_the_gateways_connections_send_without_delay(tok):
+    """Each reply leaves in two writes (headers, body): a connection with Nagle on holds the
+    second until the client's delayed ACK (~40 ms a call)."""
+    import socket
+
+    from agentenv.gateway.server import start_gateway
+
+    gateway = await start_gateway(tok)
+    try:
+        async with httpx.AsyncClient() as h:
+            assert (await h.get(f"{gateway.url}/models")).status_code == 401  # a connection now open
+            conns = gateway._server.server_state.connections
+            assert conns, "the gateway holds the client's connection"
+            for c in conns:
+                sock = c.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), "Nagle is on for a connection"
+    finally:
+        await gateway.aclose()
+
+
 async def test_a_malformed_call_is_content_and_data_not_an_error(tok):
     broken = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'
     trajs = await collect(Calc(), ScriptedEngine(lambda p, n: broken, tok), n=1, group=1)

@@ -116,7 +116,11 @@ class Gateway:
         config = uvicorn.Config(app, host=self.host, port=0, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30)
         config.load()
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on connections of a socket made with
+        # it, and without it each reply (headers, then body) waits ~40 ms on Nagle and the
+        # client's delayed ACK
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
+                             socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         sock.set_inheritable(True)
