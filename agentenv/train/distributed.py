@@ -36,6 +36,7 @@ rank and starts new ones from its last checkpoint (``TrainConfig.cluster.rank_re
 from __future__ import annotations
 
 import os
+from dataclasses import fields, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,11 +44,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError, RankDiedError
+from ..models.lora import LoraSpec
 from .batch import Batch
+from .config import OptimiserOptions
 from .packing import micro_plan
+from .policy import optimiser_options
 
 if TYPE_CHECKING:
     from .rank_weights import RankWeights
+
+_OPTIMISER_FIELDS = frozenset(f.name for f in fields(OptimiserOptions))
 
 
 class TrainerRank:
@@ -81,7 +87,7 @@ class TrainerRank:
         from .device import process_group_backend, resolve_device, use_device
         from .policy import Policy
 
-        device = resolve_device(self.policy_kwargs.get("device", "cpu"))
+        device = resolve_device(self.policy_kwargs["optimiser"].device)
         use_device(device)  # before the group: NCCL binds each rank to its current device
         host, port = address.rsplit(":", 1)
         timeout = timedelta(seconds=timeout_s)
@@ -211,22 +217,23 @@ class RayPolicy:
         if ranks < 1:
             raise ConfigError(f"trainer ranks must be >= 1, got {ranks}")
         self.ranks = ranks
-        self.lora = policy_kwargs.get("lora")
+        settings = {k: policy_kwargs.pop(k) for k in list(policy_kwargs) if k in _OPTIMISER_FIELDS}
+        opt = optimiser_options(policy_kwargs.pop("optimiser", None), settings)
+        self.lora = policy_kwargs.get("lora") or (LoraSpec(rank=opt.lora_rank, alpha=opt.lora_alpha)
+                                                  if opt.lora_rank else None)
         self.sharded = bool(policy_kwargs.get("shard")) and ranks > 1
-        self.micro_batch = int(policy_kwargs.get("micro_batch", 16))
-        self.micro_batch_tokens = policy_kwargs.get("micro_batch_tokens")
-        self.pack = bool(policy_kwargs.get("pack", True))  # Policy's default
+        self.micro_batch, self.micro_batch_tokens, self.pack = opt.micro_batch, opt.micro_batch_tokens, opt.pack
         self._ray, self._started_ray = connect(address)
         ray = self._ray
         self.actors: list[Any] = []
         try:  # every rank on one GPU of its own, or all on CPUs
-            self.device = rank_device(policy_kwargs.get("device", "auto"), ray.cluster_resources().get("GPU", 0), ranks)
+            self.device = rank_device(opt.device, ray.cluster_resources().get("GPU", 0), ranks)
         except BaseException:
             self.close()
             raise
         gpus = {"num_gpus": 1} if self.device == "cuda" else {}
         cls = ray.remote(TrainerRank).options(**actor_options(rank_options, num_cpus=1, **gpus))
-        kwargs = {"model_dir": str(model_dir), **policy_kwargs, "device": self.device}
+        kwargs = {"model_dir": str(model_dir), **policy_kwargs, "optimiser": replace(opt, device=self.device)}
         self.actors = [cls.remote(r, ranks, kwargs, seed) for r in range(ranks)]
         try:
             address = self._get(self.actors[0].address.remote())

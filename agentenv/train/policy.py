@@ -12,8 +12,9 @@ import contextlib
 import copy
 import json
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,8 +23,8 @@ from ..errors import ConfigError
 from ..models import quiet_loading
 from ..models.lora import LoraSpec, inject_lora
 from .batch import Batch
+from .config import OptimiserOptions
 from .device import autocast, device_mesh, resolve_device, resolve_precision
-from .logprobs import DEFAULT_CHUNK
 from .logprobs import token_logprobs as chunked_logprobs
 from .loss import LossConfig, grpo_loss
 from .packing import Packed, micro_plan, use_varlen_attention
@@ -55,6 +56,18 @@ def _sum_over_ranks(params: list[torch.Tensor], sums: dict[str, float], device: 
     return dict(zip(sums, flat[offset:].tolist()))
 
 
+def optimiser_options(optimiser: OptimiserOptions | None, settings: dict[str, Any]) -> OptimiserOptions:
+    """``optimiser`` (default: training's defaults) with ``settings``, its fields by name,
+    changed; a name that is not one of its fields is a TypeError naming them."""
+    opt = optimiser if optimiser is not None else OptimiserOptions()
+    names = {f.name for f in fields(OptimiserOptions)}
+    unknown = sorted(set(settings) - names)
+    if unknown:
+        raise TypeError(f"Policy got unknown settings {unknown}: the optimiser's are {sorted(names)}, and loss, "
+                        f"temperature, lora, shard, weight_decay")
+    return replace(opt, **settings) if settings else opt
+
+
 class Policy:
     """The model being trained, its optimiser and (with ``kl_coef``) its reference, all on
     ``device`` (``"auto"``: a CUDA GPU where there is one, else the CPU; ``"cpu"``, ``"cuda"``,
@@ -63,11 +76,22 @@ class Policy:
     ``activation_checkpointing`` recomputes each decoder layer's activations in the backward
     pass instead of keeping them."""
 
-    def __init__(self, model_dir: str | Path, *, lr: float = 1e-4, weight_decay: float = 0.0,
-                 max_grad_norm: float = 1.0, temperature: float = DEFAULT_TEMPERATURE, lora: LoraSpec | None = None,
-                 micro_batch: int = 16, micro_batch_tokens: int | None = None, loss: LossConfig = LossConfig(),
-                 shard: bool = False, device: str = "auto", precision: str = "auto",
-                 activation_checkpointing: bool = False, logprob_chunk: int = DEFAULT_CHUNK, pack: bool = True) -> None:
+    def __init__(self, model_dir: str | Path, optimiser: OptimiserOptions | None = None, *,
+                 loss: LossConfig = LossConfig(), temperature: float = DEFAULT_TEMPERATURE,
+                 lora: LoraSpec | None = None, shard: bool = False, weight_decay: float = 0.0,
+                 **settings: Any) -> None:
+        """``optimiser``: the optimiser concern training is configured with (default: its
+        defaults), any of its fields also taken as a keyword (``Policy(d, lr=1e-3)``). LoRA is
+        ``lora``, else the concern's ``lora_rank`` / ``lora_alpha``."""
+        opt = optimiser_options(optimiser, settings)
+        if lora is None and opt.lora_rank:
+            lora = LoraSpec(rank=opt.lora_rank, alpha=opt.lora_alpha)
+        #: The optimiser concern this policy was made with (the keywords applied).
+        self.options = opt
+        lr, max_grad_norm, device, precision = opt.lr, opt.max_grad_norm, opt.device, opt.precision
+        micro_batch, micro_batch_tokens, logprob_chunk, pack = (opt.micro_batch, opt.micro_batch_tokens,
+                                                                 opt.logprob_chunk, opt.pack)
+        activation_checkpointing = opt.activation_checkpointing
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)

@@ -147,11 +147,7 @@ class Trainer:
         """The policy in this process, or (``cluster="ray"``) data-parallel over Ray actors."""
         cfg, opt = self.cfg, self.cfg.optimiser
         torch.manual_seed(cfg.batch.seed)
-        lora = LoraSpec(rank=opt.lora_rank, alpha=opt.lora_alpha) if opt.lora_rank else None
-        kwargs = dict(lr=opt.lr, max_grad_norm=opt.max_grad_norm, temperature=cfg.rollout.temperature, lora=lora,
-                      micro_batch=opt.micro_batch, micro_batch_tokens=opt.micro_batch_tokens, loss=cfg.loss,
-                      device=opt.device, precision=opt.precision, activation_checkpointing=opt.activation_checkpointing,
-                      logprob_chunk=opt.logprob_chunk, pack=opt.pack)
+        kwargs = dict(optimiser=opt, temperature=cfg.rollout.temperature, loss=cfg.loss)
         if cfg.cluster.cluster == "ray":
             from .distributed import RayPolicy
 

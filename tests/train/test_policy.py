@@ -107,3 +107,21 @@ def test_lora_trains_and_syncs_only_the_adapter_and_its_reference_is_the_base(mo
     wider = Policy(model_dir, lora=LoraSpec(rank=4, target_modules=("q_proj", "v_proj")))
     with pytest.raises(ConfigError, match="lacks .* tensors, e.g. .*v_proj"):
         wider.load(tmp_path / "lora")  # an adapter on other modules than this one's
+
+
+def test_the_policy_is_made_from_trainings_optimiser_concern(model_dir):
+    """One default for each setting: a bare Policy trains with training's optimiser defaults;
+    the concern, or any of its fields as a keyword, changes them; LoRA comes from its rank."""
+    from agentenv.train.config import OptimiserOptions
+
+    bare = Policy(model_dir, device="cpu")
+    assert bare.options == OptimiserOptions(device="cpu")
+    assert bare.optimizer.param_groups[0]["lr"] == OptimiserOptions().lr
+    assert bare.micro_batch_tokens == OptimiserOptions().micro_batch_tokens and bare.lora is None
+    opt = OptimiserOptions(lr=1e-3, micro_batch=4, pack=False, device="cpu", lora_rank=2, lora_alpha=4.0)
+    tuned = Policy(model_dir, opt, max_grad_norm=0.5)
+    assert tuned.optimizer.param_groups[0]["lr"] == 1e-3 and tuned.max_grad_norm == 0.5
+    assert (tuned.micro_batch, tuned.pack) == (4, False) and tuned.options.lr == 1e-3
+    assert tuned.lora is not None and (tuned.lora.rank, tuned.lora.alpha) == (2, 4.0)
+    with pytest.raises(TypeError, match=r"unknown settings \['learning_rate'\]"):
+        Policy(model_dir, learning_rate=1e-3)
