@@ -92,8 +92,30 @@ def model_dir():
     return path
 
 
+@pytest.fixture(scope="session")
+def session_engine(model_dir):
+    """The bundled model on the embedded engine, one for the session. Opening and closing one
+    costs about a second (the close collects the whole process's garbage)."""
+    from agentenv.engines.embedded import EmbeddedEngine
+
+    eng = EmbeddedEngine(model_dir, seed=0)
+    yield eng
+    eng.close()
+
+
 @pytest.fixture(scope="module")
-def engine(model_dir):
+def engine(session_engine):
+    """The session's engine: a module's tests leave its weights and version as they found them
+    (checked when the module ends). A module that loads weights takes its own (``own_engine``)."""
+    version = session_engine.weight_version
+    yield session_engine
+    assert session_engine.weight_version == version, (
+        "this module loaded weights into the session's engine: give it its own (own_engine)")
+
+
+@pytest.fixture(scope="module")
+def own_engine(model_dir):
+    """An embedded engine for this module alone, for tests that change its weights or version."""
     from agentenv.engines.embedded import EmbeddedEngine
 
     eng = EmbeddedEngine(model_dir, seed=0)

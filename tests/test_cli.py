@@ -674,12 +674,12 @@ RUN = ["--tasks", "1", "--group-size", "1", "--max-new-tokens", "8", "--no-progr
 BAD_ENGINE = ["--engine-arg", "bogus=1"]  # the engine fails to start once the sandbox is up
 
 
-def test_a_failed_engine_start_leaves_no_output_or_log(tmp_path, model_dir):
+def test_a_failed_engine_start_leaves_no_output_or_log(capsys, tmp_path, model_dir):
     out = tmp_path / "r.jsonl"
-    r = agentenv("rollout", *RUN, *BAD_ENGINE, "--model", model_dir, "--out", str(out))
-    assert r.returncode == 2 and "bad --engine-arg for the embedded engine" in r.stderr, r.stderr[-2000:]
+    rc, _, err = cli(capsys, "rollout", *RUN, *BAD_ENGINE, "--model", model_dir, "--out", str(out))
+    assert rc == 2 and "bad --engine-arg for the embedded engine" in err, err[-2000:]
     assert ("unexpected keyword argument 'bogus'; the embedded engine takes max_model_len, page_size, "
-            "kv_cache_tokens, max_batch_tokens" in r.stderr), r.stderr[-2000:]
+            "kv_cache_tokens, max_batch_tokens" in err), err[-2000:]
     assert list(tmp_path.iterdir()) == []
 
 

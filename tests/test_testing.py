@@ -14,6 +14,12 @@ from agentenv.engines.base import Engine
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture(scope="module")
+def engine(own_engine):
+    """The engine contract loads weights (a new version): this module's own engine, not the session's."""
+    return own_engine
+
+
 class Broken(Engine):
     """The real engine with one promise broken (``defect``)."""
 

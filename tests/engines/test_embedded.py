@@ -6,6 +6,13 @@ from agentenv import testing
 from agentenv.engines.base import SamplingParams
 from agentenv.errors import ConfigError
 
+
+@pytest.fixture(scope="module")
+def engine(own_engine):
+    """This module loads weights into its engine: its own engine, not the session's."""
+    return own_engine
+
+
 pytestmark = pytest.mark.anyio
 
 

@@ -26,6 +26,13 @@ from agentenv.engines.base import SamplingParams  # noqa: E402
 from agentenv.errors import ConfigError  # noqa: E402
 from agentenv.integrations.verl import agent_loop_config_path, dataset_rows, write_dataset  # noqa: E402
 
+
+@pytest.fixture(scope="module")
+def engine(own_engine):
+    """This module's engine serves weights of version 3: its own engine, not the session's."""
+    return own_engine
+
+
 pytestmark = pytest.mark.anyio
 PROMPT_LENGTH, RESPONSE_LENGTH = 256, 384
 ROUTED = contextvars.ContextVar("routed", default=None)  # the routing key of the request being served

@@ -3,6 +3,8 @@ whose groups always have reward variance."""
 
 from __future__ import annotations
 
+import copy
+
 import anyio
 import pytest
 
@@ -20,13 +22,14 @@ class AlternatingReward(RetoolMathEnv):
         return float(trajectory.sample_index % 2)
 
 
-@pytest.fixture(scope="module")
-def groups(model_dir):
+@pytest.fixture(scope="session")
+def rollout_groups(model_dir):
     """Two scored GRPO groups of 3 from a real rollout (version 0), with reward variance in
     each. What the embedded engine samples depends on which requests share a step, and so on
     the machine's load: a real reward could come out equal across a group (zero advantages,
     zero gradient). The rewards here depend on the sample index alone, so every group has
-    advantages whatever was sampled; the tokens, masks and logprobs are the rollout's own."""
+    advantages whatever was sampled; the tokens, masks and logprobs are the rollout's own.
+    One rollout serves the session; each module takes its own copy (``groups``)."""
     async def collect():
         env = AlternatingReward()
         eng = EmbeddedEngine(model_dir, seed=1)
@@ -44,3 +47,10 @@ def groups(model_dir):
     sampled = sum(sum(t.loss_mask) for g in out for t in g.trajectories)
     assert sampled > 50, f"precondition: the rollout sampled tokens to train on ({sampled})"
     return out
+
+
+@pytest.fixture(scope="module")
+def groups(rollout_groups):
+    """The session's rollout groups, a deep copy for this module: what a module's tests do to
+    their groups never reaches another module's."""
+    return copy.deepcopy(rollout_groups)

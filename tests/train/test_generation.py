@@ -15,6 +15,13 @@ from agentenv.train.generation import STREAM_SEED_STRIDE, Generation, StreamPosi
 from ..waiting import until
 from .conftest import AlternatingReward
 
+
+@pytest.fixture(scope="module")
+def engine(own_engine):
+    """This module moves its engine's version on: its own engine, not the session's."""
+    return own_engine
+
+
 ROLLOUT = RolloutConfig(max_new_tokens=48, concurrency=8)
 
 

@@ -53,18 +53,14 @@ def train_run(tmp_path) -> Path:
 def cut_rollout(tmp_path_factory) -> Path:
     """A real rollout whose turns stop at a per-turn cap of 8 tokens: ``agentenv rollout
     --tasks 1 --group-size 2 --max-tokens-per-turn 8 --max-new-tokens 40`` on the bundled
-    model, so its trajectories hold model segments in a row."""
-    import os
-    import subprocess
-    import sys
+    model, so its trajectories hold model segments in a row. Run in this process (``cli.main``):
+    the fixture needs the file, not the process."""
+    from agentenv.cli import main
 
-    d = tmp_path_factory.mktemp("cut")
-    r = subprocess.run([sys.executable, "-m", "agentenv.cli", "rollout", "--tasks", "1", "--group-size", "2",
-                        "--max-tokens-per-turn", "8", "--max-new-tokens", "40", "--max-turns", "8", "--out",
-                        "cut.jsonl", "--no-progress"], cwd=d, capture_output=True, text=True, timeout=600,
-                       env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    return d / "cut.jsonl"
+    out = tmp_path_factory.mktemp("cut") / "cut.jsonl"
+    assert main(["rollout", "--tasks", "1", "--group-size", "2", "--max-tokens-per-turn", "8", "--max-new-tokens",
+                 "40", "--max-turns", "8", "--out", str(out), "--no-progress"]) == 0
+    return out
 
 
 @pytest.fixture(scope="session")
