@@ -231,12 +231,13 @@ class LocalSession(Session):
     async def _kill(self) -> None:
         """End the worker. Bounded: signals and cgroup writes, then closing the socket (no
         wait on the session for anything)."""
-        w, self._worker, self._reader, self._raw = self._worker, None, None, None
+        w, reader = self._worker, self._reader
+        self._worker, self._reader, self._raw = None, None, None
         if w is None:
             return
         self._workers.end(w)
         with anyio.CancelScope(shield=True):
-            await w.stream.aclose()
+            await (reader.aclose() if reader is not None else w.stream.aclose())  # wakes a read under way
 
     async def _send(self, w: _Worker, seq: int, payload: bytes) -> str | None:
         """Write the worker the call and thaw it; why the call cannot be made, or None. The
