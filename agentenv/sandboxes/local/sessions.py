@@ -122,7 +122,9 @@ class LocalSession(Session):
         self._setup = setup_code
         self._on_close = on_close
         self._worker: _Worker | None = None
-        self._lock = anyio.Lock()  # held for a call's whole round trip, and for a start
+        # Held for a call's whole round trip, and for a start. A free lock is taken without a
+        # pass through the event loop (the call yields at its first wait on the worker anyway).
+        self._lock = anyio.Lock(fast_acquire=True)
         self._closed = False
         self._started_once = False
         self._reader: FrameReader | None = None  # the worker's answers
