@@ -136,8 +136,7 @@ class _Cgroups:
         """The session's CPU seconds so far and its seconds with a task runnable but waiting
         for a CPU (the v2 cgroup's ``cpu.stat`` usage and ``cpu.pressure`` "some" total), or
         None where they cannot be read."""
-        v2 = self.bases.get("freeze")
-        ours = [d for d in dirs if v2 is not None and Path(d).is_relative_to(v2)]
+        ours = self._under("freeze", dirs)
         if not ours:
             return None
         try:
@@ -149,12 +148,20 @@ class _Cgroups:
             return None
         return used / 1e6, waited / 1e6
 
+    def _under(self, ctl: str, dirs: list[str]) -> list[str]:
+        """Those of ``dirs`` in the ``ctl`` hierarchy. Each was made as ``base / name`` (``create``),
+        so a string prefix says it, without parsing paths at every session start."""
+        base = self.bases.get(ctl)
+        if base is None:
+            return []
+        prefix = str(base).rstrip("/") + "/"
+        return [d for d in dirs if d.startswith(prefix)]
+
     def _busy(self, dirs: list[str]) -> bool | None:
         """Whether a process is left in ``dirs``; None if they cannot be read. Every session
         process is in all of them, so the pids dir alone says (zombies included), where there
         is one."""
-        pids = self.bases.get("pids")
-        ours = [d for d in dirs if pids is not None and Path(d).is_relative_to(pids)]
+        ours = self._under("pids", dirs)
         for d, name in ([(ours[0], "pids.current")] if ours else [(d, "cgroup.procs") for d in dirs]):
             try:
                 with open(os.path.join(d, name)) as f:
