@@ -242,6 +242,43 @@ async def test_a_stale_answer_written_during_a_later_call_is_dropped(sandbox):
         await s.aclose()
 
 
+async def test_a_flood_of_stale_answers_holds_neither_the_host_nor_the_call_past_its_deadline(sandbox):
+    # A thread writes answers to an earlier call without end while the next call runs: the host
+    # drops each one (a cancellation point per frame, though the bytes are there at once), so
+    # the call still ends at its deadline and another session is served meanwhile.
+    s, other = await sandbox.session(), await sandbox.session()
+    try:
+        code = FORGE + ("import threading\ngo = threading.Event()\n"
+                        "def flood(n=seq):\n"
+                        "    p = json.dumps({'status': 'ok', 'stdout': 'STALE'}).encode()\n"
+                        "    blob = (struct.pack('>IQ', len(p), n) + p) * 1000\n"  # ~45 KB a write
+                        "    go.wait()\n"
+                        "    while True:\n"
+                        "        for fd in range(3, 32):\n"
+                        "            try:\n"
+                        "                os.write(fd, blob)\n"
+                        "            except OSError:\n"
+                        "                pass\n"
+                        "threading.Thread(target=flood, daemon=True).start()")
+        assert (await s.run(code)).status == "ok"
+        results = {}
+
+        async def flooded() -> None:
+            results["flooded"] = await s.run("go.set()\nimport time\ntime.sleep(120)", timeout=2)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flooded)
+                results["other"] = await other.run("6 * 7")
+        assert results["other"].value == "42", results
+        # A timeout; or, should the deadline's SIGINT cut a write short (the bytes then no
+        # longer frame), a refused answer: either way the call ended and the session is killed.
+        assert results["flooded"].status in ("timeout", "error"), results
+    finally:
+        await s.aclose()
+        await other.aclose()
+
+
 async def test_a_stale_frame_over_the_cap_is_still_refused(sandbox):
     # Dropping a stale frame never reads past the caps: one over frame_cap kills the session.
     r = await hostile(sandbox, FORGE + "forge(seq)\n_f = forge\n'one'", session_survives=True)

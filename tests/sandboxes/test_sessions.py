@@ -3,9 +3,12 @@ calls; the pool reaches the workers only through the fork-server pool's interfac
 
 from __future__ import annotations
 
+import socket
+
 import anyio
 import psutil
 import pytest
+from anyio.abc import SocketAttribute
 
 from agentenv.errors import SandboxError
 from agentenv.sandboxes.local.sessions import CallSettings, LocalSession, _SessionPool
@@ -53,6 +56,25 @@ async def test_a_call_under_way_is_busy_and_closing_the_session_ends_it():
         assert pool.worker_pids == [] and pool.busy_pids == []
         await until(lambda: gone(pid), "the closed session's worker exited")
         await pool.aclose()
+
+
+async def test_a_call_that_a_frozen_workers_socket_buffer_cannot_hold_goes_out_in_full_after_the_thaw():
+    # A call to a session frozen between calls goes out before its thaw as far as the socket
+    # buffer takes it; a frozen worker reads nothing, so the rest must follow the thaw, or the
+    # call would wait for its deadline.
+    async with fork_servers() as servers:
+        s = LocalSession(servers, CallSettings(timeout=30.0), None)
+        assert (await s.run("1 + 1")).value == "2"
+        w = s._worker  # its channel, shrunk below the next call's size
+        assert w is not None
+        if not w.freezes:
+            pytest.skip("no cgroup v2 freezer here: sessions are not frozen between calls")
+        assert w.frozen
+        w.stream.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        r = await s.run("x = " + repr("y" * 50_000) + "\nlen(x)")
+        assert (r.status, r.value, r.state_lost) == ("ok", "50000", False)
+        assert (await s.run("x[:3]")).value == "'yyy'" and w.frozen
+        await s.aclose()
 
 
 async def test_prepared_sessions_are_handed_out_first_and_only_into_free_capacity():

@@ -62,6 +62,7 @@ class _Cgroups:
         self.free: deque[list[str]] = deque()  # released sets, oldest first
         self.broken: list[list[str]] = []
         self._states: dict[str, int] = {}  # v2 dir -> its open cgroup.freeze
+        self._kills: dict[str, int] = {}  # v2 dir -> its open cgroup.kill (where the kernel has one)
 
     @property
     def missing(self) -> list[str]:
@@ -81,6 +82,7 @@ class _Cgroups:
                     (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 1024 * 1024))
                 elif ctl == "freeze":
                     self._states[str(d)] = os.open(d / "cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC)
+                    self._open_kill(str(d))
                 elif limits.cpus > 0:
                     period = int((d / "cpu.cfs_period_us").read_text())
                     (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(limits.cpus * period))))
@@ -134,8 +136,7 @@ class _Cgroups:
         """The session's CPU seconds so far and its seconds with a task runnable but waiting
         for a CPU (the v2 cgroup's ``cpu.stat`` usage and ``cpu.pressure`` "some" total), or
         None where they cannot be read."""
-        v2 = self.bases.get("freeze")
-        ours = [d for d in dirs if v2 is not None and Path(d).is_relative_to(v2)]
+        ours = self._under("freeze", dirs)
         if not ours:
             return None
         try:
@@ -147,12 +148,20 @@ class _Cgroups:
             return None
         return used / 1e6, waited / 1e6
 
+    def _under(self, ctl: str, dirs: list[str]) -> list[str]:
+        """Those of ``dirs`` in the ``ctl`` hierarchy. Each was made as ``base / name`` (``create``),
+        so a string prefix says it, without parsing paths at every session start."""
+        base = self.bases.get(ctl)
+        if base is None:
+            return []
+        prefix = str(base).rstrip("/") + "/"
+        return [d for d in dirs if d.startswith(prefix)]
+
     def _busy(self, dirs: list[str]) -> bool | None:
         """Whether a process is left in ``dirs``; None if they cannot be read. Every session
         process is in all of them, so the pids dir alone says (zombies included), where there
         is one."""
-        pids = self.bases.get("pids")
-        ours = [d for d in dirs if pids is not None and Path(d).is_relative_to(pids)]
+        ours = self._under("pids", dirs)
         for d, name in ([(ours[0], "pids.current")] if ours else [(d, "cgroup.procs") for d in dirs]):
             try:
                 with open(os.path.join(d, name)) as f:
@@ -162,31 +171,33 @@ class _Cgroups:
                 return None
         return False
 
+    def _open_kill(self, d: str) -> None:
+        """Open ``d``'s ``cgroup.kill`` once, with its ``cgroup.freeze``: a session's end then
+        writes it without a path lookup (none on a kernel before 5.14: ``kill`` says False)."""
+        try:
+            self._kills[d] = os.open(os.path.join(d, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            pass
+
     def kill(self, dirs: list[str]) -> bool:
         """SIGKILL every process in the session's cgroup at once (``cgroup.kill``: the kernel
         walks the cgroup's members; no pid is read, so none can have been reused); False if
         the session has no such cgroup or the write failed."""
-        d = next((d for d in dirs if d in self._states), None)
-        if d is None:
-            return False
-        try:
-            fd = os.open(os.path.join(d, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:
+        fd = next((self._kills[d] for d in dirs if d in self._kills), None)
+        if fd is None:
             return False
         try:
             os.write(fd, b"1")
         except OSError:
             return False
-        finally:
-            os.close(fd)
         return True
 
     def remove(self, dirs: list[str]) -> bool:
         ok = True
         for d in dirs:
-            fd = self._states.pop(d, None)
-            if fd is not None:
-                os.close(fd)
+            for fd in (self._states.pop(d, None), self._kills.pop(d, None)):
+                if fd is not None:
+                    os.close(fd)
             try:
                 os.rmdir(d)
             except FileNotFoundError:

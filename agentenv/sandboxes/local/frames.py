@@ -13,7 +13,8 @@ import json
 from collections.abc import Collection
 
 import anyio
-from anyio.abc import SocketStream
+import anyio.lowlevel
+from anyio.abc import SocketAttribute, SocketStream
 
 from .protocol import HEADER, VIOLATION
 
@@ -26,17 +27,45 @@ MALFORMED = "the session sent a malformed result"
 class FrameReader:
     """Reads one session's frames. What arrived but was not used yet stays buffered here, so a
     read cancelled part-way (the call's deadline) loses nothing: the next read, in the grace
-    after the interrupt or at the next call, goes on from the same byte."""
+    after the interrupt or at the next call, goes on from the same byte.
+
+    It reads the stream's socket itself: bytes that have arrived are taken at once, and only a
+    read that finds none waits (a receive through the stream first yields to the event loop
+    every time, a whole pass of the loop per call). Close the channel with :meth:`aclose`,
+    which wakes a read waiting on it."""
 
     def __init__(self, stream: SocketStream) -> None:
         self.stream = stream
+        self._sock = stream.extra(SocketAttribute.raw_socket, None)
         self._buf = bytearray()
+
+    async def _receive(self, n: int) -> bytes:
+        """Up to ``n`` bytes: those that have arrived, else the first to arrive."""
+        sock = self._sock
+        if sock is None:
+            return await self.stream.receive(n)
+        while True:
+            try:
+                data = sock.recv(n)
+            except BlockingIOError:
+                await anyio.wait_readable(sock)  # a cancellation point: the call's deadline ends it
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
 
     async def _peek(self, n: int) -> bytes:
         """The next ``n`` bytes, left in the buffer."""
         while len(self._buf) < n:
-            self._buf += await self.stream.receive(max(n - len(self._buf), 1 << 16))
+            self._buf += await self._receive(max(n - len(self._buf), 1 << 16))
         return bytes(self._buf[:n])
+
+    async def aclose(self) -> None:
+        """Close the channel. A read waiting on it ends now, as "eof" (closing the socket alone
+        would not wake it)."""
+        if self._sock is not None and self._sock.fileno() >= 0:
+            anyio.notify_closing(self._sock)
+        await self.stream.aclose()
 
     async def _take(self, n: int) -> bytes:
         """The next ``n`` bytes, consumed only once all of them arrived."""
@@ -62,6 +91,10 @@ class FrameReader:
                 frame = await self._take(HEADER.size + n)  # all of it or (cancelled) none
                 if got == seq:
                     return decode_answer(frame[HEADER.size:])
+                # A stale frame dropped: a cancellation point per frame, so the call's deadline
+                # ends a session that sends them without end (bytes that have arrived are taken
+                # without yielding).
+                await anyio.lowlevel.checkpoint()
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return "eof"
 

@@ -122,14 +122,23 @@ def _keep_paths() -> list[str]:
     return [p for p in real if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in real)]
 
 
-def _kept_under_tmp() -> list[str]:
+# The kept paths under /tmp, fixed when the template builds its view (``enter_template_view``,
+# from the host's tree, as ``_sources`` attaches them): each session forked from it puts them
+# back inside its private /tmp without resolving them again.
+_KEPT_UNDER_TMP: tuple[str, ...] | None = None
+
+
+def _kept_under_tmp() -> tuple[str, ...]:
     """The kept paths (``_keep_paths``) that a session's private /tmp would cover."""
-    return [p for p in _keep_paths() if p.startswith("/tmp/")]
+    if _KEPT_UNDER_TMP is not None:
+        return _KEPT_UNDER_TMP
+    return tuple(p for p in _keep_paths() if p.startswith("/tmp/"))
 
 
-def _sources() -> dict[str, int | str]:
+def _sources(keep: list[str]) -> dict[str, int | str]:
     """What the new root holds, taken from the host's tree before anything covers it: a
-    detached copy of each mount to attach (an fd), or a system dir's symlink target."""
+    detached copy of each mount to attach (an fd), or a system dir's symlink target.
+    ``keep``: the kept paths (``_keep_paths``)."""
     out: dict[str, int | str] = {}
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
@@ -138,7 +147,7 @@ def _sources() -> dict[str, int | str]:
             out[d] = _clone_tree(d)
     kept = [d for d, src in out.items() if isinstance(src, int)]
     under = lambda p, d: p == d or p.startswith(d.rstrip("/") + "/")  # noqa: E731
-    for k in _keep_paths():
+    for k in keep:
         if not any(under(k, d) for d in kept):
             out[k] = _clone_tree(k)
     for d in SYS_KEEP:
@@ -201,9 +210,12 @@ def enter_template_view() -> None:
     /dev, a /sys with only the CPU topology, an empty /sys/fs/cgroup; nothing else of the
     host's exists there, and the host's own root is detached. Each session forked from the
     template copies this view (``enter_session``) instead of building it again."""
+    global _KEPT_UNDER_TMP
     _check(libc.unshare(CLONE_NEWNS), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    sources = _sources()
+    keep = _keep_paths()
+    _KEPT_UNDER_TMP = tuple(p for p in keep if p.startswith("/tmp/"))
+    sources = _sources(keep)
     root = STAGE
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
     for d in ("/dev", "/sys", "/proc", "/tmp"):

@@ -14,6 +14,7 @@ by design), and ``on_lost`` tells the owner so at once.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -42,6 +43,13 @@ log = logging.getLogger(__name__)
 FORKSERVER = Path(__file__).with_name("forkserver.py")
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
              "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@functools.lru_cache(maxsize=8)
+def _limits_dict(limits: Limits) -> dict:
+    """``limits`` as a spawn request carries it; copy it before adding to it. Made once per
+    value (``Limits`` is frozen), not per start: ``asdict`` walks every field recursively."""
+    return asdict(limits)
 
 
 async def _exits_soon(pid: int, within: float = 1.0) -> bool:
@@ -242,7 +250,7 @@ class _ForkServers:
         except BaseException:
             self._cgroups.release(cgroups)
             raise
-        limits = asdict(self.limits)
+        limits = dict(_limits_dict(self.limits))
         limits.update(uid=uid if uid is not None else -1, gid=uid if uid is not None else -1)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         req = {"op": "spawn", "limits": limits, "isolate": self.isolate, "cgroups": cgroups,

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import secrets
 import signal
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import SocketAttribute, TaskGroup
 
 from agentenv.errors import SandboxError
 
@@ -121,10 +122,13 @@ class LocalSession(Session):
         self._setup = setup_code
         self._on_close = on_close
         self._worker: _Worker | None = None
-        self._lock = anyio.Lock()  # held for a call's whole round trip, and for a start
+        # Held for a call's whole round trip, and for a start. A free lock is taken without a
+        # pass through the event loop (the call yields at its first wait on the worker anyway).
+        self._lock = anyio.Lock(fast_acquire=True)
         self._closed = False
         self._started_once = False
         self._reader: FrameReader | None = None  # the worker's answers
+        self._raw: socket.socket | None = None  # the worker's channel, for a write that must not wait
         self._past: deque[int] = deque(maxlen=STALE_KEPT)  # this worker's calls so far
 
     @property
@@ -195,6 +199,7 @@ class LocalSession(Session):
                 await w.stream.aclose()
             raise SandboxError("session is closed")
         self._worker, self._reader = w, FrameReader(w.stream)
+        self._raw = w.stream.extra(SocketAttribute.raw_socket)
         self._past.clear()
 
     async def _read_frame(self, seq: int) -> dict | str:
@@ -228,23 +233,39 @@ class LocalSession(Session):
     async def _kill(self) -> None:
         """End the worker. Bounded: signals and cgroup writes, then closing the socket (no
         wait on the session for anything)."""
-        w, self._worker, self._reader = self._worker, None, None
+        w, reader = self._worker, self._reader
+        self._worker, self._reader, self._raw = None, None, None
         if w is None:
             return
         self._workers.end(w)
         with anyio.CancelScope(shield=True):
-            await w.stream.aclose()
+            await (reader.aclose() if reader is not None else w.stream.aclose())  # wakes a read under way
 
     async def _send(self, w: _Worker, seq: int, payload: bytes) -> str | None:
-        """Thaw the worker and write it the call; why the call cannot be made, or None. The
+        """Write the worker the call and thaw it; why the call cannot be made, or None. The
         caller bounds this with the call's deadline: a session that does not read its socket
-        blocks the write once the request outgrows the socket buffer."""
+        blocks the write once the request outgrows the socket buffer.
+
+        A frozen worker sleeps in the freezer, not on its socket: what of the request its
+        socket buffer takes goes out first, in one non-blocking write, and the thaw then
+        finds it there (the worker wakes once, not once for the thaw and again for the data).
+        The rest, if any, is written once it runs; it reads nothing before the thaw."""
+        header = HEADER.pack(len(payload), seq)
+        data = header + payload if len(payload) < JOIN_BELOW else None
+        sent = 0
+        if data is not None and w.frozen and self._raw is not None:
+            try:
+                sent = self._raw.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return "eof"
         if not self._workers.thaw(w):
             return "the session could not be thawed"
-        header = HEADER.pack(len(payload), seq)
         try:
-            if len(payload) < JOIN_BELOW:
-                await w.stream.send(header + payload)
+            if data is not None:
+                if sent < len(data):
+                    await w.stream.send(data[sent:])
             else:  # not joined: no copy of a large request
                 await w.stream.send(header)
                 await w.stream.send(payload)

@@ -95,14 +95,19 @@ class _Uids:
     async def acquire_soon(self, within: float = 5.0) -> int:
         """``acquire``, or, when the range is used up while a released uid's worker is still
         exiting (milliseconds), that uid once it is reaped."""
+        try:
+            return self.acquire()  # the common case: no timer set up for it
+        except SandboxError:
+            if not self.free:
+                raise
         with anyio.move_on_after(within):
             while True:
+                await anyio.sleep(0.005)
                 try:
                     return self.acquire()
                 except SandboxError:
                     if not self.free:
                         raise
-                await anyio.sleep(0.005)
         return self.acquire()
 
     def _lock_new(self) -> int:
