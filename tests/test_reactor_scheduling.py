@@ -130,9 +130,14 @@ async def test_kv_pressure_pauses_and_restores_and_stays_exact(model_dir, cost):
     assert reactor.scheduler.peak_working_set <= 1024
     tools = reactor.scheduler.tool_times
     assert len(tools) == sum(len(t.tool_calls) for t in trajs) and tools.remaining(0.0) > 0
-    if cost == "measured":
-        fit = reactor.cost_fit
-        assert fit.fits >= 1 and reactor.scheduler.config.cost is fit.model and fit.model.step_base > 0
+    if cost == "measured":  # every turn measured; the scheduler holds the latest fit, or none
+        fit, turns = reactor.cost_fit, sum(len(t.turns) for t in trajs)
+        assert len(fit) == turns, f"one row per turn that sampled ({len(fit)} rows, {turns} turns)"
+        assert reactor.scheduler.config.cost is fit.model
+        # Whether the rows priced a prefilled token (and so gave a model) depends on the
+        # machine's timing: a busy one's noise can hide the price, and then no model is given
+        # (tests/test_scheduler.py fits known rows).
+        assert fit.model is None if fit.fits == 0 else fit.model.step_base > 0 and fit.model.prefill_per_token > 0
 
 
 async def test_cancelling_with_programs_queued_and_sessions_prepared_leaves_nothing(engine):
