@@ -33,7 +33,7 @@ import math
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -180,14 +180,15 @@ class Simulation:
 
     def __init__(self, traces: Sequence[ProgramTrace], engine: EngineModel, config: SchedulerConfig, *,
                  needs_session: bool = True, session_start_s: float = 0.012, session_workers: int = 2,
-                 group_size: int = 1, **former: Any) -> None:
+                 group_size: int = 1, scheduler: Callable[[SchedulerConfig], Scheduler] = Scheduler,
+                 **former: Any) -> None:
         needs_session, session_start_s, session_workers = _current(
             "Simulation", former, needs_session=needs_session, session_start_s=session_start_s,
             session_workers=session_workers).values()
         self.m = engine
         self.B = engine.block_size
         self.cap_blocks = engine.kv_capacity // engine.block_size
-        self.sched = Scheduler(config)
+        self.sched = scheduler(config)
         self.progs = {i: _Prog(t, t.prompt_tokens) for i, t in enumerate(traces)}
         for i, t in enumerate(traces):
             self.sched.add(i, t.prompt_tokens, group=i // group_size, needs_session=needs_session)
@@ -438,13 +439,15 @@ class Simulation:
 def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | SchedulingPolicy = "program", *,
              concurrency: int = 64, max_programs: int | None = None, group_size: int = 1,
              needs_session: bool = True, session_start_s: float = 0.012, session_lookahead: int = 16,
-             session_workers: int = 2, cost: CostModel | None | bool = True, **former: Any) -> SimResult:
+             session_workers: int = 2, cost: CostModel | None | bool = True,
+             scheduler: Callable[[SchedulerConfig], Scheduler] = Scheduler, **former: Any) -> SimResult:
     """Run ``traces`` under ``policy`` with the reactor's own mapping of settings. ``cost``:
     the engine costs the scheduler is given (True: the model engine's own, as a fit of them
     would find; None or False: none, so acting programs' KV is held for their whole tool).
     ``needs_session``: the programs' tools run in a sandbox session, ``session_start_s`` long
     to start on one of ``session_workers`` CPUs, prepared ``session_lookahead`` ahead (the
-    former ``env_*`` / ``needs_env`` names are still taken, deprecated)."""
+    former ``env_*`` / ``needs_env`` names are still taken, deprecated). ``scheduler`` makes the
+    scheduler from its config (a subclass, to study a variant on the same engine and traces)."""
     needs_session, session_start_s, session_lookahead, session_workers = _current(
         "simulate", former, needs_session=needs_session, session_start_s=session_start_s,
         session_lookahead=session_lookahead, session_workers=session_workers).values()
@@ -460,7 +463,7 @@ def simulate(traces: Sequence[ProgramTrace], engine: EngineModel, policy: str | 
         cost=engine.cost() if cost is True else (cost or None),
     )
     return Simulation(traces, engine, cfg, needs_session=needs_session, session_start_s=session_start_s,
-                      session_workers=session_workers, group_size=group_size).run()
+                      session_workers=session_workers, group_size=group_size, scheduler=scheduler).run()
 
 
 def fit_engine(rates: Mapping[tuple[int, int], float], *, kv_capacity: int, block_size: int,

