@@ -2,13 +2,13 @@
 
 A request *extends* a branch of its role when its messages start with that branch's history
 (the messages of the branch's last request plus the gateway's reply to it, compared
-normalised: ``agentenv.gateway.messages``) and it offers the same tools. The branch's ids are
-then reused exactly as sampled and spliced; only the new messages are tokenized, as the chat
-template renders them after a reply: the template renders the history with a marker in place
-of the last reply, once alone and once with the new messages and the generation prompt; the
-first rendering must be a prefix of the second up to the marker (the template does not
-rewrite the history), and what follows the marker is the glue (mask 0). The reply's own end
-of turn is not repeated when the model sampled it.
+normalised, value for value as JSON: ``agentenv.gateway.messages``) and it offers the same
+tools. The branch's ids are then reused exactly as sampled and spliced; only the new messages
+are tokenized, as the chat template renders them after a reply: the template renders the
+history with a marker in place of the last reply, once alone and once with the new messages
+and the generation prompt; the first rendering must be a prefix of the second up to the
+marker (the template does not rewrite the history), and what follows the marker is the glue
+(mask 0). The reply's own end of turn is not repeated when the model sampled it.
 
 Any other request (history truncated, summarised, a swapped system prompt, a sub-agent's fresh
 context, other tools) starts a new branch from its messages rendered whole. A branch is one
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..trajectory import Segment
-from .messages import MessageError, for_template
+from .messages import MessageError, for_template, same
 
 _MARK = "\x00AGENTENV-REPLY\x00"
 
@@ -107,7 +107,7 @@ class Branches:
         tok = self.tokenizer
         for b in reversed(self.all):
             n = len(b.history)
-            if b.role != role or b.tools != tools or len(messages) <= n or messages[:n] != b.history:
+            if b.role != role or len(messages) <= n or not same(messages[:n], b.history) or not same(tools, b.tools):
                 continue
             text = glue_text(tok, b.history, messages[n:], tools, b.ended_with_eos)
             if text is None:

@@ -107,6 +107,22 @@ def normalise_tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
+def same(a: Any, b: Any) -> bool:
+    """Whether two JSON values are one value as JSON spells it. Python's ``==`` is not that:
+    ``True == 1 == 1.0`` and ``-0.0 == 0.0``, yet a chat template renders ``true``, ``1``,
+    ``1.0`` and ``-0.0`` apart, so a history compared with ``==`` could be extended with ids
+    the model sampled for other text than the request holds."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, float):
+        return repr(a) == repr(b)
+    return bool(a == b)
+
+
 def for_template(message: dict[str, Any]) -> dict[str, Any]:
     """A normalised message as a chat template reads it: content always present (a string),
     tool-call arguments as JSON objects, each call with its ``function``."""

@@ -5,6 +5,7 @@ where a template must misbehave)."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 import agentenv.models
 from agentenv.engines.embedded import load_tokenizer
 from agentenv.gateway.branches import Branches, glue_text, render
-from agentenv.gateway.messages import MessageError, assistant_message
+from agentenv.gateway.messages import MessageError, assistant_message, normalise
 
 HERMES = Path(agentenv.models.__file__).parent / "tiny-hermes"
 ADD = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
@@ -122,3 +123,38 @@ def test_a_template_that_cannot_render_the_messages_is_the_clients_error(tok):
     with pytest.raises(MessageError, match="the model's chat template cannot render these messages: "
                                            ".*this template takes no tools"):
         Branches(refusing).plan("main", ASK, ADD)
+
+
+@pytest.mark.parametrize("sent, echoed", [
+    ({"a": True}, {"a": 1}),  # Python's True == 1, but the template writes true and 1
+    ({"a": 1.0}, {"a": 1}),  # 1.0 == 1: a JS client's re-serialisation, rendered 1.0 and 1
+    ({"a": 0.0}, {"a": -0.0}),
+    ({"a": [1]}, {"a": [True]}),
+])
+def test_an_echoed_call_whose_arguments_differ_only_in_json_type_starts_a_new_branch(tok, sent, echoed):
+    """Extending reuses the ids sampled for the reply as the gateway answered it: an echo with
+    other text in its arguments must not extend, however Python's ``==`` compares them."""
+    branches = Branches(tok)
+    text = f'<tool_call>\n{{"name": "add", "arguments": {json.dumps(sent)}}}\n</tool_call>'
+    plan = branches.plan("main", ASK, ADD)
+    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    branches.record(plan, ids, [-0.1] * len(ids), [2] * len(ids),
+                    assistant_message(None, [{"name": "add", "arguments": sent}]), True)
+    tool = [{"role": "tool", "tool_call_id": "call_0_0", "content": "5"}]
+    call = {"id": "call_0_0", "type": "function", "function": {"name": "add", "arguments": json.dumps(sent)}}
+    same = normalise({"role": "assistant", "content": None, "tool_calls": [call]})
+    assert branches.plan("main", ASK + [same] + tool, ADD).extends is branches.all[0]  # the echo as answered
+    other = normalise({"role": "assistant", "content": None, "tool_calls": [
+        {**call, "function": {"name": "add", "arguments": json.dumps(echoed)}}]})
+    plan = branches.plan("main", ASK + [other] + tool, ADD)
+    assert plan.extends is None and tok.decode(plan.input_ids) == render(tok, ASK + [other] + tool, ADD,
+                                                                         generation_prompt=True)
+
+
+def test_tools_that_differ_only_in_json_type_start_a_new_branch(tok):
+    strict = [{"type": "function", "function": {**ADD[0]["function"], "strict": True}}]
+    loose = [{"type": "function", "function": {**ADD[0]["function"], "strict": 1}}]
+    branches = Branches(tok)
+    sample(branches, tok, "main", ASK, strict)
+    assert branches.plan("main", ASK + [REPLY] + MORE, strict).extends is branches.all[0]
+    assert branches.plan("main", ASK + [REPLY] + MORE, loose).extends is None
