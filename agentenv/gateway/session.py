@@ -114,8 +114,9 @@ class ProgramSession:
             self.on_mismatch()
             raise ReplayMismatch(f"request {n} differs from the journal's")
         plan = self.branches.plan(role, req.messages, req.tools)
-        if logged is not None:
+        if logged is not None:  # charged to the program's token budget as it was when sampled
             gen, self.replayed = generation_of(logged["g"]), self.replayed + 1
+            self.sampled += len(gen.token_ids)
         else:
             gen = await self._sample(
                 plan.input_ids, req, n, plan.extends.index if plan.extends else len(self.branches.all)

@@ -248,3 +248,20 @@ def test_a_generation_record_round_trips(tok):
     assert (back.token_ids, back.logprobs, back.finish_reason, back.prompt_tokens, back.cached_tokens,
             back.weight_version, back.stop_token_id, back.versions) == ([5, 6], [-0.1, -0.2], "stop", 10, 4, 3, 6,
                                                                         [2, 3])
+
+
+async def test_replayed_calls_spend_the_programs_token_budget_as_the_live_calls_did(tok):
+    """A resumed program's live calls get what the uninterrupted program had left, no more."""
+    text = "The answer is forty two."
+    k = len(tok.encode(text, add_special_tokens=False)) + 1  # a whole turn: its text and EOS
+    config = RolloutConfig(max_turns=8, max_new_tokens=k + 3, max_tokens_per_turn=64)
+    live = session(tok, lambda p, n: text, config=config)
+    a0 = await live.complete(chat(*FIRST), "main")
+    a1 = await live.complete(chat(*FIRST, seed=1), "main")
+    assert (len(a0.gen.token_ids), len(a1.gen.token_ids)) == (k, 3)  # the second cut at the budget's rest
+    replay = [{"d": chat(*FIRST).digest("main"), "g": generation_record(a0.gen)}]
+    resumed = session(tok, lambda p, n: text, config=config, replay=replay)
+    assert (await resumed.complete(chat(*FIRST), "main")).replayed
+    b1 = await resumed.complete(chat(*FIRST, seed=1), "main")
+    assert b1.gen.token_ids == a1.gen.token_ids and resumed.engine.asked[0][2].max_tokens == 3
+    assert resumed.sampled == live.sampled == k + 3
