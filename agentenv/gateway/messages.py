@@ -100,6 +100,8 @@ def normalise_tools(tools: Any) -> list[dict[str, Any]]:
         raise MessageError("tools must be a list of tool objects")
     out = []
     for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and tool.get("type") not in (None, "function"):
+            raise MessageError(f"tools[{i}] has type {tool['type']!r}: the gateway serves function tools only")
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise MessageError(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., ...}}}}')
@@ -111,16 +113,24 @@ def same(a: Any, b: Any) -> bool:
     """Whether two JSON values are one value as JSON spells it. Python's ``==`` is not that:
     ``True == 1 == 1.0`` and ``-0.0 == 0.0``, yet a chat template renders ``true``, ``1``,
     ``1.0`` and ``-0.0`` apart, so a history compared with ``==`` could be extended with ids
-    the model sampled for other text than the request holds."""
-    if type(a) is not type(b):
+    the model sampled for other text than the request holds. Iterative: a value nested as deep
+    as a body's JSON may be is compared without running out of stack."""
+    if a != b:
         return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        return len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, float):
-        return repr(a) == repr(b)
-    return bool(a == b)
+    pairs = [(a, b)]
+    while pairs:
+        x, y = pairs.pop()
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            if x.keys() != y.keys():
+                return False
+            pairs.extend((v, y[k]) for k, v in x.items())
+        elif isinstance(x, list):
+            pairs.extend(zip(x, y))  # equal lengths: a != b was False
+        elif isinstance(x, float) and repr(x) != repr(y):
+            return False
+    return True
 
 
 def for_template(message: dict[str, Any]) -> dict[str, Any]:

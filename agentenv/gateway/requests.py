@@ -71,6 +71,31 @@ def _int(body: dict[str, Any], key: str, lo: int) -> int | None:
     return v
 
 
+def _flag(body: dict[str, Any], key: str) -> bool:
+    """A boolean field: a string such as ``"false"`` is refused, not taken as true."""
+    v = body.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise RequestError(f"{key} must be true or false, got {v!r}", key)
+    return bool(v)
+
+
+def _choice(choice: Any, names: list[str]) -> Any:
+    """The chat form of ``tool_choice``, checked: ``auto``, ``none``, ``required`` or a named
+    function the request offers (OpenAI refuses any other; a name not among ``tools`` could
+    never be called)."""
+    if choice is None or (isinstance(choice, str) and choice in _TOOL_CHOICES):
+        return choice
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise RequestError(f'tool_choice {choice!r} is not supported: send "auto", "none", "required" or '
+                           '{"type": "function", "function": {"name": ...}}', "tool_choice")
+    if name not in names:
+        raise RequestError(f"tool_choice names the function {name!r}, which tools does not offer (tools: "
+                           f"{', '.join(names) or 'none'})", "tool_choice")
+    return choice
+
+
 def _stop(value: Any) -> list[str]:
     if value is None:
         return []
@@ -85,7 +110,7 @@ def _common(body: Any) -> None:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     n = body.get("n")
-    if n not in (None, 1):
+    if isinstance(n, bool) or n not in (None, 1):
         raise RequestError(f"n={n!r} is not supported: the gateway samples one choice per request (a GRPO group "
                            "is several programs, each its own agent run); send n=1 or leave it out", "n")
     if not isinstance(body.get("model"), str):
@@ -109,10 +134,11 @@ def parse_chat(body: Any) -> ChatRequest:
     top = _top_logprobs(body)
     max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
     opts = body.get("stream_options")
+    names = [t["function"]["name"] for t in tools]
     return ChatRequest(
-        model=body["model"], messages=messages, tools=tools, tool_choice=body.get("tool_choice"),
-        stream=bool(body.get("stream")), include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-        logprobs=bool(body.get("logprobs")), top_logprobs=top,
+        model=body["model"], messages=messages, tools=tools, tool_choice=_choice(body.get("tool_choice"), names),
+        stream=_flag(body, "stream"), include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+        logprobs=_flag(body, "logprobs"), top_logprobs=top,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         seed=_int(body, "seed", -(2**63)), stop=_stop(body.get("stop")), max_tokens=max_tokens)
 
@@ -180,9 +206,10 @@ def parse_responses(body: Any) -> ResponsesRequest:
         raise RequestError("include must be a list of strings", "include")
     top = _top_logprobs(body)
     max_tokens = _int(body, "max_output_tokens", 1)
+    choice = _choice(_tool_choice(body.get("tool_choice")), [t["function"]["name"] for t in tools])
     chat = ChatRequest(
-        model=body["model"], messages=messages, tools=tools, tool_choice=_tool_choice(body.get("tool_choice")),
-        stream=bool(body.get("stream")), include_usage=True, logprobs=_LOGPROBS in include,
+        model=body["model"], messages=messages, tools=tools, tool_choice=choice,
+        stream=_flag(body, "stream"), include_usage=True, logprobs=_LOGPROBS in include,
         top_logprobs=top, temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens)
     return ResponsesRequest(chat, body.get("instructions"), body.get("tools") or [], body.get("tool_choice") or "auto",

@@ -34,6 +34,10 @@ def test_a_chat_body_becomes_its_request_and_ignored_fields_change_nothing():
     assert (plain.tools, plain.stop, plain.max_tokens, plain.temperature, plain.top_logprobs) == ([], [], None,
                                                                                                   None, 0)
     assert chat(max_tokens=5).max_tokens == 5  # the older name where the newer is missing
+    named = {"type": "function", "function": {"name": "add"}}
+    assert chat(tools=[ADD], tool_choice=named).tool_choice == named
+    assert [chat(tools=[ADD], tool_choice=c).tool_choice for c in ("none", "required")] == ["none", "required"]
+    assert (chat(stream=False).stream, chat(logprobs=None).logprobs) == (False, False)
 
 
 @pytest.mark.parametrize("body, param, text", [
@@ -52,6 +56,18 @@ def test_a_chat_body_becomes_its_request_and_ignored_fields_change_nothing():
     ({"model": "m", "messages": USER, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be at most 20"),
     ({"model": "m", "messages": USER, "stop": ["a", ""]}, "stop", "stop must be a string or a list of up to 4"),
     ({"model": "m", "messages": USER, "stop": list("abcde")}, "stop", "up to 4 non-empty strings"),
+    # a careless client's types: "false" is a true value in Python, so it is refused, not taken
+    ({"model": "m", "messages": USER, "stream": "false"}, "stream", "stream must be true or false, got 'false'"),
+    ({"model": "m", "messages": USER, "logprobs": "false"}, "logprobs", "logprobs must be true or false"),
+    ({"model": "m", "messages": USER, "n": True}, "n", "n=True is not supported"),
+    ({"model": "m", "messages": USER, "tools": [ADD], "tool_choice": 42}, "tool_choice",
+     "tool_choice 42 is not supported"),
+    ({"model": "m", "messages": USER, "tools": [ADD], "tool_choice": {"type": "function", "name": "add"}},
+     "tool_choice", "is not supported"),  # the Responses form on the chat path
+    ({"model": "m", "messages": USER, "tools": [ADD], "tool_choice": {"type": "function", "function": {
+        "name": "mul"}}}, "tool_choice", "the function 'mul', which tools does not offer (tools: add)"),
+    ({"model": "m", "messages": USER, "tools": [{"type": "web_search", "function": {"name": "add"}}]}, "tools",
+     "tools[0] has type 'web_search': the gateway serves function tools only"),
 ])
 def test_a_bad_chat_body_is_refused_naming_the_field(body, param, text):
     err = refused(parse_chat, body)
@@ -109,6 +125,9 @@ def test_a_responses_body_is_served_as_the_chat_request_of_the_same_conversation
     ({"tool_choice": {"type": "web_search"}}, "tool_choice", "invalid_request",
      "tool_choice {'type': 'web_search'} is not supported"),
     ({"max_output_tokens": -1}, "max_output_tokens", "invalid_request", "max_output_tokens must be an integer >= 1"),
+    ({"stream": "false"}, "stream", "invalid_request", "stream must be true or false"),
+    ({"tools": [{"type": "function", "name": "add"}], "tool_choice": {"type": "function", "name": "mul"}},
+     "tool_choice", "invalid_request", "tool_choice names the function 'mul', which tools does not offer"),
 ])
 def test_a_bad_responses_body_is_refused_naming_the_field(extra, param, code, text):
     err = refused(parse_responses, {"model": "m", "input": "q", **extra})
