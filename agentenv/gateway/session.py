@@ -23,7 +23,7 @@ from typing import Any, Callable
 import anyio
 
 from ..engines.base import Engine, Generation, SamplingParams
-from ..errors import ProgramEndedError
+from ..errors import EngineError, ProgramEndedError
 from ..formats import ToolFormat
 from ..trajectory import ToolCall, TurnStats
 from .branches import Branches
@@ -158,7 +158,9 @@ class ProgramSession:
                                              priority=priority)
         except Exception as exc:  # noqa: BLE001 - the engine's failure is the program's, recorded
             self.engine_error = f"{type(exc).__name__}: {exc}"
-            raise
+            if isinstance(exc, EngineError):
+                raise
+            raise EngineError(self.engine_error) from exc  # any failure of the engine is the agent's 503
         finally:
             if not self.ended:  # an ended program has left the scheduler (its slot is gone)
                 self.hooks.after_turn(len(ids) + (len(gen.token_ids) if gen is not None else 0),

@@ -12,7 +12,7 @@ import pytest
 import agentenv.models
 from agentenv import RolloutConfig
 from agentenv.engines.embedded import load_tokenizer
-from agentenv.errors import ProgramEndedError
+from agentenv.errors import EngineError, ProgramEndedError
 from agentenv.formats import HermesFormat
 from agentenv.gateway.requests import RequestError, parse_chat
 from agentenv.gateway.session import (
@@ -234,7 +234,7 @@ async def test_a_turn_the_scheduler_refuses_ends_the_session_and_an_engine_failu
         raise RuntimeError("the engine lost its device")
 
     s = session(tok, broken)
-    with pytest.raises(RuntimeError, match="lost its device"):
+    with pytest.raises(EngineError, match="RuntimeError: the engine lost its device"):  # the gateway's 503
         await s.complete(chat(*FIRST), "main")
     assert s.engine_error == "RuntimeError: the engine lost its device"
     assert s.hooks.after == [s.hooks.before[0][0]] and s.calls == 0  # the scheduler still hears the turn ended
