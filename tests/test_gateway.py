@@ -18,6 +18,8 @@ from agentenv.engines.embedded import load_tokenizer
 from agentenv.gateway import role_client
 from agentenv.testing import ScriptedEngine
 
+from .waiting import DEADLINE_S
+
 pytestmark = pytest.mark.anyio
 
 HERMES = Path(agentenv.models.__file__).parent / "tiny-hermes"
@@ -218,6 +220,67 @@ async def test_the_gateways_connections_send_without_delay(tok):
     finally:
         await gateway.aclose()
 
+
+
+async def endless_body(url: str, key: str) -> bytes:
+    """POST a chunked body that never ends (9 MiB sent, no last chunk) and read the answer: a
+    gateway that waits for the whole body before checking its size never answers."""
+    from urllib.parse import urlsplit
+
+    at = urlsplit(url)
+    head = (f"POST {at.path}/chat/completions HTTP/1.1\r\nHost: {at.netloc}\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    answer = bytearray()
+    async with await anyio.connect_tcp(at.hostname, at.port) as conn, anyio.create_task_group() as tg:
+        async def send() -> None:
+            try:
+                await conn.send(head + chunk(b'{"model": "m", "messages": "'))
+                for _ in range(9):
+                    await conn.send(chunk(b"x" * (1 << 20)))
+            except (anyio.BrokenResourceError, OSError):
+                pass  # the gateway answered and closed the connection: what the reader waits for
+
+        tg.start_soon(send)
+        with anyio.fail_after(DEADLINE_S):
+            while b"}}" not in answer:  # the end of the error object
+                try:
+                    answer += await conn.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    break
+        tg.cancel_scope.cancel()
+    return bytes(answer)
+
+
+class Hostile(Calc):
+    """Sends bodies that broke the gateway (a 500 or no answer) before its agent's loop."""
+
+    seen: dict = {}
+
+    async def agent(self, task, client, model):
+        url, key = str(client.base_url).rstrip("/"), client.api_key
+        head = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        msg = b'{"model": "m", "messages": [{"role": "user", "content": "%s"}], "n": 2}'
+        async with httpx.AsyncClient() as h:
+            for name, body in {"lone": msg % b"\\ud800 x", "paired": msg % b"\\ud83d\\ude00 \\uD83D\\uDE00",
+                               "deep": b"[" * 100_000 + b"]" * 100_000}.items():
+                r = await h.post(f"{url}/chat/completions", content=body, headers=head)
+                Hostile.seen[name] = (r.status_code, r.json()["error"])
+        Hostile.seen["endless"] = await endless_body(url, key)
+        return await super().agent(task, client, model)
+
+
+async def test_bodies_nested_too_deeply_with_lone_surrogates_or_without_end_get_400(tok):
+    trajs = await collect(Hostile(), ScriptedEngine(calculator, tok), n=1, group=1)
+    s = Hostile.seen
+    assert s["lone"][0] == 400 and s["lone"][1]["code"] == "invalid_unicode"  # not the tokenizer's 500
+    assert "lone UTF-16 surrogate" in s["lone"][1]["message"]
+    assert s["paired"][0] == 400 and s["paired"][1]["param"] == "n"  # a surrogate pair is text: n is the fault
+    assert s["deep"][0] == 400 and s["deep"][1]["message"] == "the request body is nested too deeply"
+    assert s["endless"].startswith(b"HTTP/1.1 400") and b'"code":"body_too_large"' in s["endless"]
+    assert trajs[0].finish_reason == "stop" and trajs[0].text == "The sum is 5."  # the gateway served on
 
 async def test_a_malformed_call_is_content_and_data_not_an_error(tok):
     broken = '<tool_call>\n{"name": "add", "arguments": {"a": 2,\n</tool_call>'

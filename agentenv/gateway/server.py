@@ -173,21 +173,34 @@ class Gateway:
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentenv"}]})
 
     async def _body(self, request: Any) -> Any:
+        """The decoded JSON body. It is read in chunks and refused once past ``max_body``, so a
+        body without a Content-Length (chunked) is never held whole when it is too large."""
         size = request.headers.get("content-length")
         if size is not None and (not size.isdigit() or int(size) > self.max_body):
             raise RequestError(f"the request body is over {self.max_body} bytes", code="body_too_large")
         from starlette.requests import ClientDisconnect
 
+        chunks, total = [], 0
         try:
-            raw = await request.body()
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > self.max_body:
+                    raise RequestError(f"the request body is over {self.max_body} bytes", code="body_too_large")
+                chunks.append(chunk)
         except ClientDisconnect:  # the agent went away mid-request (cancelled, past its deadline)
             raise RequestError("the client disconnected before the body arrived", code="client_disconnected") from None
-        if len(raw) > self.max_body:
-            raise RequestError(f"the request body is over {self.max_body} bytes", code="body_too_large")
+        raw = b"".join(chunks)
         try:
-            return json.loads(raw)
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        if b"\\ud" in raw or b"\\uD" in raw:  # an escape in \uD800-\uDFFF: is each one half of a pair?
+            try:
+                json.dumps(body, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError("the request body holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                                   "without its pair): text must be valid Unicode", code="invalid_unicode") from None
+        return body
 
     async def _serve(self, request: Any, parse: Callable[[Any], Any]) -> Any:
         """Both endpoints' path: the key's session, the body parsed by ``parse`` (a
@@ -204,6 +217,8 @@ class Gateway:
             return self._error(400, str(exc), param=exc.param, code=exc.code)
         except MessageError as exc:  # well-formed, but the model's chat template cannot render it
             return self._error(400, str(exc), param="messages", code="invalid_messages")
+        except RecursionError:  # decoding, comparing or hashing a body nested deeper than the stack goes
+            return self._error(400, "the request body is nested too deeply", code="invalid_json")
         except SessionEnded:
             return self._error(410, "this key's agent program has ended", code="program_ended")
         except ReplayMismatch as exc:
