@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import openai
 import pytest
 
 import agentenv.models
@@ -255,7 +256,7 @@ async def endless_body(url: str, key: str) -> bytes:
 
 
 class Hostile(Calc):
-    """Sends bodies that broke the gateway (a 500 or no answer) before its agent's loop."""
+    """Sends what broke the gateway (a 500, text for an error, no answer) before its agent's loop."""
 
     seen: dict = {}
 
@@ -268,6 +269,12 @@ class Hostile(Calc):
                                "deep": b"[" * 100_000 + b"]" * 100_000}.items():
                 r = await h.post(f"{url}/chat/completions", content=body, headers=head)
                 Hostile.seen[name] = (r.status_code, r.json()["error"])
+            r = await h.get(f"{url}/chat/completions", headers=head)
+            Hostile.seen["get"] = (r.status_code, r.json()["error"])
+        try:
+            await client.completions.create(model=model, prompt="2 + 3 =")  # the legacy API, not served
+        except Exception as exc:  # noqa: BLE001 - what the SDK raises is the finding
+            Hostile.seen["legacy"] = exc
         Hostile.seen["endless"] = await endless_body(url, key)
         return await super().agent(task, client, model)
 
@@ -280,6 +287,8 @@ async def test_bodies_nested_too_deeply_with_lone_surrogates_or_without_end_get_
     assert s["paired"][0] == 400 and s["paired"][1]["param"] == "n"  # a surrogate pair is text: n is the fault
     assert s["deep"][0] == 400 and s["deep"][1]["message"] == "the request body is nested too deeply"
     assert s["endless"].startswith(b"HTTP/1.1 400") and b'"code":"body_too_large"' in s["endless"]
+    assert s["get"][0] == 405 and s["get"][1]["code"] == "unknown_url"  # OpenAI's error object, not text
+    assert isinstance(s["legacy"], openai.NotFoundError) and "POST /v1/completions is not served" in str(s["legacy"])
     assert trajs[0].finish_reason == "stop" and trajs[0].text == "The sum is 5."  # the gateway served on
 
 async def test_a_malformed_call_is_content_and_data_not_an_error(tok):

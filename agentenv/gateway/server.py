@@ -112,7 +112,8 @@ class Gateway:
 
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
                                 Route("/v1/responses", self._responses, methods=["POST"]),
-                                Route("/v1/models", self._models, methods=["GET"])])
+                                Route("/v1/models", self._models, methods=["GET"])],
+                        exception_handlers={404: self._unknown_url, 405: self._unknown_url})
         config = uvicorn.Config(app, host=self.host, port=0, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30)
         config.load()
@@ -149,6 +150,11 @@ class Gateway:
         kind = {401: "authentication_error", 410: "invalid_request_error", 503: "server_error"}.get(
             status, "invalid_request_error")
         return JSONResponse(error_body(message, kind=kind, **kw), status_code=status)
+
+    async def _unknown_url(self, request: Any, exc: Any) -> Any:
+        """Another path or method: OpenAI's error object (an SDK reads its message), not text."""
+        return self._error(exc.status_code, f"{request.method} {request.url.path} is not served: the gateway serves "
+                           "POST /v1/chat/completions, POST /v1/responses and GET /v1/models", code="unknown_url")
 
     def _session(self, request: Any) -> tuple[ProgramSession | None, str, Any]:
         auth = request.headers.get("authorization", "")
