@@ -14,6 +14,7 @@ from agentenv.gateway.messages import (
     normalise,
     normalise_all,
     normalise_tools,
+    same,
 )
 
 CALL = {"id": "call_0_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
@@ -101,3 +102,14 @@ def test_a_digest_is_stable_across_key_order_and_differs_with_any_value():
     assert a == digest("main", [{"content": "q", "role": "user"}], {"y": 2, "x": 1})
     assert len(a) == 32 and a != digest("main", [{"role": "user", "content": "Q"}], {"x": 1, "y": 2})
     assert a != digest("critic", [{"role": "user", "content": "q"}], {"x": 1, "y": 2})
+
+
+def test_same_compares_json_values_as_json_spells_them():
+    assert same({"a": [1, "x", {"b": 1.5}], "c": None}, {"c": None, "a": [1, "x", {"b": 1.5}]})  # key order
+    for a, b in ((True, 1), (1, 1.0), (0.0, -0.0), ({"a": [False]}, {"a": [0]}), ([1, "x"], [1.0, "x"]),
+                 ({"a": 1}, {"a": 1, "b": 2}), ("1", 1), (float("nan"), float("nan"))):
+        assert not same(a, b) and not same(b, a), (a, b)
+    deep_a, deep_b = [1], [1.0]
+    for _ in range(100):
+        deep_a, deep_b = {"x": deep_a, "s": "text"}, {"s": "text", "x": deep_b}
+    assert same(deep_a, deep_a) and not same(deep_a, deep_b)  # told apart at any depth
