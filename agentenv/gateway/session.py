@@ -141,13 +141,12 @@ class ProgramSession:
         cap = min(req.max_tokens or cfg.max_tokens_per_turn, room, cfg.max_new_tokens - self.sampled)
         if cap <= 0 or n >= cfg.max_turns:  # the program's token budget or call limit is spent: an empty reply
             return Generation([], [], "length", len(ids), 0, engine.weight_version)
-        params = SamplingParams(
-            max_tokens=cap,
-            temperature=cfg.temperature if req.temperature is None else req.temperature,
-            top_p=cfg.top_p if req.top_p is None else req.top_p,
-            top_k=cfg.top_k,
-            stop_token_ids=self.stop_ids + self._stop_ids(req.stop),
-        )
+        temperature = cfg.temperature if req.temperature is None else req.temperature
+        top_p, top_k = cfg.top_p if req.top_p is None else req.top_p, cfg.top_k
+        if engine.sampling is not None:  # an engine that samples every request as it was started (embedded)
+            temperature, top_p, top_k = engine.sampling
+        params = SamplingParams(max_tokens=cap, temperature=temperature, top_p=top_p, top_k=top_k,
+                                stop_token_ids=self.stop_ids + self._stop_ids(req.stop))
         try:
             priority = await self.hooks.before_turn(len(ids), cap)
         except ProgramEndedError:

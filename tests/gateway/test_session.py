@@ -265,3 +265,19 @@ async def test_replayed_calls_spend_the_programs_token_budget_as_the_live_calls_
     b1 = await resumed.complete(chat(*FIRST, seed=1), "main")
     assert b1.gen.token_ids == a1.gen.token_ids and resumed.engine.asked[0][2].max_tokens == 3
     assert resumed.sampled == live.sampled == k + 3
+
+
+async def test_an_engine_that_fixes_its_sampling_samples_each_request_as_it_was_started(tok, engine):
+    """An engine whose ``sampling`` is set (the embedded engine) takes no request's own: the
+    request's temperature and top_p give way to it rather than fail the program (the embedded
+    engine raises on any other, which was every such request's error:engine)."""
+    s = session(tok)
+    s.engine.sampling = (0.6, 0.9, 5)
+    await s.complete(chat(*FIRST, temperature=0.2, top_p=0.5), "main")
+    params = s.engine.asked[0][2]
+    assert (params.temperature, params.top_p, params.top_k) == (0.6, 0.9, 5)
+    real = ProgramSession(program="p2", engine=engine, hooks=Hooks(), fmt=HermesFormat(),
+                          config=RolloutConfig(max_turns=2, max_new_tokens=8, max_tokens_per_turn=4),
+                          stop_ids=(engine.tokenizer.eos_token_id,))
+    answer = await real.complete(chat(*FIRST, temperature=0.2, top_p=0.5), "main")
+    assert answer.gen.token_ids and real.engine_error is None and engine.sampling != (0.2, 0.5, 0)
