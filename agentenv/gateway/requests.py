@@ -117,6 +117,16 @@ def _common(body: Any) -> None:
         raise RequestError("model must be a string (the gateway serves one model; see GET /v1/models)", "model")
 
 
+def _top_p(body: dict[str, Any]) -> float | None:
+    """``top_p`` in (0, 1]: 0 keeps no token, and the engines refuse it (vLLM's ValueError would
+    fail the program as error:engine); greedy sampling is ``temperature: 0``."""
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise RequestError("top_p must be a number in (0.0, 1.0], got 0: it keeps no token to sample (for "
+                           "greedy sampling send temperature 0)", "top_p")
+    return top_p
+
+
 def _top_logprobs(body: dict[str, Any]) -> int:
     top = _int(body, "top_logprobs", 0)
     if top is not None and top > 20:
@@ -139,7 +149,7 @@ def parse_chat(body: Any) -> ChatRequest:
         model=body["model"], messages=messages, tools=tools, tool_choice=_choice(body.get("tool_choice"), names),
         stream=_flag(body, "stream"), include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
         logprobs=_flag(body, "logprobs"), top_logprobs=top,
-        temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
+        temperature=_number(body, "temperature", 0.0, 2.0), top_p=_top_p(body),
         seed=_int(body, "seed", -(2**63)), stop=_stop(body.get("stop")), max_tokens=max_tokens)
 
 
@@ -210,7 +220,7 @@ def parse_responses(body: Any) -> ResponsesRequest:
     chat = ChatRequest(
         model=body["model"], messages=messages, tools=tools, tool_choice=choice,
         stream=_flag(body, "stream"), include_usage=True, logprobs=_LOGPROBS in include,
-        top_logprobs=top, temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
+        top_logprobs=top, temperature=_number(body, "temperature", 0.0, 2.0), top_p=_top_p(body),
         max_tokens=max_tokens)
     return ResponsesRequest(chat, body.get("instructions"), body.get("tools") or [], body.get("tool_choice") or "auto",
                             max_tokens, body.get("metadata"), body.get("parallel_tool_calls") is not False,

@@ -50,6 +50,7 @@ def test_a_chat_body_becomes_its_request_and_ignored_fields_change_nothing():
     ({"model": "m", "messages": USER, "temperature": 2.5}, "temperature",
      "temperature must be a number in [0.0, 2.0], got 2.5"),
     ({"model": "m", "messages": USER, "top_p": float("nan")}, "top_p", "top_p must be a number in [0.0, 1.0]"),
+    ({"model": "m", "messages": USER, "top_p": 0}, "top_p", "top_p must be a number in (0.0, 1.0], got 0"),
     ({"model": "m", "messages": USER, "temperature": True}, "temperature", "got True"),
     ({"model": "m", "messages": USER, "max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
     ({"model": "m", "messages": USER, "max_completion_tokens": 1.5}, "max_completion_tokens", "got 1.5"),
@@ -126,6 +127,7 @@ def test_a_responses_body_is_served_as_the_chat_request_of_the_same_conversation
      "tool_choice {'type': 'web_search'} is not supported"),
     ({"max_output_tokens": -1}, "max_output_tokens", "invalid_request", "max_output_tokens must be an integer >= 1"),
     ({"stream": "false"}, "stream", "invalid_request", "stream must be true or false"),
+    ({"top_p": 0.0}, "top_p", "invalid_request", "for greedy sampling send temperature 0"),
     ({"tools": [{"type": "function", "name": "add"}], "tool_choice": {"type": "function", "name": "mul"}},
      "tool_choice", "invalid_request", "tool_choice names the function 'mul', which tools does not offer"),
 ])
