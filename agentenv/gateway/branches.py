@@ -17,13 +17,12 @@ token sequence: loss mask 1 exactly on the sampled ids. Pure: no I/O besides the
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..trajectory import Segment
 from .messages import MessageError, for_template, same
-
-_MARK = "\x00AGENTENV-REPLY\x00"
 
 
 @dataclass(slots=True)
@@ -82,13 +81,16 @@ def glue_text(tokenizer: Any, history: list[dict[str, Any]], new: list[dict[str,
               tools: list[dict[str, Any]], ended_with_eos: bool) -> str | None:
     """The template's text between the last reply of ``history`` and the next reply (None when
     the template renders the history differently once ``new`` follows it)."""
-    marked = history[:-1] + [{"role": "assistant", "content": _MARK}]
+    # A marker no message can hold: one of fixed text, sent in a message, would be found
+    # there first and the glue cut at the wrong place.
+    mark = f"\x00AGENTENV-REPLY-{secrets.token_hex(16)}\x00"
+    marked = history[:-1] + [{"role": "assistant", "content": mark}]
     alone = render(tokenizer, marked, tools, generation_prompt=False)
     more = render(tokenizer, marked + new, tools, generation_prompt=True)
-    cut = alone.find(_MARK)
-    if cut < 0 or not more.startswith(alone[: cut + len(_MARK)]):
+    cut = alone.find(mark)
+    if cut < 0 or not more.startswith(alone[: cut + len(mark)]):
         return None
-    tail = more[cut + len(_MARK):]
+    tail = more[cut + len(mark):]
     eos = getattr(tokenizer, "eos_token", None)
     if ended_with_eos and eos and tail.startswith(eos):
         tail = tail[len(eos):]

@@ -158,3 +158,15 @@ def test_tools_that_differ_only_in_json_type_start_a_new_branch(tok):
     sample(branches, tok, "main", ASK, strict)
     assert branches.plan("main", ASK + [REPLY] + MORE, strict).extends is branches.all[0]
     assert branches.plan("main", ASK + [REPLY] + MORE, loose).extends is None
+
+
+@pytest.mark.parametrize("text", ["\x00AGENTENV-REPLY\x00", "AGENTENV-REPLY", "<|im_end|>"])
+def test_a_message_holding_marker_like_text_extends_token_exact(tok, text):
+    """The glue is cut at a marker standing in for the last reply: no text a message holds
+    can be taken for it."""
+    ask = [{"role": "user", "content": f"hi {text} there"}]
+    branches = Branches(tok)
+    _, branch, _ = sample(branches, tok, "main", ask, [])
+    messages = ask + [REPLY] + [{"role": "user", "content": f"more {text}"}]
+    plan = branches.plan("main", messages, [])
+    assert plan.extends is branch and tok.decode(plan.input_ids) == render(tok, messages, [], generation_prompt=True)
