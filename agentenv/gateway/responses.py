@@ -63,12 +63,15 @@ def stream_events(cid: str, model: str, reply: Reply, reason: str, usage: dict[s
                 "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}], **extra}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
+    # The logprobs of every sampled token (as ``choice.logprobs`` of a completion) ride on the
+    # first chunk that carries the reply: its content, else its first call, else the last.
+    lp = [logprobs]
     yield chunk({"role": "assistant", "content": ""})
     if reply.content:
-        yield chunk({"content": reply.content}, lp=logprobs)
+        yield chunk({"content": reply.content}, lp=lp.pop())
     for j, call in enumerate(reply.openai_calls()):
-        yield chunk({"tool_calls": [{"index": j, **call}]})
-    yield chunk({}, finish_reason(reply, reason))
+        yield chunk({"tool_calls": [{"index": j, **call}]}, lp=lp.pop() if lp else None)
+    yield chunk({}, finish_reason(reply, reason), lp=lp.pop() if lp else None)
     if usage is not None:
         body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
                 "usage": usage}

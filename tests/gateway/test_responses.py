@@ -79,6 +79,12 @@ def test_a_stream_sends_the_role_content_each_call_the_reason_the_usage_then_don
     # No content, no usage asked: neither is sent.
     quiet = data(stream_events("c2", "m", Reply(None, CALLS.calls), "stop", None, None))
     assert len(quiet) == 4 and quiet[-1] == "[DONE]" and "tool_calls" in quiet[1]["choices"][0]["delta"]
+    # A reply of calls alone carries its logprobs on its first call; an empty one on its last chunk.
+    lp = {"content": [{"token": "<tool_call>", "logprob": -0.5, "bytes": [60], "top_logprobs": []}], "refusal": None}
+    calls = data(stream_events("c3", "m", Reply(None, CALLS.calls + CALLS.calls), "stop", None, lp))
+    assert [e["choices"][0]["logprobs"] for e in calls[:-1]] == [None, lp, None, None]
+    empty = data(stream_events("c4", "m", Reply(""), "length", None, {"content": [], "refusal": None}))
+    assert [e["choices"][0]["logprobs"] for e in empty[:-1]] == [None, {"content": [], "refusal": None}]
 
 
 def request(**kw):
