@@ -84,7 +84,8 @@ class FakeE2BServer:
         self.killed: list[str] = []
         self.restarts = 0
         self.contexts: dict[str, _Kernel] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # created, killed, contexts and stopped
+        self.stopped = False
         self._httpd: ThreadingHTTPServer | None = None
 
     @property
@@ -107,13 +108,28 @@ class FakeE2BServer:
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
 
+    def add_context(self) -> str | None:
+        """A new context's id, its kernel started; None once the server is stopped. A request
+        in flight when :meth:`stop` runs may get here after it: its kernel is killed, not left
+        running with no one to stop it."""
+        kernel, cid = _Kernel(), uuid.uuid4().hex[:12]  # the spawn is slow: not under the lock
+        with self.lock:
+            if not self.stopped:
+                self.contexts[cid] = kernel
+                return cid
+        kernel.kill()
+        return None
+
     def stop(self) -> None:
         if self._httpd is not None:
-            self._httpd.shutdown()
+            self._httpd.shutdown()  # handler threads still running go on (daemon threads)
             self._httpd.server_close()
-        for k in self.contexts.values():
+        with self.lock:
+            self.stopped = True
+            kernels = list(self.contexts.values())
+            self.contexts.clear()
+        for k in kernels:
             k.kill()
-        self.contexts.clear()
 
     def __enter__(self) -> "FakeE2BServer":
         return self.start()
@@ -148,7 +164,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/contexts":
-            self._json(200, [{"id": c, "language": "python", "cwd": "/home/user"} for c in self.fake.contexts])
+            with self.fake.lock:
+                ids = list(self.fake.contexts)
+            self._json(200, [{"id": c, "language": "python", "cwd": "/home/user"} for c in ids])
         elif self.path == "/health":
             self._empty(204)
         else:
@@ -163,7 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.fake.killed.append(parts[1])
             self._empty(204 if known else 404)
         elif parts[0] == "contexts" and len(parts) == 2:
-            kernel = self.fake.contexts.pop(parts[1], None)
+            with self.fake.lock:
+                kernel = self.fake.contexts.pop(parts[1], None)
             if kernel:
                 kernel.kill()
             self._empty(204 if kernel else 404)
@@ -183,8 +202,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(201, {"templateID": body.get("templateID", "code-interpreter-v1"), "sandboxID": sid,
                                     "clientID": "fake", "envdVersion": "0.2.4", "envdAccessToken": "tok"})
         if parts == ["contexts"]:
-            cid = uuid.uuid4().hex[:12]
-            self.fake.contexts[cid] = _Kernel()
+            cid = self.fake.add_context()
+            if cid is None:
+                return self._json(503, {"message": "the server is stopping"})
             return self._json(200, {"id": cid, "language": body.get("language") or "python",
                                     "cwd": body.get("cwd") or "/home/user"})
         if len(parts) == 3 and parts[0] == "contexts" and parts[2] == "restart":

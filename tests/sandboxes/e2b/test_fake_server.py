@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 import httpx
+import psutil
 import pytest
 
-from agentenv.sandboxes.e2b.fake_server import FakeE2BServer
+from agentenv.sandboxes.e2b.fake_server import WORKER, FakeE2BServer
 
 
 @pytest.fixture
@@ -94,3 +95,23 @@ def test_stopping_the_server_ends_every_interpreter():
     assert [k.proc.poll() is not None for k in kernels] == [True, True] and srv.contexts == {}
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{srv.url}/health", timeout=5)
+
+
+
+def kernels() -> list[psutil.Process]:
+    """This process's fake-E2B interpreters still running."""
+    return [p for p in psutil.Process().children() if str(WORKER) in " ".join(p.cmdline())
+            and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_context_made_after_stop_is_killed_not_left_running():
+    """A create in flight when the server stops finishes after the stop's clean-up: its kernel
+    is killed there and no context is added, and the stop kills every kernel it holds (the stop
+    iterated the contexts while a create could add one, and a late one outlived the test)."""
+    srv = FakeE2BServer().start()
+    held = srv.contexts[srv.add_context()]
+    assert held.proc.pid in [p.pid for p in kernels()]
+    srv.stop()
+    assert held.proc.poll() is not None and srv.contexts == {}
+    assert srv.add_context() is None and srv.contexts == {}
+    assert kernels() == []
