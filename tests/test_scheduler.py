@@ -549,7 +549,7 @@ SIMULATED = {
 
 
 @pytest.mark.parametrize("case", list(SIMULATED))
-def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monkeypatch):
+def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case):
     """The simulator (``simulate``) runs a trace workload with the scheduler and with
     :class:`SortedReference` in its place: every decision, in order, and the figures agree."""
     from agentenv import simulator
@@ -561,9 +561,9 @@ def test_the_heaps_make_the_decisions_a_sort_of_every_candidate_makes(case, monk
     runs = {}
     for cls in (Recorded, SortedReference):
         made: list[Recorded] = []
-        monkeypatch.setattr(simulator, "Scheduler", lambda config, cls=cls: made.append(cls(config)) or made[-1])
         result = simulator.simulate(traces, engine, policy, concurrency=slots, max_programs=max_programs,
-                                    group_size=4, session_lookahead=8, session_start_s=session_start_s)
+                                    group_size=4, session_lookahead=8, session_start_s=session_start_s,
+                                    scheduler=lambda config, cls=cls: made.append(cls(config)) or made[-1])
         runs[cls] = (dataclasses.asdict(result), made[0])
     (mine, sched), (theirs, reference) = runs[Recorded], runs[SortedReference]
     assert len(sched.decisions) == len(reference.decisions) and sched.decisions == reference.decisions
