@@ -113,8 +113,13 @@ async def run_command(command: list[str], task: Task, *, base_url: str, api_key:
     payload = task_json(task)
     child_env = {**os.environ, **(env or {}), "OPENAI_BASE_URL": base_url.rstrip("/"), "OPENAI_API_KEY": api_key,
                  "AGENTENV_TASK": payload}
-    async with await anyio.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, env=child_env) as proc:
+    # The start is shielded: cancelled half way (forked, its pipes not yet connected), asyncio
+    # kills the child but its wait for the exit is cancelled too, so it would be left unreaped.
+    # Started whole, a cancellation lands in the ``try`` below, which kills and reaps it.
+    with anyio.CancelScope(shield=True):
+        started = await anyio.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, env=child_env)
+    async with started as proc:
         out, err = bytearray(), bytearray()
 
         async def drain(stream: Any, into: bytearray) -> None:
