@@ -151,7 +151,11 @@ class LocalSandbox(Sandbox):
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> "LocalSandbox":
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # cancelled or refused while starting: no fork server left behind
+            await self.aclose()
+            raise
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._pool.background = self._tg

@@ -150,21 +150,26 @@ class _ForkServers:
         """Start the base server process; its hello message."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self._proc = await anyio.open_process(
-                [sys.executable, "-I", str(FORKSERVER), str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=-3, stdout=-3, stderr=None, env=CLEAN_ENV, cwd="/",
-                start_new_session=True,
-            )
+            with anyio.CancelScope(shield=True):  # cancelled half way, the child is left unreaped; aclose reaps it
+                self._proc = await anyio.open_process(
+                    [sys.executable, "-I", str(FORKSERVER), str(theirs.fileno())],
+                    pass_fds=[theirs.fileno()], stdin=-3, stdout=-3, stderr=None, env=CLEAN_ENV, cwd="/",
+                    start_new_session=True,
+                )
         except OSError as exc:
             mine.close()
             raise SandboxError(f"cannot start the sandbox fork server: {exc}") from exc
         finally:
             theirs.close()
-        mine.settimeout(120)
-        hello = await anyio.to_thread.run_sync(mine.recv, 1 << 16)
-        mine.settimeout(None)
-        if not hello:
-            raise SandboxError("the sandbox fork server exited at start")
+        try:
+            mine.settimeout(120)
+            hello = await anyio.to_thread.run_sync(mine.recv, 1 << 16)
+            mine.settimeout(None)
+            if not hello:
+                raise SandboxError("the sandbox fork server exited at start")
+        except BaseException:
+            mine.close()
+            raise
         self._control = _Control(mine)
         return json.loads(hello)
 
