@@ -9,6 +9,7 @@ import pytest
 from agentenv.errors import SandboxError
 from agentenv.sandboxes.local import LocalSandbox
 
+from ..cancelling import left_behind
 from ..waiting import DEADLINE_S, until, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -374,47 +375,9 @@ async def test_code_starved_of_cpu_at_its_deadline_gets_its_grace_in_cpu_and_kee
         assert (await s.run("x + 1", timeout=30)).value == "42"
 
 
-#: Cancels a LocalSandbox's start after 1 to 37 event-loop steps and prints how many times its
-#: fork server was left behind, running or unreaped, once the cancellation had finished.
-CANCEL_WHILE_STARTING = """
-import anyio, psutil
-from agentenv.sandboxes.local import LocalSandbox
-
-async def main():
-    me, left = psutil.Process(), 0
-    for steps in range(1, 40, 3):
-        before = {p.pid for p in me.children(recursive=True)}
-        async with anyio.create_task_group() as tg:
-            async def run():
-                async with LocalSandbox(prewarm=0):
-                    await anyio.sleep_forever()
-            tg.start_soon(run)
-            for _ in range(steps):
-                await anyio.sleep(0)
-            tg.cancel_scope.cancel()
-        behind = [p for p in me.children(recursive=True) if p.pid not in before]
-        left += bool(behind)
-        for p in behind:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-    print(left)
-
-anyio.run(main)
-"""
-
-
 def test_a_start_cancelled_at_any_point_leaves_no_fork_server_behind():
     """A run cancelled while its sandbox starts (the fork server spawning, saying hello, the
     isolation probe) closes the sandbox: no fork server is left running, or unreaped (before,
-    a start cancelled after the spawn left it running: 11 of 13 here). Run in a fresh process,
-    whose only children are the sandbox's."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    done = subprocess.run([sys.executable, "-c", CANCEL_WHILE_STARTING], capture_output=True, text=True,
-                          timeout=4 * DEADLINE_S, cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0", f"a fork server was left behind in {done.stdout.strip()} of 13 starts"
+    a start cancelled after the spawn left it running: 11 of 13 here)."""
+    start = "async with LocalSandbox(prewarm=0):\n        await anyio.sleep_forever()"
+    assert left_behind("from agentenv.sandboxes.local import LocalSandbox", start, range(1, 40, 3)) == 0
