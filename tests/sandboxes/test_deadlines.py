@@ -181,24 +181,41 @@ async def test_the_sweep_does_not_use_the_os_functions_user_code_replaced(sandbo
 
 
 async def test_a_thread_forking_during_the_sweep_does_not_hold_the_answer(sandbox):
-    # The sweep kills every process and reaps them; a thread of the code forking all the while
-    # must not keep it waiting on a child forked after its kill (each round kills again). The
-    # call that starts the thread already ends in a sweep beside it; two more calls show the
-    # session keeps answering, its state kept, with the thread alive (a sweep that waited on a
-    # late child would time the call out, losing the state).
+    # The sweep kills every process and reaps them; threads of the code forking all the while
+    # must not keep it waiting on children forked after its kill (no fork succeeds while it
+    # runs). The call that starts the threads already ends in a sweep beside them; two more
+    # calls show the session keeps answering, its state kept, with the threads alive (a sweep
+    # that raced 6 forking threads would take up to the call's whole deadline, losing the state).
     s = await sandbox.session()
     try:
-        code = ("import os, threading, time\ndef loop():\n    while True:\n        try:\n"
+        code = ("import os, threading, time\ngo = threading.Event()\n"
+                "def loop():\n    go.wait()\n    while True:\n        try:\n"
                 "            if os.fork() == 0:\n                time.sleep(10**6)\n"
                 "        except OSError:\n            time.sleep(0.001)\n"
-                "threading.Thread(target=loop, daemon=True).start()\ntime.sleep(0.05)\n'forking'")
-        assert (await s.run(code, timeout=20)).value == "'forking'"
+                "for _ in range(6):\n    threading.Thread(target=loop, daemon=True).start()\n"
+                "go.set()\ntime.sleep(0.05)\n'forking'")
+        assert (await s.run(code, timeout=10)).value == "'forking'"
         for _ in range(2):
-            r = await s.run("6 * 7", timeout=20)
+            r = await s.run("6 * 7", timeout=10)
             assert r.value == "42" and not r.state_lost, r
     finally:
         await s.aclose()
     await check_sibling(sandbox)
+
+
+async def test_after_a_sweep_the_session_can_start_processes_and_threads_again(sandbox):
+    # The sweep forbids new processes while it runs (a soft RLIMIT_NPROC of 0): the next call
+    # has its process limit back, and can fork and start threads.
+    s = await sandbox.session()
+    try:
+        r = await s.run("import os, time\nif os.fork() == 0:\n    time.sleep(10**6)\n'child left running'")
+        assert r.value == "'child left running'", r
+        r = await s.run("import resource, subprocess, threading\nt = threading.Thread(target=lambda: None)\n"
+                        "t.start(); t.join()\n(resource.getrlimit(resource.RLIMIT_NPROC), "
+                        "subprocess.run(['true']).returncode)")
+        assert r.value == f"(({LIMITS.pids}, {LIMITS.pids}), 0)", r
+    finally:
+        await s.aclose()
 
 
 # -- 3. a stale frame is dropped, not fatal ------------------------------------------------

@@ -41,6 +41,7 @@ import ctypes
 import gc
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -79,29 +80,45 @@ for _mod in ("math", "json", "re", "itertools", "functools", "collections", "fra
         pass
 
 
-def _end_background(_waitpid=os.waitpid, _kill=os.kill, _nohang=os.WNOHANG, _sigkill=signal.SIGKILL) -> None:
+def _end_background(_waitpid=os.waitpid, _kill=os.kill, _nohang=os.WNOHANG, _sigkill=signal.SIGKILL,
+                    _getrlimit=resource.getrlimit, _setrlimit=resource.setrlimit,
+                    _nproc=resource.RLIMIT_NPROC) -> None:
     """After a call, in the worker (pid 1 of its namespace): kill every other process in the
     namespace, wherever it hid (setsid, double fork), and reap them. Every process there
     descends from the worker and orphans are re-parented to it, so no child means nothing
     else runs: the common case costs one syscall. The syscalls are the ones captured when
     this module loaded: user code that replaces ``os.kill``, ``os.waitpid`` or their flags
-    does not reach them."""
+    does not reach them.
+
+    While it kills, nothing of the session can start a process or thread: the session's uid
+    is its own (``uids.py``), and a soft ``RLIMIT_NPROC`` of 0 fails its every fork and clone.
+    A thread of the code forking all the while would otherwise replace each child reaped, and
+    on a busy machine the sweep could go on until the call's deadline. The hard limit stays;
+    the soft one is set back after."""
     try:
         if _waitpid(-1, _nohang) == (0, 0):
             pass  # children running
     except ChildProcessError:
         return
-    while True:  # a thread of the code may fork while this runs: each round kills them too
+    soft, hard = _getrlimit(_nproc)
+    _setrlimit(_nproc, (0, hard))
+    try:
+        while True:
+            try:
+                _kill(-1, _sigkill)
+            except OSError:
+                pass  # ESRCH: the only child was a zombie, now reaped
+            try:
+                _waitpid(-1, 0)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+    finally:
         try:
-            _kill(-1, _sigkill)
-        except OSError:
-            pass  # ESRCH: the only child was a zombie, now reaped
-        try:
-            _waitpid(-1, 0)
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
+            _setrlimit(_nproc, (soft, hard))
+        except (OSError, ValueError):
+            pass  # a thread of the code lowered the hard limit meanwhile: its lower limits stand
 
 
 def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: dict,
