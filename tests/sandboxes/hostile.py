@@ -4,6 +4,7 @@ pool still serves."""
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import platform
@@ -154,12 +155,36 @@ def frame(payload, n=None):
 """
 
 
+# The blocks of 128 uids, near the top of the sandbox's range, that the uid tests use: each test
+# process on the machine holds one (a byte-range lock on ``_BLOCKS`` for the process's life), so
+# two runs of the suite never share one, whatever their pids.
+_BLOCKS, _BLOCK_COUNT = os.path.join(tempfile.gettempdir(), "agentenv-test-uid-blocks.lock"), 125
+_block: tuple[int, int] | None = None  # (the open lock file, the block this process holds)
+
+
+def _own_block() -> int:
+    global _block
+    if _block is None:
+        fd = os.open(_BLOCKS, os.O_RDWR | os.O_CREAT, 0o600)
+        for block in range(_BLOCK_COUNT):
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, block, os.SEEK_SET)
+            except OSError:
+                continue  # another test process holds it
+            _block = (fd, block)
+            break
+        else:
+            os.close(fd)
+            raise RuntimeError(f"all {_BLOCK_COUNT} test uid blocks are held by other test processes ({_BLOCKS})")
+    return _block[1]
+
+
 def private_uids(slot: int) -> int:
     """The first of 8 uids (``slot``: 0 to 15) of the sandbox's range that no other test, nor
     another test process on the machine, uses (uids are owned machine-wide, and a test that
     leaves uids handed out keeps them locked for its process's life)."""
     assert 0 <= slot < 16
-    return LIMITS.uid + 48_000 + (os.getpid() % 125) * 128 + slot * 8
+    return LIMITS.uid + 48_000 + _own_block() * 128 + slot * 8
 
 
 def proc_path(pid: int, path: str) -> str:

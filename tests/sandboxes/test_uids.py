@@ -175,3 +175,19 @@ async def test_two_pools_and_two_processes_never_share_a_uid():
         assert len({c.acquire() for _ in range(6)}) == 6
     finally:
         c.close()
+
+
+def test_two_test_processes_are_given_different_uids_for_their_tests():
+    # Another run of the suite on the machine uses the same test uids by slot: each test
+    # process holds its own block of them, whatever its pid.
+    ours = private_uids(0)
+    script = "from tests.sandboxes.hostile import private_uids\nprint(private_uids(0), flush=True)\ninput()\n"
+    others = [subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, cwd=Path(__file__).resolve().parents[2]) for _ in range(2)]
+    try:
+        theirs = [int(p.stdout.readline()) for p in others]
+        assert len({ours, *theirs}) == 3 and all(abs(u - ours) >= 128 for u in theirs), (ours, theirs)
+    finally:
+        for p in others:
+            p.stdin.close()
+            p.wait()
