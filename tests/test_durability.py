@@ -27,6 +27,7 @@ from agentenv.trajectory import ToolCall, Trajectory, TurnStats
 from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.sandboxes.local import LocalSandbox
 
+from .sandboxes.hostile import TEST_MOUNT
 from .waiting import until
 
 TASKS, GROUP = 3, 2
@@ -200,7 +201,8 @@ def test_resume_with_different_settings_is_refused(tmp_path):
 def test_a_full_disk_is_a_clear_error_and_earlier_lines_survive(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(mnt)], check=True)
+    # Named so that the host-state check of a run beside this one knows it (tests/sandboxes/hostile.py).
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", TEST_MOUNT, str(mnt)], check=True)
     try:
         out = mnt / "r.jsonl"
         r = subprocess.run([sys.executable, "-m", "agentenv.cli", *ARGS, "--out", str(out)],

@@ -9,14 +9,7 @@ import pytest
 from agentenv.sandboxes.local import LocalSandbox
 
 from ..waiting import wait_for
-from . import hostile
 from .hostile import LIMITS, SECRET, alive
-
-
-@pytest.fixture(scope="session", autouse=True)
-def own_tmp(tmp_path_factory):
-    """The host-state check tells this run's temporary directory from other runs' (hostile.py)."""
-    hostile.OWN_TMP = str(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")

@@ -38,23 +38,19 @@ def _read(path: str) -> str | None:
         return None
 
 
-#: This run's pytest base temporary directory (tests/sandboxes/conftest.py sets it).
-OWN_TMP: str | None = None
-_PYTEST_TMP = os.path.join(tempfile.gettempdir(), "pytest-of-")
-
-
-def _another_runs(mount_point: str) -> bool:
-    """A mount point inside another pytest run's base temporary directory: what that run
-    mounted for its own tests (tests/test_durability.py's small tmpfs), not this run's doing."""
-    return (mount_point.startswith(_PYTEST_TMP) and OWN_TMP is not None
-            and not (mount_point + "/").startswith(OWN_TMP.rstrip("/") + "/"))
+#: The source name of the mounts the suite's own tests make on the host (tests/test_durability.py's
+#: small tmpfs): another run of the suite on the machine may mount one while this one checks the
+#: host, wherever its temporary directory lies.
+TEST_MOUNT = "agentenv-test-tmpfs"
 
 
 def host_mounts() -> list[str]:
-    """The host's mount table, less the mounts other test runs on the machine make in their own
-    temporary directories while this one runs (every other mount, this run's own included, counts)."""
-    return [line for line in (_read("/proc/self/mountinfo") or "").splitlines()
-            if len(line.split()) < 5 or not _another_runs(line.split()[4])]
+    """The host's mount table, less the mounts the suite's tests make themselves (``TEST_MOUNT``,
+    this run's or another's): every other mount counts."""
+    def ours(line: str) -> bool:
+        after = line.split(" - ", 1)[1].split() if " - " in line else []
+        return len(after) >= 2 and after[1] == TEST_MOUNT
+    return [line for line in (_read("/proc/self/mountinfo") or "").splitlines() if not ours(line)]
 
 
 def host_state() -> dict:
@@ -67,6 +63,28 @@ def host_state() -> dict:
         "mark": os.path.exists(MARK),
         "dev": sorted(os.listdir("/dev")),
     }
+
+
+def host_changes(before: dict, after: dict) -> dict:
+    """What differs between two ``host_state`` readings, per key: the entries gone and added for
+    a list, else the two values."""
+    changes = {}
+    for key in before.keys() | after.keys():
+        a, b = before.get(key), after.get(key)
+        if a == b:
+            continue
+        if isinstance(a, list) and isinstance(b, list):
+            changes[key] = {"gone": [x for x in a if x not in b], "added": [x for x in b if x not in a]}
+        elif isinstance(a, dict) and isinstance(b, dict):
+            changes[key] = {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+        else:
+            changes[key] = (a, b)
+    return changes
+
+
+def assert_host_unchanged(before: dict) -> None:
+    changes = host_changes(before, host_state())
+    assert not changes, f"hostile code changed the host: {changes}"
 
 
 # What a sibling session checks after every hostile case: its state is intact, and the
@@ -131,7 +149,7 @@ async def hostile(sandbox, code: str, timeout: float = 10.0, *, session_survives
         assert (await fresh.run("1 + 1")).value == "2", "pool unhealthy after hostile code"
     finally:
         await fresh.aclose()
-    assert host_state() == before, "hostile code changed the host"
+    assert_host_unchanged(before)
     assert psutil.Process(os.getpid()).is_running()
     await check_sibling(sandbox)
     return res

@@ -18,9 +18,9 @@ import pytest
 from agentenv.errors import SandboxError
 from agentenv.sandboxes.local import LocalSandbox
 
-from .hostile import (FORGE, FRAME, LIBC, LIMITS, SIBLING_CHECK, SIBLING_OK, SPIN, check_sibling, host_state,
-                      hostile, private_uids, proc_path, sibling, sleep_tag, sleepers, spinners, syscall, wait_for,
-                      x86_64)
+from .hostile import (FORGE, FRAME, LIBC, LIMITS, SIBLING_CHECK, SIBLING_OK, SPIN, assert_host_unchanged, check_sibling,
+                      host_state, hostile, private_uids, proc_path, sibling, sleep_tag, sleepers, spinners, syscall,
+                      wait_for, x86_64)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -149,7 +149,7 @@ async def test_a_reused_pid_of_a_dead_worker_is_never_signalled(sandbox, how, wh
         finally:
             impostor.kill()
             impostor.wait()
-    assert host_state() == before
+    assert_host_unchanged(before)
     await check_sibling(sandbox)
 
 
