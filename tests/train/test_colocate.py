@@ -144,7 +144,9 @@ async def test_the_openai_engine_sleeps_and_wakes_the_server(model_dir, tmp_path
 @pytest.mark.slow
 def test_a_colocated_run_trains_the_bundled_model_to_a_rising_reward(tmp_path):
     """retool-math with its training defaults (the settings that make the bundled model learn),
-    colocated: the batch reward of the last steps is above that of the first."""
+    colocated: the batch reward of the last steps is above that of the untrained model (step 1's
+    batch, sampled before any update). The reward rises within the first steps and then holds, so
+    the first steps as a window would compare the plateau with itself on a noisy batch."""
     from agentenv.train import train
 
     rows: list[dict] = []
@@ -152,7 +154,8 @@ def test_a_colocated_run_trains_the_bundled_model_to_a_rising_reward(tmp_path):
                               out_dir=str(tmp_path), report_to=["none"], checkpoint_every=RISE_STEPS)
     summary = train(cfg, print_steps=False, on_step=rows.append)
     assert summary["steps"] == RISE_STEPS and set(summary["staleness"]) == {"0"}
-    first = sum(r["reward_mean"] for r in rows[:RISE_WINDOW]) / RISE_WINDOW
+    untrained = rows[0]["reward_mean"]
     last = sum(r["reward_mean"] for r in rows[-RISE_WINDOW:]) / RISE_WINDOW
-    assert last > first, (first, last)
+    assert last > untrained, ("the last steps' mean batch reward is not above the untrained model's",
+                              untrained, [r["reward_mean"] for r in rows])
     assert all(r["engine_asleep_s"] >= r["train_s"] for r in rows)
