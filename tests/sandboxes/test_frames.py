@@ -6,6 +6,7 @@ read cancelled mid-frame resumed where it stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import socket
@@ -14,7 +15,8 @@ import struct
 import anyio
 import pytest
 
-from agentenv.sandboxes.local.frames import MALFORMED, FrameReader, decode_answer, decode_violation, read_frame
+from agentenv.sandboxes.local.frames import (MALFORMED, FrameReader, decode_answer, decode_violation, read_frame,
+                                             send_all)
 from agentenv.sandboxes.local.protocol import VIOLATION
 
 from .hostile import FRAME, hostile
@@ -152,4 +154,53 @@ async def test_a_read_cancelled_mid_frame_loses_nothing():
         assert got["stdout"] == "x" * 5000
     finally:
         await stream.aclose()
+        b.close()
+
+
+async def test_send_all_writes_every_byte_as_the_peer_reads():
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    data = random.Random(SEED).randbytes(3 << 20)  # more than the socket buffer holds
+    got = bytearray()
+
+    async def read() -> None:
+        while len(got) < len(data):
+            await anyio.wait_readable(b)
+            got.extend(b.recv(1 << 16))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await send_all(a, data)
+        assert bytes(got) == data
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_a_send_cancelled_as_its_socket_turns_writable_reports_nothing_to_the_event_loop():
+    # The pass of the event loop that finds the socket writable also runs the task that cancels
+    # the waiting send (anyio's raw-socket stream then has the selector set the result of the
+    # cancelled future: an InvalidStateError in the loop's exception handler).
+    loop = asyncio.get_running_loop()
+    handler, reported = loop.get_exception_handler(), []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    try:
+        for _ in range(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send_all, a, bytes(4 << 20))
+                await anyio.wait_all_tasks_blocked()  # the send waits: the buffer is full
+                with pytest.raises(BlockingIOError):
+                    while b.recv(1 << 20):
+                        pass  # a is writable again
+                await asyncio.sleep(0)  # resumes in the pass whose poll found it writable
+                tg.cancel_scope.cancel()
+            await asyncio.sleep(0)
+        assert reported == []
+    finally:
+        loop.set_exception_handler(handler)
+        a.close()
         b.close()

@@ -10,6 +10,7 @@ frame numbered for one of the session's earlier calls is dropped, not refused.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Collection
 
 import anyio
@@ -22,6 +23,22 @@ VIOLATION_CAP = 4096  # bytes of a violation frame's payload
 STATUSES = ("ok", "error", "timeout")
 TEXT_FIELDS = ("stdout", "stderr", "value", "error")
 MALFORMED = "the session sent a malformed result"
+
+
+async def send_all(sock: socket.socket, data: bytes) -> None:
+    """Write all of ``data`` to the non-blocking ``sock``: what its buffer takes at once, the
+    rest as the peer reads. A cancellation point while it waits (the call's deadline ends it).
+
+    Written on the raw socket, as ``FrameReader`` reads: a send of anyio's raw-socket stream
+    (``UNIXSocketStream.send``, anyio 4.16) cancelled in the pass of the event loop in which
+    its socket turns writable has the selector set the result of the cancelled future, and
+    the event loop reports an ``InvalidStateError``. ``anyio.wait_writable`` allows for that."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
 
 
 class FrameReader:

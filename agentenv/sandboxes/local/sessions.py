@@ -27,7 +27,7 @@ from anyio.abc import SocketAttribute, TaskGroup
 from agentenv.errors import SandboxError
 
 from ..base import ExecResult, Session
-from .frames import FrameReader
+from .frames import FrameReader, send_all
 from .handle import _Worker
 from .protocol import ERROR_CAP, HEADER, MAX_REQUEST, VIOLATION, frame_cap
 
@@ -252,10 +252,12 @@ class LocalSession(Session):
         The rest, if any, is written once it runs; it reads nothing before the thaw."""
         header = HEADER.pack(len(payload), seq)
         data = header + payload if len(payload) < JOIN_BELOW else None
-        sent = 0
-        if data is not None and w.frozen and self._raw is not None:
+        sock, sent = self._raw, 0
+        if sock is None:
+            return "eof"
+        if data is not None and w.frozen:
             try:
-                sent = self._raw.send(data)
+                sent = sock.send(data)
             except BlockingIOError:
                 sent = 0
             except OSError:
@@ -265,10 +267,10 @@ class LocalSession(Session):
         try:
             if data is not None:
                 if sent < len(data):
-                    await w.stream.send(data[sent:])
+                    await send_all(sock, data[sent:])
             else:  # not joined: no copy of a large request
-                await w.stream.send(header)
-                await w.stream.send(payload)
+                await send_all(sock, header)
+                await send_all(sock, payload)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return "eof"
         return None
