@@ -223,6 +223,54 @@ async def test_the_gateways_connections_send_without_delay(tok):
 
 
 
+class HoldsFirst(ScriptedEngine):
+    """Holds its first turn until it is cancelled (and says when it started and ended)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.holding, self.cancelled, self.turns = anyio.Event(), anyio.Event(), 0
+
+    async def generate_turn(self, *a, **kw):
+        self.turns += 1
+        if self.turns == 1:
+            self.holding.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.cancelled.set()
+        return await super().generate_turn(*a, **kw)
+
+
+class GivesUp(Calc):
+    """Gives up on its first call while the engine holds it (the connection closed, as a
+    client's own timeout or a cancelled task closes it), then asks again."""
+
+    engine: HoldsFirst
+
+    async def agent(self, task, client, model):
+        messages = [{"role": "user", "content": task.question}]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: client.chat.completions.create(model=model, messages=messages, tools=[ADD]))
+            await GivesUp.engine.holding.wait()
+            tg.cancel_scope.cancel()
+        await GivesUp.engine.cancelled.wait()  # the gateway saw the client go and cancelled the call
+        return await Calc.agent(self, task, client, model)
+
+
+async def test_a_call_the_client_gave_up_on_is_cancelled_and_not_in_the_sequences(tok):
+    eng = GivesUp.engine = HoldsFirst(calculator, tok)
+    with anyio.fail_after(DEADLINE_S):
+        (traj,) = await collect(GivesUp(), eng, n=1, group=1)
+    g = traj.metadata["gateway"]
+    assert traj.finish_reason == "stop" and traj.reward == 1.0
+    # The two calls the agent saw answered, in one sequence; the first, unseen call in none.
+    assert (g["calls"], g["extended"], g["branched"]) == (2, 1, 1) and not traj.branches, g
+    assert eng.turns == 3
+    ids, _ = sampled(traj)
+    model = [s for s in traj.segments if s.kind == "model"]
+    assert len(model) == 2 and ids == [[i for s in model for i in s.token_ids]]
+
+
 async def endless_body(url: str, key: str) -> bytes:
     """POST a chunked body that never ends (9 MiB sent, no last chunk) and read the answer: a
     gateway that waits for the whole body before checking its size never answers."""

@@ -34,6 +34,8 @@ import socket
 from collections import OrderedDict
 from typing import Any, Callable
 
+import anyio
+
 from ..errors import EngineError
 from .messages import MessageError
 from .requests import ChatRequest, RequestError, ResponsesRequest, parse_chat, parse_responses
@@ -218,7 +220,10 @@ class Gateway:
             return refused
         try:
             req = parse(await self._body(request))
-            answer = await session.complete(req.chat if isinstance(req, ResponsesRequest) else req, role)
+            answer = await self._complete(request, session, req.chat if isinstance(req, ResponsesRequest) else req,
+                                          role)
+            if answer is None:
+                return self._error(400, "the client disconnected before the answer", code="client_disconnected")
         except RequestError as exc:
             return self._error(400, str(exc), param=exc.param, code=exc.code)
         except MessageError as exc:  # well-formed, but the model's chat template cannot render it
@@ -232,6 +237,32 @@ class Gateway:
         except EngineError as exc:
             return self._error(503, f"the engine failed: {exc}", code="engine_error")
         return session, req, answer
+
+    @staticmethod
+    async def _complete(request: Any, session: ProgramSession, req: ChatRequest, role: str) -> Answer | None:
+        """The session's answer, or None when the client went away first (an agent that gave
+        up on the call: cancelled, past its own timeout). The call is then cancelled, its
+        engine request with it, and nothing of it is recorded: the agent never saw that turn,
+        so no sequence holds it, and the agent's retry is sampled as the turn it sees."""
+        call = anyio.CancelScope()
+        outcome: Answer | Exception | None = None
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass  # the body was read whole: nothing else comes before the disconnect
+            call.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            with call:
+                try:
+                    outcome = await session.complete(req, role)
+                except Exception as exc:  # noqa: BLE001 - raised below, outside the task group
+                    outcome = exc
+            tg.cancel_scope.cancel()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def _logprobs(self, req: ChatRequest, answer: Answer) -> dict[str, Any] | None:
         gen = answer.gen
