@@ -3,9 +3,9 @@
 Hermes ``<tool_call>`` blocks for Qwen-style templates, Llama 3's JSON turn).
 
 A reply whose calls do not parse (bad JSON, an unclosed tag, a tool the request did not
-offer) is returned as plain content, its reason kept as data (:attr:`Reply.malformed`): the
-agent sees what the model wrote, the trajectory records the malformed call, and nothing
-raises. Pure: no I/O.
+offer, arguments holding NaN or Infinity) is returned as plain content, its reason kept as
+data (:attr:`Reply.malformed`): the agent sees what the model wrote, the trajectory records
+the malformed call, and nothing raises. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -42,6 +42,16 @@ def _visible(fmt: ToolFormat, text: str) -> str:
     return ""  # a Llama 3 call is the whole turn
 
 
+def _standard_json(value: Any) -> bool:
+    """Whether ``value`` is JSON every client reads (Python's parser also takes NaN and
+    Infinity; an agent in another language, or one reading strictly, would fail on them)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_reply(fmt: ToolFormat, text: str, tool_names: list[str], tool_choice: Any = None, *,
                 call_id: str = "call") -> Reply:
     """``text`` (one turn, decoded without its end-of-turn token) as an assistant reply. With
@@ -52,7 +62,8 @@ def parse_reply(fmt: ToolFormat, text: str, tool_names: list[str], tool_choice: 
     parsed = fmt.parse(text, tool_names)
     if not parsed:
         return Reply(text)
-    bad = [p.reason for p in parsed if isinstance(p, MalformedCall)]
+    bad = [p.reason if isinstance(p, MalformedCall) else f"the arguments of {p.name!r} hold NaN or Infinity, which "
+           "JSON does not have" for p in parsed if isinstance(p, MalformedCall) or not _standard_json(p.arguments)]
     if bad:
         return Reply(text, [], bad)
     calls = [{"id": f"{call_id}_{j}", "name": p.name, "arguments": p.arguments}

@@ -49,3 +49,11 @@ def test_openai_calls_carry_the_arguments_as_a_json_string_unescaped():
     assert reply.openai_calls() == [{"id": "call_1_0", "type": "function",
                                      "function": {"name": "say", "arguments": '{"text": "héllo"}'}}]
     assert Reply("x").openai_calls() == []
+
+
+def test_a_call_whose_arguments_hold_nan_or_infinity_is_malformed_not_nonstandard_json():
+    for number in ("NaN", "Infinity", "-Infinity"):
+        text = CALL.replace("3}", number + "}")
+        reply = parse_reply(HERMES, text, ["add"])
+        assert reply == Reply(text, [], ["the arguments of 'add' hold NaN or Infinity, which JSON does not have"])
+    assert parse_reply(HERMES, CALL.replace("3}", "1e308}"), ["add"]).calls[0]["arguments"] == {"a": 2, "b": 1e308}
