@@ -122,7 +122,13 @@ class _Hooks:
         r._sched.advance(time.monotonic())  # how long its tool took
         r._sched.want_turn(slot.pid, tokens, max_tokens)
         r._step()
-        await slot.grant.wait()
+        try:
+            await slot.grant.wait()
+        except BaseException:  # cancelled: the program ended, or its gateway client gave up on the call
+            if slot.pid in r._sched.programs:
+                r._sched.withdraw_turn(slot.pid)
+                r._step()
+            raise
         if slot.pid not in r._sched.programs:  # ended while this turn waited (a gateway request outlives it)
             raise ProgramEndedError(f"program {slot.pid} ended before its turn")
         r.stats.occupancy.requests_changed(+1)

@@ -455,14 +455,30 @@ class ProgramTable:
             self._marked.discard(pid)
             self._pause(p)
         else:
-            p.state = State.ACTING
-            self._touch(p)
-            if self.config.policy == SchedulingPolicy.PROGRAM:
-                heapq.heappush(self._acting_heap, (p.acted_at, pid))
-                if len(self._acting_heap) > 4 * len(self._resident) + 1024:  # mostly stale: rebuild
-                    self._acting_heap = [(q.acted_at, q.pid) for q in map(self.programs.get, self._resident)
-                                         if q.state == State.ACTING]
-                    heapq.heapify(self._acting_heap)
+            self._now_acting(p)
+
+    def withdraw_turn(self, pid: int) -> None:
+        """The turn asked for is not wanted (its caller, a gateway client, gave up before the engine
+        had it): acting again, as before ``want_turn``; a submitted turn comes back empty."""
+        p = self.programs.get(pid)
+        if p is None or not (p.wanting or p.state == State.DECODING):
+            return
+        if p.state == State.DECODING:
+            return self.turn_done(pid, p.tokens)
+        p.wanting = False
+        if p.state == State.READY:  # a paused one stays paused, wanting nothing
+            p.acted_at = self.now
+            self._now_acting(p)
+
+    def _now_acting(self, p: Program) -> None:
+        p.state = State.ACTING
+        self._touch(p)
+        if self.config.policy == SchedulingPolicy.PROGRAM:
+            heapq.heappush(self._acting_heap, (p.acted_at, p.pid))
+            if len(self._acting_heap) > 4 * len(self._resident) + 1024:  # mostly stale: rebuild
+                self._acting_heap = [(q.acted_at, q.pid) for q in map(self.programs.get, self._resident)
+                                     if q.state == State.ACTING]
+                heapq.heapify(self._acting_heap)
 
     def session_ready(self, pid: int) -> None:
         """The program's session is prepared, or its preparation failed: either way it

@@ -19,7 +19,7 @@ from agentenv.engines.embedded import load_tokenizer
 from agentenv.gateway import role_client
 from agentenv.testing import ScriptedEngine
 
-from .waiting import DEADLINE_S
+from .waiting import DEADLINE_S, until
 
 pytestmark = pytest.mark.anyio
 
@@ -224,18 +224,19 @@ async def test_the_gateways_connections_send_without_delay(tok):
 
 
 class HoldsFirst(ScriptedEngine):
-    """Holds its first turn until it is cancelled (and says when it started and ended)."""
+    """Holds its first turn until ``let_go`` is set, or it is cancelled (and says when it
+    started and ended)."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.holding, self.cancelled, self.turns = anyio.Event(), anyio.Event(), 0
+        self.holding, self.cancelled, self.let_go, self.turns = anyio.Event(), anyio.Event(), anyio.Event(), 0
 
     async def generate_turn(self, *a, **kw):
         self.turns += 1
         if self.turns == 1:
             self.holding.set()
             try:
-                await anyio.sleep_forever()
+                await self.let_go.wait()
             finally:
                 self.cancelled.set()
         return await super().generate_turn(*a, **kw)
@@ -269,6 +270,47 @@ async def test_a_call_the_client_gave_up_on_is_cancelled_and_not_in_the_sequence
     ids, _ = sampled(traj)
     model = [s for s in traj.segments if s.kind == "model"]
     assert len(model) == 2 and ids == [[i for s in model for i in s.token_ids]]
+
+
+def waiting_for_a_slot(reactor) -> list[int]:
+    return [p.pid for p in reactor._sched.programs.values() if p.wanting and p.state.value == "ready"]
+
+
+class GivesUpWaiting(Calc):
+    """On one decode slot: task 0's first turn holds the slot in the engine; task 1's first
+    call, waiting for the slot, is given up on, and asked again once task 0 may go on."""
+
+    engine: HoldsFirst
+    reactor: Reactor
+
+    async def agent(self, task, client, model):
+        if task.id == "calc/1":
+            me = GivesUpWaiting
+            await me.engine.holding.wait()
+            messages = [{"role": "user", "content": task.question}]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: client.chat.completions.create(model=model, messages=messages, tools=[ADD]))
+                await until(lambda: waiting_for_a_slot(me.reactor), "task 1's call waits for the slot")
+                tg.cancel_scope.cancel()
+            await until(lambda: not waiting_for_a_slot(me.reactor), "the gateway withdrew the turn given up on")
+            me.engine.let_go.set()
+        return await Calc.agent(self, task, client, model)
+
+
+async def test_a_call_given_up_on_while_it_waits_for_a_slot_gives_the_slot_back(tok):
+    # A turn withdrawn while it waited is not submitted later: that would keep the slot from
+    # every other program and refuse the agent's retry (a program that wants a turn while
+    # decoding).
+    env, eng = GivesUpWaiting(), HoldsFirst(calculator, tok)
+    GivesUpWaiting.engine = eng
+    with anyio.fail_after(DEADLINE_S):
+        async with Reactor(eng, env, None, RolloutConfig(max_new_tokens=1024, concurrency=1)) as reactor:
+            GivesUpWaiting.reactor = reactor
+            groups = await reactor.collect(env.tasks(2), 1)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert [(t.finish_reason, t.reward) for t in trajs] == [("stop", 1.0)] * 2, [t.error for t in trajs]
+    assert all(t.metadata["gateway"]["calls"] == 2 for t in trajs) and eng.turns == 4
+    assert reactor._sched.in_flight == 0
 
 
 async def endless_body(url: str, key: str) -> bytes:

@@ -220,6 +220,31 @@ def test_requests_in_flight_are_capped_by_decode_slots_not_programs():
     assert d.submit == [3]
 
 
+def test_a_withdrawn_turn_gives_its_slot_back_and_the_program_may_ask_again():
+    # One slot: 0 has it, 1 waits. 1's caller goes away while it waits, then 0's after the
+    # slot was granted but before the engine had the request. The slot goes to 2, and both may
+    # ask again (wanting a turn while decoding would be refused).
+    s = sched(kv_capacity=None, max_requests=1, max_programs=10)
+    for pid in range(3):
+        s.add(pid, 50)
+    s.schedule()
+    s.want_turn(0, 50, 20)
+    s.want_turn(1, 50, 20)
+    assert s.schedule().submit == [0] and s.in_flight == 1
+    s.withdraw_turn(1)
+    assert (s.programs[1].state, s.programs[1].wanting) == (State.ACTING, False)
+    s.withdraw_turn(0)
+    assert s.programs[0].state == State.ACTING and s.in_flight == 0
+    s.want_turn(2, 50, 20)
+    assert s.schedule().submit == [2]
+    s.turn_done(2, 70)
+    s.want_turn(1, 50, 20)
+    s.want_turn(0, 50, 20)
+    assert s.schedule().submit == [1] and s.in_flight == 1
+    s.withdraw_turn(2)  # not wanting a turn: nothing to withdraw
+    assert s.programs[2].state == State.ACTING and s.in_flight == 1
+
+
 def test_slots_go_to_turns_in_the_order_they_became_ready():
     # One slot, three programs. 0 decodes first; while it does, 1 and 2 become ready. When 0
     # comes back for its second turn it queues behind them: a program under way does not
