@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from agentenv.sandboxes.local import Limits
+from agentenv.sandboxes.local.uids import _lock_file
 
 from ..waiting import until
 
@@ -174,27 +175,41 @@ def frame(payload, n=None):
 
 
 # The blocks of 128 uids, near the top of the sandbox's range, that the uid tests use: each test
-# process on the machine holds one (a byte-range lock on ``_BLOCKS`` for the process's life), so
-# two runs of the suite never share one, whatever their pids.
-_BLOCKS, _BLOCK_COUNT = os.path.join(tempfile.gettempdir(), "agentenv-test-uid-blocks.lock"), 125
-_block: tuple[int, int] | None = None  # (the open lock file, the block this process holds)
+# process on the machine holds one, a byte-range lock past every uid in the sandbox's own uid
+# lock file (the one file every process on the machine shares, whatever its TMPDIR; locked
+# through the process's one descriptor of it, as closing any other would drop its uid locks).
+_BLOCKS_AT, _BLOCK, _BLOCK_COUNT = 1 << 40, 128, 125
+_block: int | None = None  # the block this process holds
+
+
+def _free(fd: int, start: int, length: int) -> bool:
+    """Whether no other process holds a lock in the range (this process holds none there)."""
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, start, os.SEEK_SET)
+    except OSError:
+        return False
+    fcntl.lockf(fd, fcntl.LOCK_UN, length, start, os.SEEK_SET)
+    return True
 
 
 def _own_block() -> int:
+    """This process's block: the first whose lock it takes and whose uids no other process
+    holds (a run of another version of the suite, or a pool, may use them without the lock)."""
     global _block
     if _block is None:
-        fd = os.open(_BLOCKS, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = _lock_file()
         for block in range(_BLOCK_COUNT):
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, block, os.SEEK_SET)
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _BLOCKS_AT + block, os.SEEK_SET)
             except OSError:
                 continue  # another test process holds it
-            _block = (fd, block)
-            break
+            if _free(fd, LIMITS.uid + 48_000 + block * _BLOCK, _BLOCK):
+                _block = block
+                break
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, _BLOCKS_AT + block, os.SEEK_SET)
         else:
-            os.close(fd)
-            raise RuntimeError(f"all {_BLOCK_COUNT} test uid blocks are held by other test processes ({_BLOCKS})")
-    return _block[1]
+            raise RuntimeError(f"all {_BLOCK_COUNT} test uid blocks are held by other test processes")
+    return _block
 
 
 def private_uids(slot: int) -> int:
@@ -202,7 +217,7 @@ def private_uids(slot: int) -> int:
     another test process on the machine, uses (uids are owned machine-wide, and a test that
     leaves uids handed out keeps them locked for its process's life)."""
     assert 0 <= slot < 16
-    return LIMITS.uid + 48_000 + _own_block() * 128 + slot * 8
+    return LIMITS.uid + 48_000 + _own_block() * _BLOCK + slot * 8
 
 
 def proc_path(pid: int, path: str) -> str:

@@ -177,13 +177,15 @@ async def test_two_pools_and_two_processes_never_share_a_uid():
         c.close()
 
 
-def test_two_test_processes_are_given_different_uids_for_their_tests():
+def test_two_test_processes_are_given_different_uids_for_their_tests(tmp_path):
     # Another run of the suite on the machine uses the same test uids by slot: each test
-    # process holds its own block of them, whatever its pid.
+    # process holds its own block of them, whatever its pid and its TMPDIR (a run beside
+    # another has its own).
     ours = private_uids(0)
     script = "from tests.sandboxes.hostile import private_uids\nprint(private_uids(0), flush=True)\ninput()\n"
     others = [subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True, cwd=Path(__file__).resolve().parents[2]) for _ in range(2)]
+                               text=True, cwd=Path(__file__).resolve().parents[2],
+                               env={**os.environ, "TMPDIR": str(tmp_path)}) for _ in range(2)]
     try:
         theirs = [int(p.stdout.readline()) for p in others]
         assert len({ours, *theirs}) == 3 and all(abs(u - ours) >= 128 for u in theirs), (ours, theirs)
