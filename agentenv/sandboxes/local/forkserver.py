@@ -90,11 +90,13 @@ def _end_background(_waitpid=os.waitpid, _kill=os.kill, _nohang=os.WNOHANG, _sig
     this module loaded: user code that replaces ``os.kill``, ``os.waitpid`` or their flags
     does not reach them.
 
-    While it kills, nothing of the session can start a process or thread: the session's uid
-    is its own (``uids.py``), and a soft ``RLIMIT_NPROC`` of 0 fails its every fork and clone.
-    A thread of the code forking all the while would otherwise replace each child reaped, and
-    on a busy machine the sweep could go on until the call's deadline. The hard limit stays;
-    the soft one is set back after."""
+    While it kills, this process starts no process or thread: the session's uid is its own
+    (``uids.py``), and a soft ``RLIMIT_NPROC`` of 0 fails its every fork and clone (the killed
+    processes cannot fork either: a fatal signal is pending). A thread of the code forking all
+    the while would otherwise replace each child reaped, and on a busy machine the sweep could
+    go on until the call's deadline. The hard limit stays, and the soft one is set back after;
+    code that raises it again meanwhile only holds its own answer, to the call's deadline (the
+    session is then killed)."""
     try:
         if _waitpid(-1, _nohang) == (0, 0):
             pass  # children running
