@@ -44,7 +44,8 @@ def _visible(fmt: ToolFormat, text: str) -> str:
 
 def _standard_json(value: Any) -> bool:
     """Whether ``value`` is JSON every client reads (Python's parser also takes NaN and
-    Infinity; an agent in another language, or one reading strictly, would fail on them)."""
+    Infinity, and reads 1e400 as Infinity; an agent in another language, or one reading
+    strictly, would fail on them)."""
     try:
         json.dumps(value, allow_nan=False)
     except ValueError:
@@ -62,8 +63,9 @@ def parse_reply(fmt: ToolFormat, text: str, tool_names: list[str], tool_choice: 
     parsed = fmt.parse(text, tool_names)
     if not parsed:
         return Reply(text)
-    bad = [p.reason if isinstance(p, MalformedCall) else f"the arguments of {p.name!r} hold NaN or Infinity, which "
-           "JSON does not have" for p in parsed if isinstance(p, MalformedCall) or not _standard_json(p.arguments)]
+    bad = [p.reason if isinstance(p, MalformedCall) else f"the arguments of {p.name!r} hold NaN, Infinity or a number "
+           "past a double's range, which JSON cannot carry"
+           for p in parsed if isinstance(p, MalformedCall) or not _standard_json(p.arguments)]
     if bad:
         return Reply(text, [], bad)
     calls = [{"id": f"{call_id}_{j}", "name": p.name, "arguments": p.arguments}

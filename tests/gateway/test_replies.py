@@ -52,8 +52,9 @@ def test_openai_calls_carry_the_arguments_as_a_json_string_unescaped():
 
 
 def test_a_call_whose_arguments_hold_nan_or_infinity_is_malformed_not_nonstandard_json():
-    for number in ("NaN", "Infinity", "-Infinity"):
+    for number in ("NaN", "Infinity", "-Infinity", "1e400"):
         text = CALL.replace("3}", number + "}")
         reply = parse_reply(HERMES, text, ["add"])
-        assert reply == Reply(text, [], ["the arguments of 'add' hold NaN or Infinity, which JSON does not have"])
+        assert reply == Reply(text, [], ["the arguments of 'add' hold NaN, Infinity or a number past a double's range, "
+                                         "which JSON cannot carry"])
     assert parse_reply(HERMES, CALL.replace("3}", "1e308}"), ["add"]).calls[0]["arguments"] == {"a": 2, "b": 1e308}
