@@ -220,15 +220,21 @@ def test_requests_in_flight_are_capped_by_decode_slots_not_programs():
     assert d.submit == [3]
 
 
-def test_a_withdrawn_turn_gives_its_slot_back_and_the_program_may_ask_again():
-    # One slot: 0 has it, 1 waits. 1's caller goes away while it waits, then 0's after the
-    # slot was granted but before the engine had the request. The slot goes to 2, and both may
-    # ask again (wanting a turn while decoding would be refused).
+def one_slot_three_programs() -> Scheduler:
+    """One decode slot, programs 0, 1 and 2 admitted, 0 wanting its first turn."""
     s = sched(kv_capacity=None, max_requests=1, max_programs=10)
     for pid in range(3):
         s.add(pid, 50)
     s.schedule()
     s.want_turn(0, 50, 20)
+    return s
+
+
+def test_a_withdrawn_turn_gives_its_slot_back_and_the_program_may_ask_again():
+    # One slot: 0 has it, 1 waits. 1's caller goes away while it waits, then 0's after the
+    # slot was granted but before the engine had the request. The slot goes to 2, and both may
+    # ask again (wanting a turn while decoding would be refused).
+    s = one_slot_three_programs()
     s.want_turn(1, 50, 20)
     assert s.schedule().submit == [0] and s.in_flight == 1
     s.withdraw_turn(1)
@@ -249,11 +255,7 @@ def test_slots_go_to_turns_in_the_order_they_became_ready():
     # One slot, three programs. 0 decodes first; while it does, 1 and 2 become ready. When 0
     # comes back for its second turn it queues behind them: a program under way does not
     # starve the new ones (the earlier "most turns first" order ran 0's turn again here).
-    s = sched(kv_capacity=None, max_requests=1, max_programs=10)
-    for pid in range(3):
-        s.add(pid, 50)
-    s.schedule()
-    s.want_turn(0, 50, 20)
+    s = one_slot_three_programs()
     assert s.schedule().submit == [0]
     s.want_turn(2, 50, 20)  # 2 is ready before 1
     s.want_turn(1, 50, 20)
