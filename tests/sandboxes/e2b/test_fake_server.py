@@ -5,6 +5,7 @@ plane, rate-limited creates, contexts that are real interpreters, and the execut
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import psutil
@@ -98,12 +99,21 @@ def test_stopping_the_server_ends_every_interpreter():
 
 
 
+def _cmdline(p: psutil.Process) -> str:
+    """``p``'s command line once its exec has finished. ``Popen`` returns when the exec has
+    closed the child's descriptors, which is before the new image has its arguments: until then
+    the command line reads empty (a busy machine can hold a child there for a while)."""
+    while not (line := " ".join(p.cmdline())) and p.status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.001)
+    return line
+
+
 def kernels() -> set[int]:
     """The pids of this process's fake-E2B interpreters still running."""
     out = set()
     for p in psutil.Process().children():
         try:
-            if str(WORKER) in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+            if str(WORKER) in _cmdline(p) and p.status() != psutil.STATUS_ZOMBIE:
                 out.add(p.pid)
         except psutil.Error:  # gone, or a zombie, meanwhile
             pass
