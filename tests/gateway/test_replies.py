@@ -58,3 +58,21 @@ def test_a_call_whose_arguments_hold_nan_or_infinity_is_malformed_not_nonstandar
         assert reply == Reply(text, [], ["the arguments of 'add' hold NaN, Infinity or a number past a double's range, "
                                          "which JSON cannot carry"])
     assert parse_reply(HERMES, CALL.replace("3}", "1e308}"), ["add"]).calls[0]["arguments"] == {"a": 2, "b": 1e308}
+
+
+def test_a_turn_that_does_not_meet_a_required_or_named_tool_choice_is_content_with_its_reason():
+    required, named = "required", {"type": "function", "function": {"name": "add"}}
+    text = "The sum is 5."
+    assert parse_reply(HERMES, text, ["add"], required) == Reply(
+        text, [], ['tool_choice "required" asks for a tool call; the model made none'])
+    assert parse_reply(HERMES, text, ["add", "mul"], named) == Reply(
+        text, [], ["tool_choice asks for calls of 'add' only; the model called none"])
+    mul = CALL.replace('"add"', '"mul"')
+    assert parse_reply(HERMES, CALL + mul, ["add", "mul"], named) == Reply(
+        CALL + mul, [], ["tool_choice asks for calls of 'add' only; the model called 'add', 'mul'"])
+    # Met: the calls are returned as under "auto".
+    for choice in (required, named):
+        assert parse_reply(HERMES, CALL, ["add", "mul"], choice, call_id="c") == parse_reply(HERMES, CALL, ["add", "mul"],
+                                                                                           call_id="c")
+        assert parse_reply(HERMES, CALL, ["add", "mul"], choice).calls[0]["name"] == "add"
+    assert parse_reply(HERMES, mul, ["add", "mul"], required).calls[0]["name"] == "mul"
