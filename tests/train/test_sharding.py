@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -37,11 +38,14 @@ def inputs(rank: int) -> torch.Tensor:
 
 
 def _rank(rank: int, init: str, out: str) -> None:
+    import faulthandler
+
     import torch.distributed as dist
 
     from agentenv.train.sharding import (copy_full_, full, is_sharded, load_optimizer_state, local,
                                          optimizer_state, shard_model)
 
+    faulthandler.enable()  # a rank that aborts in gloo's C++ shows where its Python was
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
     try:
         torch.manual_seed(0)
@@ -76,6 +80,12 @@ def _rank(rank: int, init: str, out: str) -> None:
         dist.barrier()  # neither rank tears its gloo pairs down while the other's last collective is in flight
     finally:
         dist.destroy_process_group()
+    # Every collective is done and the results are written. The interpreter's teardown is not
+    # under test: with the model sharded, the group's gloo threads (gloo_tcp_loop,
+    # pt_gloo_runloop) still run after destroy_process_group (FSDP still holds the group), so
+    # they would be torn down with the interpreter, where gloo can abort the process. A
+    # trainer rank ends by ``ray.kill``, without that teardown, as this one does.
+    os._exit(0)
 
 
 @pytest.mark.timeout(300)
