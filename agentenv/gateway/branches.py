@@ -120,9 +120,13 @@ class Branches:
         return Plan(role, messages, tools, None, [], tok.encode(text, add_special_tokens=False))
 
     def record(self, plan: Plan, token_ids: list[int], logprobs: list[float], versions: list[int],
-               reply: dict[str, Any], ended_with_eos: bool) -> Branch:
-        """The engine sampled ``token_ids`` for ``plan``: extend its branch or start one."""
+               reply: dict[str, Any], ended_with_eos: bool) -> Branch | None:
+        """The engine sampled ``token_ids`` for ``plan``: extend its branch or start one. A
+        request that would start a branch and sampled nothing (the program's token budget or
+        call limit was spent) starts none: it would be a row with no token to train on."""
         b = plan.extends
+        if b is None and not token_ids:
+            return None
         if b is None:
             b = Branch(len(self.all), plan.role, list(plan.input_ids), plan.tools)
             self.all.append(b)

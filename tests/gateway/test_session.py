@@ -124,6 +124,7 @@ async def test_a_program_that_spent_its_turns_or_tokens_gets_empty_replies_witho
     empty = await s.complete(chat(*FIRST, temperature=1.0), "main")  # call 1 of at most 1
     assert (empty.reply.content, empty.gen.token_ids, empty.gen.finish_reason) == ("", [], "length")
     assert len(s.engine.asked) == 1 and len(s.hooks.before) == 1  # neither the engine nor the scheduler asked
+    assert len(s.branches.all) == 1  # the empty reply to a request that did not extend a branch starts none
     s = session(tok, lambda p, n: "word " * 40, config=RolloutConfig(max_turns=8, max_new_tokens=30))
     first = await s.complete(chat(*FIRST), "main")
     assert len(first.gen.token_ids) == 30 and first.gen.finish_reason == "length"  # cut at the program's budget
