@@ -107,13 +107,14 @@ class ProgramSession:
         raise SessionEnded  # cancelled by end()
 
     async def _complete(self, req: ChatRequest, role: str) -> Answer:
-        n, dig = self.calls, req.digest(role)
+        large = _chars(req.messages) + _chars(req.tools) > OFF_LOOP_CHARS
+        n, dig = self.calls, await _run(large, req.digest, role)
         logged = self.replay[n] if n < len(self.replay) else None
         if logged is not None and logged["d"] != dig:
             self.mismatch = True
             self.on_mismatch()
             raise ReplayMismatch(f"request {n} differs from the journal's")
-        plan = self.branches.plan(role, req.messages, req.tools)
+        plan = await _run(large, self.branches.plan, role, req.messages, req.tools)
         if logged is not None:  # charged to the program's token budget as it was when sampled
             gen, self.replayed = generation_of(logged["g"]), self.replayed + 1
             self.sampled += len(gen.token_ids)
@@ -191,6 +192,29 @@ class ProgramSession:
             self.tool_calls.append(ToolCall(n, call["name"], call["arguments"], "", "ok", 0.0))
         for reason in reply.malformed:
             self.tool_calls.append(ToolCall(n, "", {"raw": (reply.content or "")[:200]}, "", "malformed", 0.0, reason))
+
+
+#: A request whose messages and tools hold more characters than this is hashed, rendered and
+#: tokenized on a worker thread: that work grows with the whole history the request carries
+#: (seconds for a few MiB), and on the event loop it would hold every other program's call.
+OFF_LOOP_CHARS = 64 * 1024
+
+
+def _chars(value: Any) -> int:
+    """The characters of the strings in ``value`` (a request's messages or tools, as JSON)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    return 0
+
+
+async def _run(off_loop: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, on a worker thread when ``off_loop`` (the session's lock keeps its own
+    state to one request at a time; the tokenizer is only read)."""
+    return await anyio.to_thread.run_sync(fn, *args) if off_loop else fn(*args)
 
 
 def _cut_at_stop(text: str, stops: list[str]) -> str:

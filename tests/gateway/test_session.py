@@ -4,6 +4,7 @@ program's limits, the journal's answers on a replay, a mismatch, the end of the 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ from agentenv.errors import EngineError, ProgramEndedError
 from agentenv.formats import HermesFormat
 from agentenv.gateway.requests import RequestError, parse_chat
 from agentenv.gateway.session import (
+    OFF_LOOP_CHARS,
     ProgramSession,
     ReplayMismatch,
     SessionEnded,
@@ -129,6 +131,45 @@ async def test_a_program_that_spent_its_turns_or_tokens_gets_empty_replies_witho
     first = await s.complete(chat(*FIRST), "main")
     assert len(first.gen.token_ids) == 30 and first.gen.finish_reason == "length"  # cut at the program's budget
     assert (await s.complete(chat(*FIRST, seed=1), "main")).gen.token_ids == [] and len(s.engine.asked) == 1
+
+
+class Watched:
+    """The tokenizer, its encode of a text over ``OFF_LOOP_CHARS`` waiting (5 s at most) for
+    the event loop to run meanwhile: it can only if that encode is off the loop's thread."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.encoding, self.loop_ran, self.saw = tok, threading.Event(), threading.Event(), None
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def encode(self, text, **kw):
+        if len(text) > OFF_LOOP_CHARS:
+            self.encoding.set()
+            self.saw = self.loop_ran.wait(5)
+        else:
+            self.small_on = threading.current_thread()
+        return self.tok.encode(text, **kw)
+
+
+async def test_a_large_request_is_rendered_and_tokenized_off_the_event_loop(tok):
+    s = session(tok)
+    s.branches.tokenizer = watched = Watched(tok)
+
+    async def loop_runs() -> None:
+        while not watched.encoding.is_set():
+            await anyio.sleep(0)
+        watched.loop_ran.set()
+
+    big = {"role": "user", "content": "word " * (OFF_LOOP_CHARS // 4)}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loop_runs)
+        with pytest.raises(RequestError, match="context window"):  # the tiny model's is 2,048 tokens
+            await s.complete(chat(big), "main")
+        watched.encoding.set()  # the ticker ends either way
+    assert watched.saw is True  # the loop ran while the large request was tokenized
+    small = await s.complete(chat(*FIRST), "main")
+    assert small.reply.calls and watched.small_on is threading.current_thread()  # a small one on the loop's
 
 
 async def test_a_request_past_the_context_window_is_refused_naming_it(tok):
