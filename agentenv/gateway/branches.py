@@ -2,13 +2,14 @@
 
 A request *extends* a branch of its role when its messages start with that branch's history
 (the messages of the branch's last request plus the gateway's reply to it, compared
-normalised, value for value as JSON: ``agentenv.gateway.messages``) and it offers the same
-tools. The branch's ids are then reused exactly as sampled and spliced; only the new messages
-are tokenized, as the chat template renders them after a reply: the template renders the
-history with a marker in place of the last reply, once alone and once with the new messages
-and the generation prompt; the first rendering must be a prefix of the second up to the
-marker (the template does not rewrite the history), and what follows the marker is the glue
-(mask 0). The reply's own end of turn is not repeated when the model sampled it.
+normalised, value for value as JSON: ``agentenv.gateway.messages``; the reply's ``name``, which
+a framework may add, aside) and it offers the same tools. The branch's ids are then reused
+exactly as sampled and spliced; only the new messages are tokenized, as the chat template
+renders them after a reply: the template renders the history with a marker in place of the
+last reply, once alone and once with the new messages and the generation prompt; the first
+rendering must be a prefix of the second up to the marker (the template does not rewrite the
+history), and what follows the marker is the glue (mask 0). The reply's own end of turn is
+not repeated when the model sampled it.
 
 Any other request (history truncated, summarised, a swapped system prompt, a sub-agent's fresh
 context, other tools) starts a new branch from its messages rendered whole. A branch is one
@@ -97,6 +98,17 @@ def glue_text(tokenizer: Any, history: list[dict[str, Any]], new: list[dict[str,
     return tail
 
 
+def continues(sent: list[dict[str, Any]], history: list[dict[str, Any]]) -> bool:
+    """Whether a request's first messages ``sent`` are a branch's ``history``, whose last
+    message is the gateway's own reply. A framework may name that reply as it keeps it
+    (LangGraph's named agents set the assistant message's ``name``); the reply's ids are the
+    ones the model sampled whatever it is named, so its ``name`` is not compared."""
+    *before, reply = sent
+    if reply.get("role") == "assistant" and "name" in reply:
+        reply = {k: v for k, v in reply.items() if k != "name"}
+    return same(reply, history[-1]) and same(before, history[:-1])
+
+
 class Branches:
     """A program's branches, by role, and the extend-or-branch decision for each request."""
 
@@ -109,7 +121,8 @@ class Branches:
         tok = self.tokenizer
         for b in reversed(self.all):
             n = len(b.history)
-            if b.role != role or len(messages) <= n or not same(messages[:n], b.history) or not same(tools, b.tools):
+            if (b.role != role or len(messages) <= n or not same(tools, b.tools)
+                    or not continues(messages[:n], b.history)):
                 continue
             text = glue_text(tok, b.history, messages[n:], tools, b.ended_with_eos)
             if text is None:

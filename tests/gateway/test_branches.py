@@ -170,3 +170,22 @@ def test_a_message_holding_marker_like_text_extends_token_exact(tok, text):
     messages = ask + [REPLY] + [{"role": "user", "content": f"more {text}"}]
     plan = branches.plan("main", messages, [])
     assert plan.extends is branch and tok.decode(plan.input_ids) == render(tok, messages, [], generation_prompt=True)
+
+
+def test_a_reply_the_agent_kept_under_a_name_extends_its_branch(tok):
+    """LangGraph's named agents keep the gateway's reply with ``name`` set: the reply is still
+    the one sampled, so the request extends; a renamed user message or another reply does not."""
+    branches = Branches(tok)
+    first, branch, ids = sample(branches, tok, "main", ASK, ADD)
+    named = dict(REPLY, name="solver")
+    plan = branches.plan("main", ASK + [named] + MORE, ADD)
+    assert plan.extends is branch and plan.input_ids == first.input_ids + ids + plan.glue
+    assert branches.plan("main", ASK + [dict(assistant_message("It is 6.", []), name="solver")] + MORE,
+                         ADD).extends is None
+    renamed = [ASK[0], dict(ASK[1], name="someone")]
+    assert branches.plan("main", renamed + [named] + MORE, ADD).extends is None
+    # The next request carries the named reply in its history, as the branch now holds it.
+    ids2 = tok.encode("It is 8.", add_special_tokens=False)
+    branches.record(plan, ids2, [-0.2] * len(ids2), [3] * len(ids2), assistant_message("It is 8.", []), False)
+    later = ASK + [named] + MORE + [dict(assistant_message("It is 8.", []), name="solver")] + MORE
+    assert branches.plan("main", later, ADD).extends is branch
