@@ -84,7 +84,8 @@ def seen(monkeypatch):
         before = [b.calls for b in self.branches.all]
         answer = await real(self, req, role)
         after = [b.calls for b in self.branches.all]
-        branch = next(i for i, n in enumerate(after) if i >= len(before) or n != before[i])
+        # None: a reply with nothing sampled that would have started a branch starts none.
+        branch = next((i for i, n in enumerate(after) if i >= len(before) or n != before[i]), None)
         gen = answer.gen
         calls[self.program].append(
             {
@@ -131,11 +132,14 @@ def conversation_text(tok, calls) -> str:
 def check_token_exact(tok, traj: Trajectory, calls: list[dict]) -> None:
     """Each row the trainer takes from ``traj`` against the gateway's record of its calls."""
     g = traj.metadata["gateway"]
-    assert g["calls"] == len(calls) == g["extended"] + g["branched"], (g, len(calls))
+    unbranched = [c for c in calls if c["branch"] is None]
+    assert all(c["ids"] == [] for c in unbranched)
+    assert g["calls"] == len(calls) == g["extended"] + g["branched"] + len(unbranched), (g, len(calls))
     ids, rows = sampled(traj)
     by_branch = defaultdict(list)
     for c in calls:
-        by_branch[c["branch"]].append(c)
+        if c["branch"] is not None:
+            by_branch[c["branch"]].append(c)
     assert len(by_branch) == g["branched"] == len(traj.branches) + 1
     assert len(rows) == len(by_branch)  # a branch always holds its prompt: never left out
     for row_ids, row, b in zip(ids, rows, sorted(by_branch)):

@@ -135,8 +135,9 @@ class Branches:
     def record(self, plan: Plan, token_ids: list[int], logprobs: list[float], versions: list[int],
                reply: dict[str, Any], ended_with_eos: bool) -> Branch | None:
         """The engine sampled ``token_ids`` for ``plan``: extend its branch or start one. A
-        request that would start a branch and sampled nothing (the program's token budget or
-        call limit was spent) starts none: it would be a row with no token to train on."""
+        request that would start a branch and has nothing sampled (the program's token budget
+        or call limit spent, or the engine's request aborted) starts none: it would be a row
+        with no token to train on."""
         b = plan.extends
         if b is None and not token_ids:
             return None

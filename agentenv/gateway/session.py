@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 import anyio
+import anyio.lowlevel
 
 from ..engines.base import Engine, Generation, SamplingParams
 from ..errors import EngineError, ProgramEndedError
@@ -124,7 +125,9 @@ class ProgramSession:
             )
         text, ended_with_eos = self._text(gen)
         text = _cut_at_stop(text, req.stop)
-        reply = parse_reply(self.fmt, text, req.tool_names, req.tool_choice, call_id=f"call_{n}")
+        # A reply the engine did not sample (the budget spent) cannot have ignored tool_choice.
+        choice = req.tool_choice if gen.token_ids else None
+        reply = parse_reply(self.fmt, text, req.tool_names, choice, call_id=f"call_{n}")
         self.branches.record(plan, gen.token_ids, gen.logprobs, gen.versions,
                              assistant_message(reply.content, reply.calls), ended_with_eos)
         self._count(n, reply, gen)
@@ -213,8 +216,15 @@ def _chars(value: Any) -> int:
 
 async def _run(off_loop: bool, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, on a worker thread when ``off_loop`` (the session's lock keeps its own
-    state to one request at a time; the tokenizer is only read)."""
-    return await anyio.to_thread.run_sync(fn, *args) if off_loop else fn(*args)
+    state to one request at a time; ``fn`` only reads it, and the tokenizer). A call cancelled
+    meanwhile (the program ended, the client left) ends here: the thread is left to finish
+    and its result dropped, and a cancellation that came as it finished is raised, not carried
+    into the scheduler past a program's end."""
+    if not off_loop:
+        return fn(*args)
+    out = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    return out
 
 
 def _cut_at_stop(text: str, stops: list[str]) -> str:

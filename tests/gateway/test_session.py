@@ -131,6 +131,11 @@ async def test_a_program_that_spent_its_turns_or_tokens_gets_empty_replies_witho
     first = await s.complete(chat(*FIRST), "main")
     assert len(first.gen.token_ids) == 30 and first.gen.finish_reason == "length"  # cut at the program's budget
     assert (await s.complete(chat(*FIRST, seed=1), "main")).gen.token_ids == [] and len(s.engine.asked) == 1
+    # A reply the engine did not sample did not ignore tool_choice: it is no malformed call.
+    s = session(tok, config=RolloutConfig(max_turns=1, max_new_tokens=256))
+    await s.complete(chat(*FIRST), "main")
+    await s.complete(chat(*FIRST, tool_choice="required"), "main")
+    assert [c.status for c in s.tool_calls] == ["ok"]
 
 
 class Watched:
@@ -170,6 +175,44 @@ async def test_a_large_request_is_rendered_and_tokenized_off_the_event_loop(tok)
     assert watched.saw is True  # the loop ran while the large request was tokenized
     small = await s.complete(chat(*FIRST), "main")
     assert small.reply.calls and watched.small_on is threading.current_thread()  # a small one on the loop's
+
+
+class Held(Watched):
+    """The tokenizer, its encode of a text over ``OFF_LOOP_CHARS`` held until ``release``."""
+
+    def __init__(self, tok) -> None:
+        super().__init__(tok)
+        self.release = threading.Event()
+
+    def encode(self, text, **kw):
+        if len(text) > OFF_LOOP_CHARS:
+            self.encoding.set()
+            self.release.wait(120)
+        return self.tok.encode(text, **kw)
+
+
+async def test_a_large_request_ended_while_it_is_tokenized_ends_at_once_and_records_nothing(tok):
+    s = session(tok)
+    s.branches.tokenizer = held = Held(tok)
+    big = {"role": "user", "content": "word " * (OFF_LOOP_CHARS // 4)}
+    ended = anyio.Event()
+
+    async def call() -> None:
+        with pytest.raises(SessionEnded):
+            await s.complete(chat(big), "main")
+        ended.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await until(held.encoding.is_set, "the large request is being tokenized")
+            s.end()
+            with anyio.fail_after(60):  # bounds a regression's hang only
+                await ended.wait()
+            assert not held.release.is_set()  # the call ended while its thread was still held
+    finally:
+        held.release.set()
+    assert (s.calls, s.branches.all, s.hooks.before, s.engine.asked) == (0, [], [], [])
 
 
 async def test_a_request_past_the_context_window_is_refused_naming_it(tok):
