@@ -49,6 +49,9 @@ QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, 
 QUICK = dict(QWEN2_05B, num_hidden_layers=1, vocab_size=16000, intermediate_size=1024)
 
 
+#: The parts, each skipped with ``--skip PART``.
+PARTS = ("qwen", "decode", "logprobs", "packing", "bundled")
+
 #: retool-math by its class path: the id is an entry point, which a tree that is not
 #: pip-installed (a GPU machine's copy of the checkout) does not publish.
 RETOOL = "agentenv.envs.retool_math:RetoolMathEnv"
@@ -167,6 +170,133 @@ def qwen_shaped(args, device) -> dict:
     return out
 
 
+def qwen_dir(tmp: str, shape: dict, device) -> str:
+    """A randomly initialised model of ``shape`` saved in ``tmp`` (bf16 on disk) with the bundled
+    model's tokenizer files (the engine needs a tokenizer; nothing decodes its random ids)."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agentenv.models import default_model
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape))
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    del model
+    for f in Path(default_model()).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "added_tokens", "vocab", "merges")):
+            shutil.copy(f, tmp)
+    return tmp
+
+
+def decode(args, device) -> dict:
+    """Part (c): the embedded engine's decode tok/s on ``device``, ``--decode-requests`` requests
+    of ``--decode-tokens`` sampled tokens at once (EOS does not stop them), after a warm-up, on
+    the bundled model and on the 0.5B-shaped one."""
+    import anyio
+    import torch
+
+    from agentenv.engines.base import SamplingParams
+    from agentenv.engines.embedded import EmbeddedEngine
+    from agentenv.models import default_model
+
+    requests, tokens = (4, 16) if args.quick else (args.decode_requests, args.decode_tokens)
+
+    async def rate(model_dir: str, dtype) -> float:
+        engine = EmbeddedEngine(model_dir, seed=0, device=str(device), dtype=dtype)
+        try:
+            prompt = engine.tokenizer.encode("<|im_start|>user\nCount on.<|im_end|>\n<|im_start|>assistant\n")
+            await engine.generate(prompt, SamplingParams(max_tokens=8), "warm-up")
+            outs: list = []
+
+            async def one(i: int) -> None:
+                outs.append(await engine.generate(prompt, SamplingParams(max_tokens=tokens), f"r{i}"))
+
+            start = synced(device)
+            async with anyio.create_task_group() as tg:
+                for i in range(requests):
+                    tg.start_soon(one, i)
+            return sum(len(o.token_ids) for o in outs) / (synced(device) - start)
+        finally:
+            await engine.aclose()
+
+    out = {"requests": requests, "tokens_per_request": tokens,
+           "bundled_tok_per_s": round(anyio.run(rate, str(default_model()), torch.float32), 1)}
+    say(f"decode: bundled model, {requests} requests x {tokens} tokens: {out['bundled_tok_per_s']:.0f} tok/s")
+    shape = QUICK if args.quick else QWEN2_05B
+    with tempfile.TemporaryDirectory() as tmp:
+        out["qwen2_05b_tok_per_s"] = round(anyio.run(rate, qwen_dir(tmp, shape, device), torch.bfloat16), 1)
+    say(f"decode: qwen2-0.5b-shaped (bf16), {requests} requests x {tokens} tokens: "
+        f"{out['qwen2_05b_tok_per_s']:.0f} tok/s")
+    return out
+
+
+def logprobs_peak(args, device) -> dict:
+    """Part (d): one row of ``--long-tokens`` tokens through the 0.5B-shaped model, its token
+    logprobs and their gradient, with the whole logits (chunk 0) and chunked (the default
+    chunk): peak memory and time of each."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agentenv.train.logprobs import DEFAULT_CHUNK, token_logprobs
+
+    shape = QUICK if args.quick else QWEN2_05B
+    n = 256 if args.quick else args.long_tokens
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape)).to(torch.bfloat16)
+    model.gradient_checkpointing_enable()  # the layers' activations aside: the head's logits are what differs
+    ids = torch.randint(0, shape["vocab_size"], (1, n), device=device)
+    out: dict = {"tokens": n, "chunk": DEFAULT_CHUNK}
+    for name, chunk in (("whole", 0), ("chunked", DEFAULT_CHUNK)):
+        model.zero_grad(set_to_none=True)
+        reset_peak(device)
+        start = synced(device)
+        token_logprobs(model, ids, chunk=chunk).sum().backward()
+        out[f"{name}_s"] = round(synced(device) - start, 4)
+        out[f"{name}_peak_gib"] = round(peak_gib(device), 3)
+    say(f"logprobs: {n} tokens, whole logits peak {out['whole_peak_gib']:.2f} GiB in {out['whole_s']:.3f} s, "
+        f"chunked ({DEFAULT_CHUNK}) peak {out['chunked_peak_gib']:.2f} GiB in {out['chunked_s']:.3f} s")
+    return out
+
+
+def packing(args, device) -> dict:
+    """Part (e): a training step of the 0.5B-shaped model on rows of uneven lengths, packed
+    (varlen attention, no padding) against padded, after a warm-up step of each."""
+    import torch
+
+    from agentenv.train.policy import Policy
+
+    shape = QUICK if args.quick else QWEN2_05B
+    lengths = [64, 24, 40, 16] if args.quick else [2048, 256, 1024, 512, 1536, 128, 768, 384]
+    width = max(lengths)
+    batch = synthetic_batch(len(lengths), width, shape["vocab_size"], seed=2)
+    for i, n in enumerate(lengths):  # row i holds n tokens, its second half trained on
+        batch.attention_mask[i, n:] = 0
+        batch.mask[i, :] = 0
+        batch.mask[i, n // 2:n] = 1
+        batch.behaviour_logprobs[i, n:] = 0
+    out: dict = {"lengths": lengths}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = qwen_dir(tmp, shape, device)
+        for name, pack in (("padded", False), ("packed", True)):
+            policy = Policy(model_dir, lr=1e-5, device=str(device), precision=args.precision, pack=pack,
+                            micro_batch_tokens=4 * width)
+            policy.train_step(batch)  # warm-up
+            reset_peak(device)
+            start = synced(device)
+            stats = policy.train_step(batch)
+            out[f"{name}_s"] = round(synced(device) - start, 4)
+            out[f"{name}_peak_gib"] = round(peak_gib(device), 3)
+            out[f"{name}_loss"] = round(stats["loss"], 6)
+            del policy
+    say(f"packing: {len(lengths)} rows of {min(lengths)} to {width} tokens: padded {out['padded_s']:.3f} s "
+        f"({out['padded_peak_gib']:.2f} GiB), packed {out['packed_s']:.3f} s ({out['packed_peak_gib']:.2f} GiB)")
+    return out
+
+
 def bundled(args, device, engine: str) -> dict:
     """Part (a): the Trainer on the bundled model, its engine on ``device``."""
     import anyio
@@ -282,7 +412,10 @@ def main() -> None:
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--bundled-steps", type=int, default=3)
     ap.add_argument("--bundled-deadline", type=float, default=45.0, help="seconds the bundled trainer may take")
-    ap.add_argument("--skip", choices=("qwen", "bundled"), action="append", default=[])
+    ap.add_argument("--decode-requests", type=int, default=32, help="decode part: requests at once")
+    ap.add_argument("--decode-tokens", type=int, default=256, help="decode part: tokens each request samples")
+    ap.add_argument("--long-tokens", type=int, default=8192, help="logprobs part: tokens of the one long row")
+    ap.add_argument("--skip", choices=PARTS, action="append", default=[])
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
 
@@ -300,6 +433,13 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - reported; the bundled part still runs
             say(f"qwen2-0.5b-shaped: failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
             results["qwen2-0.5b-shaped"] = {"error": f"{type(exc).__name__}: {exc}"}
+    for part, run in (("decode", decode), ("logprobs", logprobs_peak), ("packing", packing)):
+        if part not in args.skip:
+            try:
+                results[part] = run(args, device)
+            except Exception as exc:  # noqa: BLE001 - reported; the other parts still run
+                say(f"{part}: failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
+                results[part] = {"error": f"{type(exc).__name__}: {exc}"}
     if "bundled" not in args.skip:
         results["bundled"] = []
         engines = ["embedded"]

@@ -41,6 +41,7 @@ def test_cuda_where_there_is_none_is_refused_with_what_to_use_instead_and_cuda_l
     assert not torch.cuda.is_initialized()  # a process that starts vLLM afterwards may still fork
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_index_this_machine_lacks_is_refused_naming_the_ones_it_has():
     count = torch.cuda.device_count()
