@@ -203,13 +203,18 @@ class SandboxOptions:
     sandbox_setup_timeout: float | None = option(
         None, "seconds the environment's sandbox_setup code may take in a new session (default: the local "
               "sandbox's own)", check=POSITIVE)
+    sandbox_unisolated: bool = option(
+        False, "on a host that lacks part of the local sandbox's isolation (writable cgroups, namespaces, "
+               "seccomp: a container, say), run with what it has, warning each time, instead of refusing: NOT "
+               "safe for untrusted model code")
 
     def __post_init__(self) -> None:
         validate(self)
         given = [n for n in (*SANDBOX_LIMITS, "sandbox_setup_timeout") if getattr(self, n) is not None]
+        given += ["sandbox_unisolated"] if self.sandbox_unisolated else []
         if given and self.sandbox != "local":
             flag = "--" + given[0].replace("_", "-")
-            raise ConfigError(f"{flag} sets a limit of the local sandbox; --sandbox {self.sandbox} has its own "
+            raise ConfigError(f"{flag} is a setting of the local sandbox; --sandbox {self.sandbox} has its own "
                               "(leave it out, or use --sandbox local)")
 
     def sandbox_kwargs(self) -> dict[str, Any]:
@@ -223,6 +228,8 @@ class SandboxOptions:
             out["limits"] = Limits(**limits)
         if self.sandbox_setup_timeout is not None:
             out["setup_timeout"] = self.sandbox_setup_timeout
+        if self.sandbox_unisolated:
+            out["allow_unisolated"] = True
         return out
 
 

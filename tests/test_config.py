@@ -305,7 +305,8 @@ def test_each_sandbox_limit_flag_is_a_field_of_the_sandboxs_limits():
     from agentenv.sandboxes.local.limits import Limits
 
     assert set(SANDBOX_LIMITS.values()) <= {f.name for f in fields_of(Limits)}
-    assert set(SANDBOX_LIMITS) | {"sandbox", "sandbox_setup_timeout"} == {f.name for f in fields_of(SandboxOptions)}
+    own = {"sandbox", "sandbox_setup_timeout", "sandbox_unisolated"}
+    assert set(SANDBOX_LIMITS) | own == {f.name for f in fields_of(SandboxOptions)}
     assert SandboxOptions().sandbox_kwargs() == {}  # none given: the sandbox's own defaults, stated in Limits only
     kwargs = SandboxOptions(sandbox_pids=9, sandbox_setup_timeout=4.0).sandbox_kwargs()
     assert kwargs == {"limits": Limits(pids=9), "setup_timeout": 4.0}
@@ -330,8 +331,19 @@ def test_train_takes_the_same_sandbox_limits():
     assert config.sandbox == SandboxOptions(sandbox_cpus=0.5, sandbox_tmp_mb=32)
 
 
+@pytest.mark.parametrize("name", ["rollout", "eval", "train"])
+def test_sandbox_unisolated_lets_the_local_sandbox_run_with_what_the_host_has(name):
+    built = parsed(COMMANDS[name], [name, "--sandbox-unisolated"])
+    options = built.config.sandbox if name == "train" else built.sandbox
+    assert options == SandboxOptions(sandbox_unisolated=True)
+    assert open_sandbox(options).allow_unisolated is True
+    assert open_sandbox(SandboxOptions()).allow_unisolated is False  # refusing is the default
+    with pytest.raises(ConfigError, match="^--sandbox-unisolated is a setting of the local sandbox"):
+        parsed(COMMANDS[name], [name, "--sandbox", "e2b", "--sandbox-unisolated"])
+
+
 @pytest.mark.parametrize("name", ["rollout", "train"])
 def test_a_sandbox_limit_with_e2b_is_refused_naming_the_flag(name):
     cls = COMMANDS[name]
-    with pytest.raises(ConfigError, match="^--sandbox-pids sets a limit of the local sandbox; --sandbox e2b"):
+    with pytest.raises(ConfigError, match="^--sandbox-pids is a setting of the local sandbox; --sandbox e2b"):
         parsed(cls, [name, "--sandbox", "e2b", "--sandbox-pids", "8"])

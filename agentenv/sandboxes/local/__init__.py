@@ -214,7 +214,8 @@ class LocalSandbox(Sandbox):
         if not self.allow_unisolated:
             await self.aclose()
             raise SandboxError(f"sandbox isolation is not available on this host ({problem}); pass "
-                               "allow_unisolated=True to run without namespaces (NOT safe for untrusted code)")
+                               "allow_unisolated=True (--sandbox-unisolated on the command line) to run without "
+                               "namespaces (NOT safe for untrusted code)")
         warnings.warn(f"agentenv: sandbox isolation unavailable ({problem}); running UNISOLATED", stacklevel=2)
         log.warning("sandbox isolation unavailable (%s); running UNISOLATED", problem)
         self._servers.unisolate()

@@ -178,7 +178,8 @@ class _ForkServers:
         into weaker isolation (then say so loudly, every time)."""
         if not self.allow_unisolated:
             raise SandboxError(f"sandbox isolation is incomplete on this host: {what}; pass "
-                               "allow_unisolated=True to run with weaker isolation (NOT safe for untrusted code)")
+                               "allow_unisolated=True (--sandbox-unisolated on the command line) to run with "
+                               "weaker isolation (NOT safe for untrusted code)")
         warnings.warn(f"agentenv: sandbox runs with WEAKER isolation: {what}", stacklevel=4)
         log.warning("sandbox runs with WEAKER isolation: %s", what)
 
