@@ -311,7 +311,8 @@ def bundled(args, device, engine: str) -> dict:
         cfg = TrainConfig.for_env(RETOOL, steps=steps, groups_per_step=2, group_size=4, max_new_tokens=64,
                                   engine=engine, engine_kwargs=engine_kwargs, device=str(device),
                                   precision=args.precision, eval_every=0, report_to=["none"],
-                                  checkpoint_every=1000, out_dir=out_dir, seed=0)
+                                  checkpoint_every=1000, out_dir=out_dir, seed=0,
+                                  sandbox_unisolated=args.sandbox_unisolated)
         trainer = Trainer(cfg, print_steps=False)
 
         async def run() -> None:
@@ -415,6 +416,8 @@ def main() -> None:
     ap.add_argument("--decode-requests", type=int, default=32, help="decode part: requests at once")
     ap.add_argument("--decode-tokens", type=int, default=256, help="decode part: tokens each request samples")
     ap.add_argument("--long-tokens", type=int, default=8192, help="logprobs part: tokens of the one long row")
+    ap.add_argument("--sandbox-unisolated", action="store_true",
+                    help="bundled part: the local sandbox runs with the isolation the host has (a container)")
     ap.add_argument("--skip", choices=PARTS, action="append", default=[])
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()

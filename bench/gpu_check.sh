@@ -9,7 +9,8 @@
 # installs what the image lacks from the wheels in .whl/ (transformers in the range the
 # embedded engine takes, and the pure-Python dependencies the image has not) into /tmp/site,
 # then the project itself (editable, no dependencies: its entry points, `agentenv` and the
-# env ids, exist only once it is installed). The steps:
+# env ids, exist only once it is installed). A GPU container has no writable cgroups: the
+# local sandbox runs there with the isolation the host has (--sandbox-unisolated). The steps:
 #   1. pytest -m gpu (tests/test_cuda.py and the CUDA test of tests/test_devices.py);
 #   2. bench/gpu.py: the trainer's throughput, decode tok/s, whole vs chunked logprobs at 8k
 #      tokens, packed vs padded, the bundled model through the Trainer (-> $OUT/gpu.json);
@@ -64,13 +65,13 @@ if [ $DRY = 1 ]; then
     step gpu 600 $PY bench/gpu.py --device cpu --quick --json "$OUT/gpu.json"
     steps=1
 else
-    step gpu 300 $PY bench/gpu.py --device cuda --json "$OUT/gpu.json"
+    step gpu 300 $PY bench/gpu.py --device cuda --sandbox-unisolated --json "$OUT/gpu.json"
     steps=5
 fi
 rm -rf /tmp/agentenv-gpu-train
 start=$(date +%s)
 step train 300 "$AGENTENV" train --env retool-math --device $DEVICE --steps $steps --eval-every 0 \
-    --report-to none --out-dir /tmp/agentenv-gpu-train
+    --report-to none --sandbox-unisolated --out-dir /tmp/agentenv-gpu-train
 wall=$(( $(date +%s) - start ))
 $PY - "$wall" >"$OUT/train.json" 2>>"$OUT/train.log" <<'EOF'
 import json, sys
