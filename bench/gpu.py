@@ -1,29 +1,37 @@
-"""The bundled trainer on a CUDA GPU: throughput, peak memory and weight-sync time.
+"""The trainer and the embedded engine on a CUDA GPU: throughput, peak memory, sync time.
 
-    python bench/gpu.py                       # on a machine with a CUDA GPU (about a minute on an H100)
+    python bench/gpu.py                       # on a machine with a CUDA GPU (about two minutes on an H200)
     python bench/gpu.py --device cpu --quick  # the same code on the CPU, small shapes (a smoke test)
 
-Two parts, each printing one line of figures as soon as it has them:
+bench/gpu_check.sh runs it on a GPU machine, after ``pytest -m gpu``. Its parts, each printing
+its figures as soon as it has them (``--skip PART`` leaves one out):
 
-* ``qwen2-0.5b-shaped``: a randomly initialised Qwen2-family model shaped like Qwen2-0.5B
-  (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151,936, tied
-  embeddings; no weights can be downloaded) trained by :class:`agentenv.train.policy.Policy`
-  on synthetic rows (8 rows x 2,048 tokens, bf16 autocast, float32 master weights): tokens
-  per second of the optimiser steps after a warm-up step, the peak memory of the steps, and
-  the weight sync: ``sync_tensors`` plus a copy into a second model on the device
-  (``sync_s``) and into host memory (``host_copy_s``);
+* ``qwen``: a randomly initialised Qwen2-family model shaped like Qwen2-0.5B (hidden 896, 24
+  layers, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151,936, tied embeddings; no
+  weights can be downloaded) trained by :class:`agentenv.train.policy.Policy` on synthetic
+  rows (8 rows x 2,048 tokens, bf16 autocast, float32 master weights): tokens per second of
+  the optimiser steps after a warm-up step, the peak memory of the steps, and the weight
+  sync: ``sync_tensors`` plus a copy into a second model on the device (``sync_s``) and into
+  host memory (``host_copy_s``);
+* ``decode``: the embedded engine's decode tok/s, 32 requests of 256 tokens at once, on the
+  bundled model and on the 0.5B-shaped one (bf16);
+* ``logprobs``: one 8,192-token row through the 0.5B-shaped model, token logprobs and their
+  gradient with the whole logits against chunked: peak memory and time;
+* ``packing``: a step on rows of uneven lengths, packed (varlen attention) against padded;
 * ``bundled``: a short training of the bundled tiny model by agentenv's ``Trainer`` (the
   retool-math environment, the local sandbox, the embedded engine on the same device; the
   vLLM engine too where it is installed): trained tokens per second of the optimiser steps,
   generation tok/s, peak memory, and the sync (``sync_tensors`` plus the engine's
   ``load_weights``) as the trainer measured it. If the trainer cannot run here (a sandbox
   that cannot start, a missing dependency), the same policy and engine train on rows the
-  engine generates for fixed prompts, with the error printed.
+  engine generates for fixed prompts, with the error printed;
+* ``train``: ``agentenv train --env retool-math --device DEVICE --steps 5`` as a user runs it:
+  its wall time and each step's reward.
 
 Peak memory is ``torch.cuda.max_memory_allocated`` on a GPU (reset before each part), the
 process's peak resident set so far on the CPU. A GPU machine without internet gets pure-Python
-dependencies from ``<repo>/.gpu-deps`` (put first on ``sys.path`` when it exists). The last
-line is ``gpu_results: {json}``.
+dependencies from ``<repo>/.gpu-deps`` (put first on ``sys.path`` when it exists). The figures
+go to ``bench/results/gpu.json`` (not with ``--quick``); the last line is ``gpu_results: {json}``.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ QUICK = dict(QWEN2_05B, num_hidden_layers=1, vocab_size=16000, intermediate_size
 
 
 #: The parts, each skipped with ``--skip PART``.
-PARTS = ("qwen", "decode", "logprobs", "packing", "bundled")
+PARTS = ("qwen", "decode", "logprobs", "packing", "bundled", "train")
 
 #: retool-math by its class path: the id is an entry point, which a tree that is not
 #: pip-installed (a GPU machine's copy of the checkout) does not publish.
@@ -297,6 +305,34 @@ def packing(args, device) -> dict:
     return out
 
 
+def train_cli(args, device) -> dict:
+    """Part (f): ``agentenv train --env retool-math --device DEVICE --steps N`` as a user runs
+    it (the installed entry point, the env's training defaults, no evaluation): its wall time
+    and each step's reward, from the run's ``metrics.jsonl``."""
+    import shutil
+    import subprocess
+
+    steps = 1 if args.quick else args.train_steps
+    exe = shutil.which("agentenv") or str(Path(sys.executable).with_name("agentenv"))
+    with tempfile.TemporaryDirectory() as out_dir:
+        cmd = [exe, "train", "--env", "retool-math", "--device", str(device), "--steps", str(steps),
+               "--eval-every", "0", "--report-to", "none", "--out-dir", out_dir]
+        cmd += ["--sandbox-unisolated"] if args.sandbox_unisolated else []
+        start = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.train_timeout)
+        wall = time.perf_counter() - start
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[1:])} exited {r.returncode}: {r.stderr[-1500:]}")
+        rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines() if line]
+    out = {"command": " ".join(["agentenv", *cmd[1:]]).replace(out_dir, "OUT"),
+           "steps": len(rows), "wall_s": round(wall, 1), "rewards": [round(r["reward_mean"], 4) for r in rows],
+           "gen_tok_per_s": round(sum(r["gen_tokens_per_s"] for r in rows) / max(len(rows), 1), 1),
+           "train_s": round(sum(r["train_s"] for r in rows), 3)}
+    say(f"train: agentenv train --device {device} --steps {steps}: {out['steps']} steps in {wall:.1f} s, "
+        f"rewards {out['rewards']}")
+    return out
+
+
 def bundled(args, device, engine: str) -> dict:
     """Part (a): the Trainer on the bundled model, its engine on ``device``."""
     import anyio
@@ -416,6 +452,8 @@ def main() -> None:
     ap.add_argument("--decode-requests", type=int, default=32, help="decode part: requests at once")
     ap.add_argument("--decode-tokens", type=int, default=256, help="decode part: tokens each request samples")
     ap.add_argument("--long-tokens", type=int, default=8192, help="logprobs part: tokens of the one long row")
+    ap.add_argument("--train-steps", type=int, default=5, help="train part: steps of agentenv train")
+    ap.add_argument("--train-timeout", type=float, default=240.0, help="train part: seconds it may take")
     ap.add_argument("--sandbox-unisolated", action="store_true",
                     help="bundled part: the local sandbox runs with the isolation the host has (a container)")
     ap.add_argument("--skip", choices=PARTS, action="append", default=[])
@@ -468,9 +506,20 @@ def main() -> None:
                     except Exception as exc2:  # noqa: BLE001 - reported; the figures so far still print
                         say(f"bundled: the direct loop failed too: {type(exc2).__name__}: {exc2}")
                         results["bundled"].append({"engine": engine, "direct_error": f"{type(exc2).__name__}: {exc2}"})
+    if "train" not in args.skip:
+        try:
+            results["train"] = train_cli(args, device)
+        except Exception as exc:  # noqa: BLE001 - reported with the figures so far
+            say(f"train: failed: {type(exc).__name__}: {exc}")
+            results["train"] = {"error": f"{type(exc).__name__}: {exc}"}
+    results["train_tok_per_s"] = results.get("qwen2-0.5b-shaped", {}).get("train_tok_per_s")
     line = json.dumps(results)
     if args.json:
         args.json.write_text(line + "\n")
+    if not args.quick:  # a smoke test's figures are not the bench's
+        import _report  # bench/_report.py
+
+        _report.write("gpu", results, headline="train_tok_per_s", args=args)
     say(f"gpu_results: {line}")
 
 

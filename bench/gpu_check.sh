@@ -13,9 +13,9 @@
 # local sandbox runs there with the isolation the host has (--sandbox-unisolated). The steps:
 #   1. pytest -m gpu (tests/test_cuda.py and the CUDA test of tests/test_devices.py);
 #   2. bench/gpu.py: the trainer's throughput, decode tok/s, whole vs chunked logprobs at 8k
-#      tokens, packed vs padded, the bundled model through the Trainer (-> $OUT/gpu.json);
-#   3. agentenv train --device cuda --steps 5 on the bundled model (-> $OUT/train.json: its
-#      wall time and each step's reward from the run's metrics.jsonl).
+#      tokens, packed vs padded, the bundled model through the Trainer, and
+#      `agentenv train --device cuda --steps 5` (-> $OUT/gpu.json; its results record,
+#      bench/results/gpu.json with the machine and versions, -> $OUT/gpu-record.json).
 set -u
 cd "$(dirname "$0")/.."
 DRY=0
@@ -52,7 +52,6 @@ if [ $DRY = 0 ]; then
 else
     PY=${PYTHON:-.venv/bin/python}
 fi
-AGENTENV=$(dirname "$($PY -c 'import sys; print(sys.executable)')")/agentenv
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "no nvidia-smi"
     $PY -c 'import torch, transformers, agentenv; print("torch", torch.__version__, "cuda", torch.version.cuda,
@@ -63,24 +62,8 @@ cat "$OUT/env.log" | tee -a "$OUT/steps.log"
 step pytest 300 $PY -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_devices.py
 if [ $DRY = 1 ]; then
     step gpu 600 $PY bench/gpu.py --device cpu --quick --json "$OUT/gpu.json"
-    steps=1
 else
-    step gpu 300 $PY bench/gpu.py --device cuda --sandbox-unisolated --json "$OUT/gpu.json"
-    steps=5
+    step gpu 480 $PY bench/gpu.py --device cuda --sandbox-unisolated --json "$OUT/gpu.json"
+    cp bench/results/gpu.json "$OUT/gpu-record.json" 2>/dev/null || note "no bench/results/gpu.json"
 fi
-rm -rf /tmp/agentenv-gpu-train
-start=$(date +%s)
-step train 300 "$AGENTENV" train --env retool-math --device $DEVICE --steps $steps --eval-every 0 \
-    --report-to none --sandbox-unisolated --out-dir /tmp/agentenv-gpu-train
-wall=$(( $(date +%s) - start ))
-$PY - "$wall" >"$OUT/train.json" 2>>"$OUT/train.log" <<'EOF'
-import json, sys
-from pathlib import Path
-run = Path("/tmp/agentenv-gpu-train")
-rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-print(json.dumps({"wall_s": int(sys.argv[1]), "steps": len(rows), "rewards": [r.get("reward_mean") for r in rows],
-                  "summary": summary}))
-EOF
-note "train.json: $(cat "$OUT/train.json" 2>/dev/null | head -c 400)"
 note "== done $(date -u +%T)"
