@@ -37,7 +37,8 @@ SECTIONS = {
     "rollout_limit": "retool-math-against-the-decode-limit", "vllm_streams": "vllm-streaming-input-requests",
     "overhead": "reactor-overhead", "engines": "engines", "engine_priority": "engine-priority", "sandbox": "sandbox",
     "journal": "durability", "memory": "memory", "trainer": "async-against-sync-training", "cluster": "ray-cluster",
-    "cluster-projection": "ray-cluster", "client": "client-process", "train_memory": "trainer-memory", "gpu": "on-a-gpu",
+    "cluster-projection": "ray-cluster", "client": "client-process", "train_memory": "trainer-memory",
+    "gpu": "on-a-gpu",
 }
 
 

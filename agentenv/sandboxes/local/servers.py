@@ -177,9 +177,8 @@ class _ForkServers:
         """A kernel feature the isolation relies on is missing: refuse, unless the user opted
         into weaker isolation (then say so loudly, every time)."""
         if not self.allow_unisolated:
-            raise SandboxError(f"sandbox isolation is incomplete on this host: {what}; pass "
-                               "allow_unisolated=True (--sandbox-unisolated on the command line) to run with "
-                               "weaker isolation (NOT safe for untrusted code)")
+            raise SandboxError(f"sandbox isolation is incomplete on this host: {what}; pass allow_unisolated=True "
+                               "(--sandbox-unisolated) to run with weaker isolation (NOT safe for untrusted code)")
         warnings.warn(f"agentenv: sandbox runs with WEAKER isolation: {what}", stacklevel=4)
         log.warning("sandbox runs with WEAKER isolation: %s", what)
 
