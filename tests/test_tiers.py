@@ -40,6 +40,8 @@ CROSS_CUTTING = {
     "tests/view/test_words.py": "the viewer's words and colours in a real browser, against agentenv plot's colours",
     "tests/test_agent_frameworks.py": "unmodified agent frameworks (openai SDK, Agents SDK, LangGraph, a command) "
                                       "through the gateway",
+    "tests/test_cuda.py": "the CUDA lines of docs/architecture.md on a CUDA device (pytest -m gpu; skipped "
+                          "without one)",
 }
 
 
