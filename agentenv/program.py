@@ -38,6 +38,7 @@ from .engines.base import Engine, SamplingParams
 from .env import Environment, Task
 from .errors import EngineError, PromptTooLongError, SandboxError, TrajectoryError
 from .formats import MalformedCall, ToolFormat
+from .literals import literals
 from .tools import PythonTool, Tool, ToolContext, replay, replayable
 from .trajectory import ToolCall, Trajectory, TurnStats
 
@@ -87,16 +88,22 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]] | None = None) -> list[int]:
     """A program's prompt ids: the chat template's text (with the generation prompt, and
     ``tools``' JSON schemas where given, as the template lists tools), encoded once, without
-    adding special tokens (the template writes its own)."""
+    adding special tokens (the template writes its own); a special token's text inside a
+    message is text (``agentenv.literals``)."""
     extra = {"tools": tools} if tools else {}
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
-    return tokenizer.encode(text, add_special_tokens=False)
+    lit = literals(tokenizer)
+    text = tokenizer.apply_chat_template([lit.protect_message(m) for m in messages], tokenize=False,
+                                         add_generation_prompt=True, **extra)
+    return lit.encode(text)
 
 
 def observation_ids(fmt: ToolFormat, tokenizer: Any, outputs: list[str], ended_with_eos: bool) -> list[int]:
     """The environment tokens spliced after a model turn: the format's text for the tool
-    outputs, encoded on its own (the model's sampled ids before it are never re-encoded)."""
-    return tokenizer.encode(fmt.observation(outputs, tokenizer, ended_with_eos), add_special_tokens=False)
+    outputs, encoded on its own (the model's sampled ids before it are never re-encoded). What
+    a tool printed is text: a special token's text in it is never a control token
+    (``agentenv.literals``), so code cannot end the turn or forge one."""
+    lit = literals(tokenizer)
+    return lit.encode(fmt.observation([lit.protect(o) for o in outputs], tokenizer, ended_with_eos))
 
 
 def stop_token_ids(tokenizer: Any, fmt: ToolFormat) -> tuple[int, ...]:

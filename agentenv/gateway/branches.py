@@ -22,6 +22,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..literals import literals
 from ..trajectory import Segment
 from .messages import MessageError, for_template, same
 
@@ -71,11 +72,19 @@ class Plan:
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
            generation_prompt: bool) -> str:
+    """The chat template's text for ``messages``, the special tokens' text in them marked
+    (``agentenv.literals``: :func:`encode` spells it as text, never as control tokens)."""
+    protect = literals(tokenizer).protect_message
     try:
-        return tokenizer.apply_chat_template([for_template(m) for m in messages], tools=tools or None,
+        return tokenizer.apply_chat_template([protect(for_template(m)) for m in messages], tools=tools or None,
                                              tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as exc:  # noqa: BLE001 - a template that cannot take the messages is the client's 400
         raise MessageError(f"the model's chat template cannot render these messages: {type(exc).__name__}: {exc}")
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """The ids of a :func:`render`'s text (or a part of it)."""
+    return literals(tokenizer).encode(text)
 
 
 def glue_text(tokenizer: Any, history: list[dict[str, Any]], new: list[dict[str, Any]],
@@ -127,10 +136,10 @@ class Branches:
             text = glue_text(tok, b.history, messages[n:], tools, b.ended_with_eos)
             if text is None:
                 continue
-            glue = tok.encode(text, add_special_tokens=False)
+            glue = encode(tok, text)
             return Plan(role, messages, tools, b, glue, b.ids + glue)
         text = render(tok, messages, tools, generation_prompt=True)
-        return Plan(role, messages, tools, None, [], tok.encode(text, add_special_tokens=False))
+        return Plan(role, messages, tools, None, [], encode(tok, text))
 
     def record(self, plan: Plan, token_ids: list[int], logprobs: list[float], versions: list[int],
                reply: dict[str, Any], ended_with_eos: bool) -> Branch | None:
