@@ -22,8 +22,11 @@ default and check, and the rest is derived from the fields.
 * :func:`same_as` declares a field of another config as the same option (the trainer's
   ``group_size`` is the rollout's, with another help).
 * :func:`concern` declares a field that holds a whole config, one concern of a larger one; it
-  may take only some of the concern's options and re-declare some for its holder (the
-  trainer holds the rollout's ``RolloutConfig``, its ``temperature`` checked to be > 0).
+  may take only some of the concern's options and re-declare some for its holder, those of a
+  concern held inside it too (the trainer holds the rollout's ``RolloutConfig`` and, of its
+  ``sampling``, only ``temperature``, checked to be > 0).
+* :func:`flat_concern` lets a config that holds a concern take and read that concern's options
+  by their own names (``RolloutConfig(temperature=0.7).temperature``, held in its ``sampling``).
 * Each option belongs to a concern, its help group: the option's ``group``, else its config's
   ``GROUP`` class attribute. :func:`add_options` given ``groups`` (name -> title, in the order
   ``--help`` shows them) puts each flag under its group's heading.
@@ -119,19 +122,59 @@ class Concern:
     #: The names of the options its holder takes, in the order it lists them (None: all); the
     #: rest keep their defaults and have no flag.
     only: tuple[str, ...] | None = None
-    #: name -> :class:`Option` settings re-declared for this holder (a stricter check).
-    changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: name -> :class:`Option` settings re-declared for this holder (a stricter check); for a
+    #: field that holds a config itself, the :class:`Concern` this holder takes it as.
+    changes: Mapping[str, Mapping[str, Any] | Concern] = field(default_factory=dict)
 
 
-def concern(cls: type, *, only: Sequence[str] | None = None, **changes: Mapping[str, Any]) -> Any:
+def concern(cls: type, *, only: Sequence[str] | None = None, **changes: Any) -> Any:
     """A field holding the config ``cls`` (default: ``cls()``), one concern of a larger config:
     its options are the holder's, ``only`` those named (see :class:`Concern`), each of
-    ``changes`` (name -> :class:`Option` settings) re-declared for the holder."""
+    ``changes`` (name -> :class:`Option` settings) re-declared for the holder. A change to a
+    field of ``cls`` that holds a config is a ``concern(...)`` of that config: how the holder
+    takes the concern ``cls`` holds (``sampling=concern(SamplingConfig, only=("temperature",))``)."""
     unknown = (set(only or ()) | set(changes)) - {f.name for f in fields(cls)}
     if unknown:
         raise ConfigError(f"{cls.__name__} has no options {sorted(unknown)}")
-    spec = Concern(tuple(only) if only is not None else None, changes)
+    taken: dict[str, Mapping[str, Any] | Concern] = {}
+    for name, change in changes.items():
+        inner = _shape(_hints(cls)[name]).config
+        held = isinstance(change, Field) and "concern" in change.metadata
+        if held != (inner is not None) or held and change.default_factory is not inner:
+            want = f"concern({inner.__name__}, ...)" if inner is not None else "Option settings"
+            raise ConfigError(f"{cls.__name__}.{name} is re-declared with {want}, got {change!r}")
+        taken[name] = concern_of(change) if held else change
+    spec = Concern(tuple(only) if only is not None else None, taken)
     return field(default_factory=cls, metadata={"concern": spec})
+
+
+def flat_concern(name: str) -> Callable[[type], type]:
+    """A class decorator, above ``@dataclass``: the config takes the options of the concern it
+    holds as ``name`` by their own names too, each replacing that option of the concern (given
+    to its constructor, or to ``dataclasses.replace``), and reads them so (a property each):
+    ``RolloutConfig(temperature=0.7).temperature`` is its ``sampling.temperature``."""
+
+    def decorate(cls: type) -> type:
+        f = cls.__dataclass_fields__[name]  # type: ignore[attr-defined]
+        held = _shape(_hints(cls)[name]).config
+        if held is None:
+            raise ConfigError(f"{cls.__name__}.{name} holds no config")
+        names = [h.name for h in fields(held) if h.init]
+        init = cls.__init__  # type: ignore[misc]
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            given = {n: kwargs.pop(n) for n in names if n in kwargs}
+            if given:  # over the concern given whole, else over its default
+                kwargs[name] = replace(kwargs[name] if name in kwargs else _default_of(f), **given)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__  # type: ignore[misc]
+        for n in names:
+            setattr(cls, n, property(lambda self, n=n: getattr(getattr(self, name), n), doc=f"``{name}.{n}``"))
+        return cls
+
+    return decorate
 
 
 def concern_of(f: Field) -> Concern:
@@ -196,7 +239,9 @@ def _walk(cls: type, prefix: str = "", within: str | None = None, spec: Concern 
             continue
         shape = _shape(hints[f.name])
         if shape.config is not None:
-            yield from _walk(shape.config, f"{prefix}{f.name}.", own, concern_of(f))
+            inner = spec.changes.get(f.name)  # how the holder takes this concern, else as declared here
+            yield from _walk(shape.config, f"{prefix}{f.name}.", own,
+                             inner if isinstance(inner, Concern) else concern_of(f))
         else:
             f = _as_held(f, spec)
             opt = option_of(f)
@@ -357,12 +402,21 @@ def validate(config: Any) -> None:
     for f in fields(config):
         value = getattr(config, f.name)
         if "concern" in f.metadata:
-            spec = concern_of(f)
-            for held in fields(value):
-                if held.name in spec.changes:
-                    _check(_as_held(held, spec), getattr(value, held.name), _hints(type(value))[held.name])
+            _check_held(value, concern_of(f))
         elif option_of(f) is not None and value is not None:
             _check(f, value, hints[f.name])
+
+
+def _check_held(config: Any, spec: Concern) -> None:
+    """The options of ``config`` that its holder re-declares (``spec``), those of the concerns
+    it holds in turn included."""
+    hints = _hints(type(config))
+    for f in fields(config):
+        change = spec.changes.get(f.name)
+        if isinstance(change, Concern):
+            _check_held(getattr(config, f.name), change)
+        elif change is not None:
+            _check(_as_held(f, spec), getattr(config, f.name), hints[f.name])
 
 
 def _check(f: Field, value: Any, hint: Any) -> None:
@@ -400,5 +454,5 @@ def resume_keys(cls: type) -> tuple[str, ...]:
 
 
 __all__ = ["Check", "Concern", "NON_NEGATIVE", "Option", "POSITIVE", "UNIT", "add_options", "at_least", "build",
-           "concern", "concern_of", "flag_of", "groups_of", "option", "option_of", "resume_keys", "resume_settings",
-           "same_as", "validate", "walk"]
+           "concern", "concern_of", "flag_of", "flat_concern", "groups_of", "option", "option_of", "resume_keys",
+           "resume_settings", "same_as", "validate", "walk"]

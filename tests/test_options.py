@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.options import (POSITIVE, UNIT, Check, add_options, build, concern, groups_of, option, option_of,
-                              resume_keys, resume_settings, same_as, validate, walk)
+from agentenv.options import (POSITIVE, UNIT, Check, add_options, build, concern, flat_concern, groups_of, option,
+                              option_of, resume_keys, resume_settings, same_as, validate, walk)
 
 
 def _pairs(items: list[str], earlier: dict[str, Any]) -> dict[str, str]:
@@ -185,3 +185,65 @@ def test_a_concern_held_in_part_gives_only_its_options_as_its_holder_declares_th
         Holder(inner=Inner(mode="slow"))
     with pytest.raises(ConfigError, match=r"Inner has no options \['speed'\]"):
         concern(Inner, only=("speed",))
+
+
+@flat_concern("inner")
+@dataclass(frozen=True)
+class Middle:
+    """Holds Inner whole, its options taken and read by their own names too."""
+
+    GROUP: ClassVar[str] = "middle"
+
+    size: int = option(2, "a size", check=POSITIVE)
+    inner: Inner = concern(Inner)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass(frozen=True)
+class Top:
+    """Holds Middle in part, and of the Inner that Middle holds only the rate, re-declared."""
+
+    middle: Middle = concern(Middle, only=("inner",), inner=concern(Inner, only=("rate",), rate={"check": POSITIVE,
+                                                                                                   "resume": True}))
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def test_a_holder_takes_a_concern_held_inside_another_as_it_declares():
+    assert [path for path, _, _ in walk(Top)] == ["middle.inner.rate"]
+    assert groups_of(Top) == {"middle.inner.rate": "inner"} and resume_keys(Top) == ("rate",)
+    p = argparse.ArgumentParser(prog="t", exit_on_error=False)
+    add_options(p, Top)
+    assert "--size" not in p.format_help() and "--mode" not in p.format_help()
+    assert build(Top, vars(p.parse_args(["--rate", "0.25"]))) == Top(middle=Middle(inner=Inner(rate=0.25)))
+    assert resume_settings(Top(middle=Middle(rate=0.75))) == {"rate": 0.75}
+    # Middle holds Inner whole, as Inner declares it: a rate of 0 is Middle's to take, Top's to refuse.
+    assert [path for path, _, _ in walk(Middle)] == ["size", "inner.rate", "inner.mode"]
+    assert Middle(rate=0).rate == 0
+    with pytest.raises(ConfigError, match=r"^rate must be > 0, got 0$"):
+        Top(middle=Middle(rate=0))  # Top's, on the Inner inside Middle
+    with pytest.raises(ConfigError, match=r"Middle.inner is re-declared with concern\(Inner, ...\), got \{"):
+        concern(Middle, inner={"check": POSITIVE})
+    with pytest.raises(ConfigError, match=r"Middle.size is re-declared with Option settings, got "):
+        concern(Middle, size=concern(Inner))
+
+
+def test_a_flat_concern_is_given_and_read_by_its_options_names():
+    import dataclasses
+    import pickle
+
+    m = Middle(rate=0.25, size=3)
+    assert m.inner == Inner(rate=0.25) and (m.rate, m.mode, m.size) == (0.25, "fast", 3)
+    assert m == Middle(inner=Inner(rate=0.25), size=3)
+    assert Middle(inner=Inner(mode="slow"), rate=0.5).inner == Inner(rate=0.5, mode="slow")  # over the one given
+    assert dataclasses.replace(m, mode="slow").inner == Inner(rate=0.25, mode="slow")
+    assert dataclasses.replace(m, inner=Inner(mode="slow")).rate == Inner().rate
+    assert dataclasses.replace(m, size=4).inner is m.inner
+    assert pickle.loads(pickle.dumps(m)) == m
+    with pytest.raises(TypeError, match="speed"):
+        Middle(speed=1)
+    with pytest.raises(ConfigError, match=r"Outer.name holds no config"):
+        flat_concern("name")(Outer)
