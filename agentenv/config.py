@@ -1,8 +1,8 @@
 """Settings, declared once, by concern: each field is an option (``agentenv.options``) whose
 flag, help, default and check the CLI derives, validated once at the boundary.
 
-* :class:`RolloutConfig`: how programs run (limits, scheduling, sampling); what a
-  :class:`~agentenv.Reactor` takes.
+* :class:`RolloutConfig`: how programs run (limits, scheduling, and their sampling, a
+  :class:`SamplingConfig`); what a :class:`~agentenv.Reactor` takes.
 * :class:`EnvOptions` / :class:`EnvModules`: which environment, with which arguments.
 * :class:`EngineOptions`: which engine serves which model (see ``engines.spec.EngineSpec``).
 * :class:`SandboxOptions`, :class:`ClusterOptions`: where tools run, where workers run.
@@ -10,7 +10,7 @@ flag, help, default and check the CLI derives, validated once at the boundary.
   evaluation run does and where it writes.
 
 The trainer's settings (``agentenv.train.config.TrainConfig``) hold the concerns they share
-with a rollout run (env, engine, rollout, sandbox, judge) and add training's own.
+with a rollout run (env, engine, rollout with its sampling, sandbox, judge) and add training's own.
 """
 
 from __future__ import annotations
@@ -22,11 +22,31 @@ from typing import Any, ClassVar, Literal
 
 from .engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from .errors import ConfigError
-from .options import NON_NEGATIVE, POSITIVE, UNIT, Check, option, validate
+from .options import NON_NEGATIVE, POSITIVE, UNIT, Check, concern, flat_concern, option, validate
+
 
 @dataclass(slots=True, frozen=True)
+class SamplingConfig:
+    """How tokens are sampled: the engine's sampling parameters, their defaults the engines'
+    own (``agentenv.engines.base``)."""
+
+    GROUP: ClassVar[str] = "sampling"
+
+    temperature: float = option(DEFAULT_TEMPERATURE, "sampling temperature", check=NON_NEGATIVE, resume=True)
+    top_p: float = option(DEFAULT_TOP_P, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True)
+    top_k: int = option(DEFAULT_TOP_K, "sample among the k most likely tokens (default {default}; 0: off)",
+                        check=NON_NEGATIVE, resume=True)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@flat_concern("sampling")
+@dataclass(slots=True, frozen=True)
 class RolloutConfig:
-    """How a run's programs go: their limits, how they are scheduled, how tokens are sampled."""
+    """How a run's programs go: their limits, how they are scheduled, how tokens are sampled
+    (``sampling``; its options are taken and read by their own names too:
+    ``RolloutConfig(temperature=0.7).temperature``)."""
 
     GROUP: ClassVar[str] = "rollout"
 
@@ -51,12 +71,7 @@ class RolloutConfig:
     tool_timeout: float | None = option(None, "seconds per tool call (default: the env's tool_timeout)",
                                         check=POSITIVE, resume=True)
     reward_timeout: float = option(60.0, "seconds per reward computation", check=POSITIVE)
-    temperature: float = option(DEFAULT_TEMPERATURE, "sampling temperature", check=NON_NEGATIVE, resume=True,
-                                group="sampling")
-    top_p: float = option(DEFAULT_TOP_P, "nucleus sampling mass (default {default}; 1.0: off)", check=UNIT, resume=True,
-                          group="sampling")
-    top_k: int = option(DEFAULT_TOP_K, "sample among the k most likely tokens (default {default}; 0: off)",
-                        check=NON_NEGATIVE, resume=True, group="sampling")
+    sampling: SamplingConfig = concern(SamplingConfig)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -395,6 +410,11 @@ class RolloutRunConfig:
     CHANGES: ClassVar[dict[str, dict[str, Any]]] = {}
     DEFAULTS: ClassVar[dict[str, Any]] = {}
 
+    @property
+    def sampling(self) -> SamplingConfig:
+        """How the rollout samples (``rollout.sampling``: the concern the rollout holds)."""
+        return self.rollout.sampling
+
     def __post_init__(self) -> None:
         # A worker runs whole groups: workers beyond the groups would hold an engine and a
         # sandbox pool each and run nothing.
@@ -437,6 +457,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutRunConfig",
     "RunOptions",
+    "SamplingConfig",
     "SandboxOptions",
     "engine_args",
     "open_sandbox",

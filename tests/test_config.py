@@ -19,12 +19,13 @@ from agentenv.config import (
     EvalRunConfig,
     RolloutConfig,
     RolloutRunConfig,
+    SamplingConfig,
     SandboxOptions,
     open_sandbox,
 )
 from agentenv.errors import ConfigError
-from agentenv.options import (add_options, build, concern_of, flag_of, groups_of, option, option_of, resume_settings,
-                              walk)
+from agentenv.options import (Concern, add_options, build, concern_of, flag_of, groups_of, option, option_of,
+                              resume_settings, walk)
 from agentenv.registry import describe
 from agentenv.train.config import TrainConfig
 
@@ -55,14 +56,23 @@ def test_every_flag_is_a_config_field_and_every_field_a_flag(name):
         assert option_of(f).help, f"{path} has no help"
     if name == "train":
         # Each of TrainConfig's concerns, training's own and the rollout's it holds, is whole inside
-        # the command (of the rollout's RolloutConfig, the options a training run takes).
+        # the command (of the rollout's RolloutConfig, the options a training run takes; of the
+        # sampling concern it holds in turn, the temperature).
         for held in fields(TrainConfig):
-            names = concern_of(held).only or [f.name for f in fields(type(getattr(TrainConfig(), held.name)))]
-            assert {f"config.{held.name}.{n}" for n in names} <= set(got), held.name
+            spec = concern_of(held)
+            names = spec.only or [f.name for f in fields(type(getattr(TrainConfig(), held.name)))]
+            for n in names:
+                inner = spec.changes.get(n)
+                paths = [f"{n}.{m}" for m in inner.only] if isinstance(inner, Concern) else [n]
+                assert {f"config.{held.name}.{p}" for p in paths} <= set(got), f"{held.name}.{n}"
+        assert {p for p in got if ".sampling." in p} == {"config.rollout.sampling.temperature"}
         assert {f"config.{path}" for path in TrainConfig.PATHS.values()} == {p for p in got if p.startswith("config.")}
         return
-    # The public configs are whole inside their commands: each of their fields is an option.
-    assert {f"rollout.{f.name}" for f in fields(RolloutConfig)} <= set(got)
+    # The public configs are whole inside their commands: each of their fields is an option, and
+    # each field of the sampling concern the rollout holds.
+    assert {f"rollout.{f.name}" for f in fields(RolloutConfig) if f.name != "sampling"} <= set(got)
+    assert {f"rollout.sampling.{f.name}" for f in fields(SamplingConfig)} == {p for p in got if ".sampling." in p}
+    assert all(got[f"rollout.sampling.{f.name}"] == flag_of(f) for f in fields(SamplingConfig))
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -240,6 +250,8 @@ def test_a_former_flat_read_of_train_config_still_reads_with_a_warning():
         assert cfg.lr == 1e-3
     with pytest.warns(DeprecationWarning, match="cfg.optimiser.steps"):
         assert cfg.steps == 3
+    with pytest.warns(DeprecationWarning, match=r"cfg.rollout.sampling.temperature$"):
+        assert cfg.temperature == cfg.sampling.temperature
     with pytest.warns(DeprecationWarning, match=r"cfg.engine.engine_args\(\)"):
         assert cfg.engine_args() == cfg.engine.engine_args()
     with pytest.warns(DeprecationWarning, match="cfg.sandbox"):
@@ -253,6 +265,41 @@ def test_a_former_flat_read_of_train_config_still_reads_with_a_warning():
         dataclasses.replace(cfg, engine="vllm")
     assert dataclasses.replace(cfg, lr=5e-4).optimiser.lr == 5e-4
     assert cfg.replace(engine="embedded").engine.engine_kwargs == cfg.engine.engine_kwargs
+
+
+def test_rollout_config_takes_and_reads_its_sampling_by_the_options_names():
+    """``RolloutConfig(temperature=...)`` and ``cfg.temperature`` are the sampling concern it holds,
+    given and read by the options' own names; the run configs and the trainer's read it as
+    ``sampling`` and take the flat names too."""
+    cfg = RolloutConfig(temperature=0.7, top_p=0.9, max_turns=3)
+    assert cfg.sampling == SamplingConfig(temperature=0.7, top_p=0.9)
+    assert (cfg.temperature, cfg.top_p, cfg.top_k) == (0.7, 0.9, SamplingConfig().top_k) and cfg.max_turns == 3
+    assert cfg == RolloutConfig(sampling=SamplingConfig(temperature=0.7, top_p=0.9), max_turns=3)
+    # A name given over the concern given changes that option of it, the rest kept.
+    assert RolloutConfig(sampling=SamplingConfig(top_k=5), temperature=0.2).sampling == SamplingConfig(0.2, 1.0, 5)
+    assert dataclasses.replace(cfg, temperature=0.3).sampling == SamplingConfig(temperature=0.3, top_p=0.9)
+    assert dataclasses.replace(cfg, max_turns=4).sampling == cfg.sampling
+    assert dataclasses.replace(cfg, sampling=SamplingConfig(top_k=2)).temperature == SamplingConfig().temperature
+    assert cfg.for_env(object()).sampling == cfg.sampling
+    # The defaults are the engines', written there once.
+    from agentenv.engines.base import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+
+    assert (RolloutConfig().temperature, RolloutConfig().top_p, RolloutConfig().top_k) == (
+        DEFAULT_TEMPERATURE, DEFAULT_TOP_P, DEFAULT_TOP_K)
+    assert RolloutRunConfig(rollout=cfg).sampling is cfg.sampling and EvalRunConfig().sampling == SamplingConfig()
+    train = TrainConfig(temperature=0.5)
+    assert train.sampling is train.rollout.sampling and train.rollout.temperature == 0.5
+    assert TrainConfig(sampling=SamplingConfig(temperature=0.8)) == TrainConfig(temperature=0.8)
+    assert train.replace(sampling=SamplingConfig(temperature=0.9)).settings()["temperature"] == 0.9
+    assert dataclasses.replace(train, rollout=RolloutConfig(temperature=0.6)).sampling.temperature == 0.6
+    # A concern given whole is as given: the env's training defaults (temperature 1.6) fill the rest.
+    assert TrainConfig.for_env("retool-math").sampling.temperature == describe("retool-math")["train_defaults"][
+        "temperature"]
+    assert TrainConfig.for_env("retool-math", sampling=SamplingConfig(temperature=0.9)).sampling.temperature == 0.9
+    # What a run's config.json and checkpoints store keeps its layout: the sampling among the rollout's options.
+    saved = train.to_dict()
+    assert (saved["rollout"]["temperature"], saved["rollout"]["top_p"]) == (0.5, SamplingConfig().top_p)
+    assert "sampling" not in saved["rollout"] and set(saved) == {f.name for f in fields(TrainConfig)}
 
 
 def test_train_config_refuses_what_training_cannot_do():

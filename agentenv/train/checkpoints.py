@@ -13,7 +13,6 @@ names its version; :func:`agentenv.inflight.read_snapshot` reads it back, from a
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +74,7 @@ class Checkpoints:
         tasks = {"next": generation.next, "in_flight": generation.in_flight, "buffered": len(generation.buffered),
                  "programs": {tid: s.to_dict() for tid, s in generation.programs.items()}}
         state = {"step": step, "version": step, "task_cursor": step * self.cfg.batch.groups_per_step,
-                 "config": asdict(self.cfg), "torch_rng": torch.get_rng_state().tolist(), "tasks": tasks}
+                 "config": self.cfg.to_dict(), "torch_rng": torch.get_rng_state().tolist(), "tasks": tasks}
         (path / "state.json").write_text(json.dumps(state))  # last: marks the checkpoint complete
         return path
 

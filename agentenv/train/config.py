@@ -4,8 +4,9 @@ torch: the CLI builds ``agentenv train``'s parser from its fields.
 A :class:`TrainConfig` is composed by concern. The options a rollout run has too are the
 rollout's own concerns, held whole (``env``: :class:`~agentenv.config.EnvOptions`, ``sandbox``,
 ``judge``) or in part (``rollout``: the :class:`~agentenv.config.RolloutConfig` options a
-training run takes; ``engine``: :class:`TrainEngineOptions`, the rollout's engine and how weights
-reach it); training's own are the concerns below (``batch``, ``output``, ``evaluation``,
+training run takes, and of its ``sampling`` (:class:`~agentenv.config.SamplingConfig`, also read
+as ``cfg.sampling``) the temperature; ``engine``: :class:`TrainEngineOptions`, the rollout's
+engine and how weights reach it); training's own are the concerns below (``batch``, ``output``, ``evaluation``,
 ``checkpoints``, ``staleness``, ``optimiser``, ``loss``, ``tracking``, ``cluster``). Each field
 is an option (``agentenv.options``): its flag, help, default and check are declared once, in its
 concern.
@@ -20,11 +21,12 @@ import difflib
 import functools
 import typing
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from dataclasses import replace as _replace
 from typing import Any, ClassVar, Literal, Mapping
 
-from ..config import EngineOptions, EnvOptions, JudgeOptions, RolloutConfig, RunOptions, SandboxOptions
+from ..config import (EngineOptions, EnvOptions, JudgeOptions, RolloutConfig, RunOptions, SamplingConfig,
+                      SandboxOptions)
 from ..devices import DEVICE
 from ..engines.base import DEFAULT_TOP_K, DEFAULT_TOP_P
 from ..errors import ConfigError
@@ -246,13 +248,15 @@ class TrainClusterOptions:
             raise ConfigError(f"engines (engine actors) need cluster='ray', got engines={self.engines}")
 
 
-#: The rollout options a training run takes; a resumed run may change them (its sampling
-#: limits), and training divides the logits by the temperature, so it is > 0 (a rollout may
-#: sample greedily).
+#: The rollout options a training run takes, of its sampling the temperature alone (training
+#: learns from the whole distribution: no top-p, no top-k); a resumed run may change them (its
+#: sampling limits), and training divides the logits by the temperature, so it is > 0 (a
+#: rollout may sample greedily).
 _ROLLOUT = concern(RolloutConfig, only=("concurrency", "scheduling", "max_turns", "max_new_tokens", "tool_timeout",
-                                        "temperature"),
+                                        "sampling"),
                    max_turns={"resume": False}, max_new_tokens={"resume": False}, tool_timeout={"resume": False},
-                   temperature={"check": POSITIVE, "resume": False})
+                   sampling=concern(SamplingConfig, only=("temperature",),
+                                    temperature={"check": POSITIVE, "resume": False}))
 # A resumed training run may change its judge, as it may its sampling (checkpoints written
 # before these options existed resume too).
 _JUDGE = concern(JudgeOptions, judge={"resume": False}, judge_weight={"resume": False}, judge_group={"resume": False})
@@ -266,7 +270,8 @@ class TrainConfig:
     names (``TrainConfig(lr=1e-3, env="x")``: each goes to the concern holding it, the rest of
     that concern keeps its defaults), or both (an option given changes the concern given). A name
     that is a concern's and an option's (``env``, ``engine``, ``sandbox``, ``judge``, ``cluster``)
-    is the concern when given one, else the option."""
+    is the concern when given one, else the option. The rollout's ``sampling`` is given and read
+    as a concern too (``TrainConfig(sampling=SamplingConfig(temperature=0.8))``, ``cfg.sampling``)."""
 
     env: EnvOptions = concern(EnvOptions)
     engine: TrainEngineOptions = concern(TrainEngineOptions)
@@ -307,9 +312,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         validate(self)  # what the held concerns' options are re-declared with (temperature > 0)
-        if (self.rollout.top_p, self.rollout.top_k) != (DEFAULT_TOP_P, DEFAULT_TOP_K):
+        sampling = self.sampling
+        if (sampling.top_p, sampling.top_k) != (DEFAULT_TOP_P, DEFAULT_TOP_K):
             raise ConfigError("a training run samples the whole distribution it learns from: leave the rollout's "
-                              f"top_p and top_k off, got top_p={self.rollout.top_p}, top_k={self.rollout.top_k}")
+                              f"top_p and top_k off, got top_p={sampling.top_p}, top_k={sampling.top_k}")
         trajectories = self.batch.trajectories
         if self.cluster.cluster == "ray" and not 1 <= self.cluster.trainer_ranks <= trajectories:
             raise ConfigError(
@@ -324,8 +330,12 @@ class TrainConfig:
         if path is None:
             raise AttributeError(f"'TrainConfig' object has no attribute {name!r}")
         warnings.warn(f"TrainConfig.{name} is deprecated: read cfg.{path}", DeprecationWarning, stacklevel=2)
-        held, _, option = path.partition(".")
-        return getattr(object.__getattribute__(self, held), option)
+        return _read(self, path)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """How the rollout samples (``cfg.rollout.sampling``: the concern the rollout holds)."""
+        return self.rollout.sampling
 
     def engine_args(self) -> dict[str, Any]:
         """Deprecated: ``cfg.engine.engine_args()``."""
@@ -348,9 +358,23 @@ class TrainConfig:
             held[name] = _replace(held[name], **changes)
         return TrainConfig(**held)
 
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Each concern's options by flat name (``{"optimiser": {"lr": 2e-05, ...}, ...}``): what
+        a run's ``config.json`` and each checkpoint store (:func:`saved_settings` reads it). A
+        concern held inside one is among its holder's options (``"rollout": {..., "temperature":
+        1.0}``), the layout of runs written before the rollout held its sampling."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in _concerns():
+            part = asdict(getattr(self, name))
+            for inner in _held():
+                if _held()[inner][0] == name:
+                    part.update(part.pop(inner))
+            out[name] = part
+        return out
+
     def settings(self) -> dict[str, Any]:
         """Every option by its flat name (``{"lr": 2e-05, "env": "retool-math", ...}``)."""
-        return {name: getattr(getattr(self, path.split(".")[0]), name) for name, path in self.PATHS.items()}
+        return {name: _read(self, path) for name, path in self.PATHS.items()}
 
     @classmethod
     def for_env(cls, env: str = "retool-math", **settings: Any) -> "TrainConfig":
@@ -359,9 +383,10 @@ class TrainConfig:
         defaults = env_train_defaults(env)
         # A concern given whole is as given: the env's defaults fill only the others. (A name
         # that is a concern's and an option's, ``engine="vllm"``, given as a value is the option.)
-        concerns = _concerns()
+        concerns = {**_concerns(), **{name: held for name, (_, held) in _held().items()}}
         whole = {name for name, value in settings.items() if name in concerns and isinstance(value, concerns[name])}
-        defaults = {k: v for k, v in defaults.items() if k == "env_kwargs" or cls.PATHS[k].split(".")[0] not in whole}
+        defaults = {k: v for k, v in defaults.items()
+                    if k == "env_kwargs" or not whole & set(cls.PATHS[k].split(".")[:-1])}
         merged = {**defaults, **settings, "env": env}
         merged["env_kwargs"] = {**defaults.get("env_kwargs", {}), **settings.get("env_kwargs", {})}
         cfg = cls(**merged)
@@ -374,6 +399,25 @@ def _concerns() -> dict[str, type]:
     """TrainConfig's concerns: field name -> the config class it holds."""
     hints = typing.get_type_hints(TrainConfig)
     return {f.name: hints[f.name] for f in fields(TrainConfig)}
+
+
+@functools.cache
+def _held() -> dict[str, tuple[str, type]]:
+    """The concerns TrainConfig's concerns hold in turn: field name -> (its holder, the config
+    class it holds), e.g. ``"sampling"`` -> ``("rollout", SamplingConfig)``."""
+    out: dict[str, tuple[str, type]] = {}
+    for name, cls in _concerns().items():
+        hints = typing.get_type_hints(cls)
+        out.update({f.name: (name, hints[f.name]) for f in fields(cls) if is_dataclass(hints[f.name])})
+    return out
+
+
+def _read(cfg: TrainConfig, path: str) -> Any:
+    """The option at dotted ``path`` (``"rollout.sampling.temperature"``)."""
+    value: Any = cfg
+    for part in path.split("."):
+        value = object.__getattribute__(value, part)
+    return value
 
 
 def _paths() -> dict[str, str]:
@@ -398,6 +442,8 @@ def _route(settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[
     for name, value in settings.items():
         if name in concerns and isinstance(value, concerns[name]):
             whole[name] = value
+        elif name in _held() and isinstance(value, _held()[name][1]):  # the rollout's sampling
+            parts.setdefault(_held()[name][0], {})[name] = value
         elif name in TrainConfig.PATHS:
             parts.setdefault(TrainConfig.PATHS[name].split(".")[0], {})[name] = value
         else:
@@ -407,15 +453,15 @@ def _route(settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[
 
 def unknown_setting(name: str) -> str:
     """What to say of a name that is no option of :class:`TrainConfig`."""
-    near = difflib.get_close_matches(name, [*TrainConfig.PATHS, *_concerns()], n=3)
+    near = difflib.get_close_matches(name, [*TrainConfig.PATHS, *_concerns(), *_held()], n=3)
     hint = f" (did you mean {', '.join(near)}?)" if near else " (`agentenv train --help` lists them)"
     return f"TrainConfig has no setting {name!r}{hint}"
 
 
 def saved_settings(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A saved config (a checkpoint's or config.json's) as flat option names, whichever layout
-    wrote it: by concern (``asdict(cfg)``: ``{"optimiser": {"lr": ...}, ...}``) or flat, as a
-    run before the concerns saved it (``{"lr": ..., "env": "retool-math", ...}``)."""
+    wrote it: by concern (:meth:`TrainConfig.to_dict`: ``{"optimiser": {"lr": ...}, ...}``) or
+    flat, as a run before the concerns saved it (``{"lr": ..., "env": "retool-math", ...}``)."""
     concerns = _concerns()
     nested = bool(saved) and all(k in concerns and isinstance(v, dict) for k, v in saved.items())
     if not nested:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -39,7 +38,7 @@ class RunLog:
         self.eval_log = MetricsLog(out / "eval.jsonl", resume_step=resume_step) if cfg.evaluation.eval_every else None
         try:
             report_to = cfg.tracking.report_to
-            self.trackers = Trackers(default_report_to() if report_to is None else report_to, out, asdict(cfg),
+            self.trackers = Trackers(default_report_to() if report_to is None else report_to, out, cfg.to_dict(),
                                      resume=resume_step is not None)
         except BaseException:
             self._close_files()

@@ -29,7 +29,6 @@ import functools
 import json
 import sys
 from contextlib import AsyncExitStack
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -147,7 +146,7 @@ class Trainer:
         """The policy in this process, or (``cluster="ray"``) data-parallel over Ray actors."""
         cfg, opt = self.cfg, self.cfg.optimiser
         torch.manual_seed(cfg.batch.seed)
-        kwargs = dict(optimiser=opt, temperature=cfg.rollout.temperature, loss=cfg.loss)
+        kwargs = dict(optimiser=opt, temperature=cfg.sampling.temperature, loss=cfg.loss)
         if cfg.cluster.cluster == "ray":
             from .distributed import RayPolicy
 
@@ -234,7 +233,7 @@ class Trainer:
         cfg, policy = self.cfg, self.policy
         assert policy is not None
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+        (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
         log = RunLog(self.out, cfg, resume_step=start_step if ckpt is not None else None, rows=self.rows,
                      evals=self.evals, print_steps=self.print_steps, on_step=self.on_step)
         try:
