@@ -460,13 +460,18 @@ def unknown_setting(name: str) -> str:
 
 def saved_settings(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A saved config (a checkpoint's or config.json's) as flat option names, whichever layout
-    wrote it: by concern (:meth:`TrainConfig.to_dict`: ``{"optimiser": {"lr": ...}, ...}``) or
-    flat, as a run before the concerns saved it (``{"lr": ..., "env": "retool-math", ...}``)."""
+    wrote it: by concern (:meth:`TrainConfig.to_dict`: ``{"optimiser": {"lr": ...}, ...}``; a
+    concern held inside one, ``asdict``'s ``"rollout": {"sampling": {...}}``, read too) or flat,
+    as a run before the concerns saved it (``{"lr": ..., "env": "retool-math", ...}``)."""
     concerns = _concerns()
     nested = bool(saved) and all(k in concerns and isinstance(v, dict) for k, v in saved.items())
     if not nested:
         return dict(saved)
-    return {name: value for part in saved.values() for name, value in part.items()}
+    flat: dict[str, Any] = {}
+    for part in saved.values():
+        for name, value in part.items():
+            flat.update(value if name in _held() and isinstance(value, dict) else {name: value})
+    return flat
 
 
 #: The fewest held-out tasks a default evaluation scaled to a short run keeps.

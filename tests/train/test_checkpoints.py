@@ -48,17 +48,21 @@ OLD_FLAT_CONFIG = {
     "engines": 0, "fsdp": False, "rank_restarts": 2, "weight_sync": "auto"}
 
 
-@pytest.mark.parametrize("layout", ["flat", "by concern"])
+@pytest.mark.parametrize("layout", ["flat", "by concern", "asdict"])
 def test_a_checkpoint_of_either_config_layout_resumes_with_the_same_settings(layout, tmp_path):
     """A run resumes a checkpoint whose config.json is flat (written before the concerns) or by
-    concern; a resume setting that changed is refused naming it, in either layout."""
+    concern (what ``TrainConfig.to_dict`` writes; ``asdict``'s, with the rollout's sampling a dict
+    of its own, read too); a resume setting that changed is refused naming it, in each layout."""
     from dataclasses import asdict
 
     from agentenv.train.config import saved_settings
 
-    settings = dict(env_kwargs={"extra_digits": 1}, groups_per_step=2, group_size=3, seed=5, steps=8)
-    saved = OLD_FLAT_CONFIG if layout == "flat" else asdict(TrainConfig(**settings))
+    settings = dict(env_kwargs={"extra_digits": 1}, groups_per_step=2, group_size=3, seed=5, steps=8, temperature=1.3)
+    cfg = TrainConfig(**settings)
+    saved = {"flat": OLD_FLAT_CONFIG, "by concern": cfg.to_dict(), "asdict": asdict(cfg)}[layout]
     assert saved_settings(saved)["group_size"] == 3
+    if layout != "flat":  # every option back by its flat name, the temperature among them
+        assert {name: saved_settings(saved).get(name) for name in cfg.settings()} == cfg.settings()
     ckpt = tmp_path / "checkpoints" / "step-000004"
     ckpt.mkdir(parents=True)
     (ckpt / "state.json").write_text(json.dumps({"step": 4, "version": 4, "config": saved}))
