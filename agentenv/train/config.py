@@ -6,10 +6,10 @@ rollout's own concerns, held whole (``env``: :class:`~agentenv.config.EnvOptions
 ``judge``) or in part (``rollout``: the :class:`~agentenv.config.RolloutConfig` options a
 training run takes, and of its ``sampling`` (:class:`~agentenv.config.SamplingConfig`, also read
 as ``cfg.sampling``) the temperature; ``engine``: :class:`TrainEngineOptions`, the rollout's
-engine and how weights reach it); training's own are the concerns below (``batch``, ``output``, ``evaluation``,
-``checkpoints``, ``staleness``, ``optimiser``, ``loss``, ``tracking``, ``cluster``). Each field
-is an option (``agentenv.options``): its flag, help, default and check are declared once, in its
-concern.
+engine and how weights reach it); training's own are the concerns below (``batch``, ``output``,
+``evaluation``, ``checkpoints``, ``staleness``, ``optimiser``, ``loss``, ``tracking``,
+``cluster``). Each field is an option (``agentenv.options``): its flag, help, default and check
+are declared once, in its concern.
 
 Every option has a flat name unique across the concerns (``lr`` is ``optimiser.lr``), so
 ``TrainConfig(steps=2, lr=1e-3, env="x")``, an environment's ``train_defaults`` and
@@ -362,12 +362,12 @@ class TrainConfig:
         """Each concern's options by flat name (``{"optimiser": {"lr": 2e-05, ...}, ...}``): what
         a run's ``config.json`` and each checkpoint store (:func:`saved_settings` reads it). A
         concern held inside one is among its holder's options (``"rollout": {..., "temperature":
-        1.0}``), the layout of runs written before the rollout held its sampling."""
+        1.0}``): one layout for every run's files, whichever version wrote them."""
         out: dict[str, dict[str, Any]] = {}
         for name in _concerns():
             part = asdict(getattr(self, name))
-            for inner in _held():
-                if _held()[inner][0] == name:
+            for inner, (holder, _) in _held().items():
+                if holder == name:
                     part.update(part.pop(inner))
             out[name] = part
         return out
