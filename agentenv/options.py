@@ -160,6 +160,9 @@ def flat_concern(name: str) -> Callable[[type], type]:
         if held is None:
             raise ConfigError(f"{cls.__name__}.{name} holds no config")
         names = [h.name for h in fields(held) if h.init]
+        clash = sorted(set(names) & {g.name for g in fields(cls)})
+        if clash:  # the property would hide the holder's own field, and its init would give the value to the concern
+            raise ConfigError(f"{cls.__name__} has options {clash} of its own: {name}'s cannot be taken by those names")
         init = cls.__init__  # type: ignore[misc]
 
         @functools.wraps(init)

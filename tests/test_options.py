@@ -247,3 +247,11 @@ def test_a_flat_concern_is_given_and_read_by_its_options_names():
         Middle(speed=1)
     with pytest.raises(ConfigError, match=r"Outer.name holds no config"):
         flat_concern("name")(Outer)
+
+    @dataclass(frozen=True)
+    class Clash:
+        rate: float = option(1.0, "its own rate")
+        inner: Inner = concern(Inner)
+
+    with pytest.raises(ConfigError, match=r"^Clash has options \['rate'\] of its own: inner's cannot be taken"):
+        flat_concern("inner")(Clash)
