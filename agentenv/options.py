@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import inspect
 import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
@@ -172,6 +173,13 @@ def flat_concern(name: str) -> Callable[[type], type]:
                 kwargs[name] = replace(kwargs[name] if name in kwargs else _default_of(f), **given)
             init(self, *args, **kwargs)
 
+        # What help() and editors show: the concern's options as keywords of their own.
+        hints = _hints(held)
+        own = inspect.signature(init)
+        __init__.__signature__ = own.replace(parameters=[  # type: ignore[attr-defined]
+            *own.parameters.values(),
+            *(inspect.Parameter(h.name, inspect.Parameter.KEYWORD_ONLY, default=h.default, annotation=hints[h.name])
+              for h in fields(held) if h.init)])
         cls.__init__ = __init__  # type: ignore[misc]
         for n in names:
             setattr(cls, n, property(lambda self, n=n: getattr(getattr(self, name), n), doc=f"``{name}.{n}``"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 from dataclasses import fields
 from pathlib import Path
 
@@ -271,6 +272,8 @@ def test_rollout_config_takes_and_reads_its_sampling_by_the_options_names():
     """``RolloutConfig(temperature=...)`` and ``cfg.temperature`` are the sampling concern it holds,
     given and read by the options' own names; the run configs and the trainer's read it as
     ``sampling`` and take the flat names too."""
+    keywords = inspect.signature(RolloutConfig).parameters  # what help() and editors show
+    assert keywords["temperature"].default == RolloutConfig().temperature and "sampling" in keywords
     cfg = RolloutConfig(temperature=0.7, top_p=0.9, max_turns=3)
     assert cfg.sampling == SamplingConfig(temperature=0.7, top_p=0.9)
     assert (cfg.temperature, cfg.top_p, cfg.top_k) == (0.7, 0.9, SamplingConfig().top_k) and cfg.max_turns == 3
