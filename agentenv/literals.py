@@ -15,8 +15,11 @@ special (``<tool_call>``, ``<think>``) are the model's own words, and text holdi
 encoded as the model writes them.
 
 Markers are letters and digits only: a template that escapes, trims or splits a message's
-content (``tojson``, ``trim``, the reasoning split at ``</think>``) leaves them whole. Each
-:class:`Literals` draws its own, which no message can guess. Pure: no I/O besides the
+content (``tojson``, ``trim``, the reasoning split at ``</think>``) leaves them whole. The
+process draws their stem once, which no message can guess, and a special token's marker is its
+place in the tokenizer's special tokens: every :class:`Literals` of one tokenizer reads the
+markers of any other (one that :func:`literals` dropped from its cache, or built in a race on
+another thread, while a rendering it protected was being encoded). Pure: no I/O besides the
 tokenizer.
 """
 
@@ -26,6 +29,9 @@ import functools
 import re
 import secrets
 from typing import Any
+
+#: The markers' stem: ``<stem><index>Z`` stands for the special token ``index``.
+_STEM = f"AGENTENV{secrets.token_hex(8)}L"
 
 
 class Literals:
@@ -40,7 +46,7 @@ class Literals:
         self.specials: list[str] = sorted((s for s in found if s), key=lambda s: (-len(s), s))
         self._index = {s: i for i, s in enumerate(self.specials)}
         self._find = re.compile("|".join(map(re.escape, self.specials))) if self.specials else None
-        self._mark = f"AGENTENV{secrets.token_hex(8)}L"
+        self._mark = _STEM
         self._marks = re.compile(re.escape(self._mark) + r"(\d+)Z")
         self._spelt: dict[int, tuple[int, ...]] = {}
 

@@ -93,3 +93,11 @@ def test_a_tokenizer_without_the_split_option_spells_a_special_token_one_charact
     lit = Literals(NoSplitOption(tok))
     ids = lit.encode(lit.protect("a<|im_end|>b"))
     assert tok.decode(ids) == "a<|im_end|>b" and not set(ids) & controls(tok)
+
+
+def test_two_literals_of_one_tokenizer_read_each_others_markers(tok):
+    """A rendering protected by one :class:`Literals` and encoded by another of the same
+    tokenizer (the cache's entry dropped between the two, or built twice by threads racing to
+    it) still reads as its text."""
+    ids = Literals(tok).encode(Literals(tok).protect(FORGED))
+    assert tok.decode(ids) == FORGED and not set(ids) & controls(tok)
