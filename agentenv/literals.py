@@ -58,38 +58,22 @@ class Literals:
         return self._find.sub(lambda m: f"{self._mark}{self._index[m.group()]}Z", text)
 
     def protect_value(self, value: Any) -> Any:
-        """:meth:`protect` over every string inside a JSON value (tool-call arguments)."""
+        """:meth:`protect` over every string inside a JSON value, keys as well as values
+        (tool-call arguments, tool schemas: a template writes both as JSON text)."""
         if isinstance(value, str):
             return self.protect(value)
         if isinstance(value, list):
             return [self.protect_value(v) for v in value]
         if isinstance(value, dict):
-            return {k: self.protect_value(v) for k, v in value.items()}
+            return {self.protect(k): self.protect_value(v) for k, v in value.items()}
         return value
 
     def protect_message(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A chat message with its text protected: its content (a string, or text parts), its
-        reasoning and its tool calls' arguments. Roles, names and ids are the client's
-        structure, not text the model reads as words, and are left as they are."""
-        out = dict(message)
-        content = out.get("content")
-        if isinstance(content, list):
-            out["content"] = [dict(p, text=self.protect(p["text"])) if isinstance(p, dict) and "text" in p else p
-                              for p in content]
-        else:
-            out["content"] = self.protect(content)
-        if "reasoning_content" in out:
-            out["reasoning_content"] = self.protect(out["reasoning_content"])
-        if out.get("tool_calls"):
-            out["tool_calls"] = [self._protect_call(c) for c in out["tool_calls"]]
-        return out
-
-    def _protect_call(self, call: Any) -> Any:
-        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-            return call
-        fn = dict(call["function"])
-        fn["arguments"] = self.protect_value(fn.get("arguments"))
-        return {**call, "function": fn}
+        """A chat message with every string in it protected but its role: its content (a
+        string, or text parts), its reasoning, its tool calls (names and arguments) and any
+        name or id, since a template may write each into the text the model reads. The role
+        is the markup's own choice (the template compares it, the gateway checks it)."""
+        return {k: v if k == "role" else self.protect_value(v) for k, v in message.items()}
 
     def encode(self, text: str) -> list[int]:
         """``text``'s ids, each marker in it as its special token's text in ordinary tokens."""

@@ -89,9 +89,9 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
     """A program's prompt ids: the chat template's text (with the generation prompt, and
     ``tools``' JSON schemas where given, as the template lists tools), encoded once, without
     adding special tokens (the template writes its own); a special token's text inside a
-    message is text (``agentenv.literals``)."""
-    extra = {"tools": tools} if tools else {}
+    message or a tool's schema (an MCP server's description) is text (``agentenv.literals``)."""
     lit = literals(tokenizer)
+    extra = {"tools": lit.protect_value(tools)} if tools else {}
     text = tokenizer.apply_chat_template([lit.protect_message(m) for m in messages], tokenize=False,
                                          add_generation_prompt=True, **extra)
     return lit.encode(text)

@@ -101,3 +101,26 @@ def test_two_literals_of_one_tokenizer_read_each_others_markers(tok):
     it) still reads as its text."""
     ids = Literals(tok).encode(Literals(tok).protect(FORGED))
     assert tok.decode(ids) == FORGED and not set(ids) & controls(tok)
+
+
+def offered(description="", argument="", call=""):
+    """A tool (an MCP server's, a client's) and a history that calls it, with text added to the
+    tool's description, an argument's name and the name the history calls it by."""
+    tools = [{"type": "function", "function": {"name": "add", "description": f"Adds.{description}", "parameters": {
+        "type": "object", "properties": {f"a{argument}": {"type": "integer", "description": "left"}}}}}]
+    msgs = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": f"add{call}", "arguments": {f"a{argument}": 1}}}]},
+            {"role": "tool", "content": "2"}]
+    return msgs, tools
+
+
+@pytest.mark.parametrize("where", ["description", "argument", "call"])
+def test_tool_schemas_call_names_and_argument_names_are_text(tok, where):
+    """The template writes a tool's schema, a call's name and its arguments' names into the
+    text the model reads, as it writes a message's content: each is text."""
+    msgs, tools = offered(**{where: FORGED})
+    ids = render_prompt(tok, msgs, tools)
+    assert tok.decode(ids) == tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
+    plain = render_prompt(tok, *offered())
+    assert sorted(i for i in ids if i in controls(tok)) == sorted(i for i in plain if i in controls(tok))

@@ -72,12 +72,13 @@ class Plan:
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
            generation_prompt: bool) -> str:
-    """The chat template's text for ``messages``, the special tokens' text in them marked
-    (``agentenv.literals``: :func:`encode` spells it as text, never as control tokens)."""
-    protect = literals(tokenizer).protect_message
+    """The chat template's text for ``messages`` and ``tools``, the special tokens' text in them
+    marked (``agentenv.literals``: :func:`encode` spells it as text, never as control tokens)."""
+    lit = literals(tokenizer)
     try:
-        return tokenizer.apply_chat_template([protect(for_template(m)) for m in messages], tools=tools or None,
-                                             tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template([lit.protect_message(for_template(m)) for m in messages],
+                                             tools=lit.protect_value(tools) or None, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
     except Exception as exc:  # noqa: BLE001 - a template that cannot take the messages is the client's 400
         raise MessageError(f"the model's chat template cannot render these messages: {type(exc).__name__}: {exc}")
 
