@@ -58,7 +58,9 @@ class TurnAction:
     stop: bool = False
     """End the program after this turn."""
     inject: str | None = None
-    """Text spliced into the context after this turn, with loss mask 0."""
+    """Text spliced into the context after this turn, with loss mask 0. It is text: a special
+    token's text in it (``<|im_end|>``) is spelt in ordinary tokens, never a control token
+    (``agentenv.literals``), so a check's message or a quoted answer cannot end a turn."""
 
 
 @dataclass(frozen=True, slots=True)
