@@ -49,6 +49,7 @@ import anyio
 from .env import Environment
 from .errors import ConfigError, EngineError, PromptTooLongError
 from .formats import final_text
+from .literals import literals
 from .retry import retry_async
 
 if TYPE_CHECKING:
@@ -294,11 +295,15 @@ class _EngineBackend:
 
         engine = await self._engine()
         tok = engine.tokenizer
+        # The question, the reference and the rubric are text: a special token's text in them
+        # (a scraped task with <|im_end|>) is spelt in ordinary tokens, never the judge's markup.
+        lit = literals(tok)
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template([lit.protect_message(m) for m in messages], tokenize=False,
+                                           add_generation_prompt=True)
         else:
-            text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-        ids = tok.encode(text, add_special_tokens=False)
+            text = "\n\n".join(lit.protect(m["content"]) for m in messages) + "\n\n"
+        ids = lit.encode(text)
         room = engine.max_model_len - len(ids)
         if room <= 0:
             raise PromptTooLongError(f"the judge's prompt of {len(ids)} tokens leaves no room")
