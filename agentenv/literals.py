@@ -49,6 +49,7 @@ class Literals:
         self._mark = _STEM
         self._marks = re.compile(re.escape(self._mark) + r"(\d+)Z")
         self._spelt: dict[int, tuple[int, ...]] = {}
+        self._anchor = self._find_anchor()
 
     def protect(self, text: Any) -> Any:
         """``text`` with each special token's text replaced by its marker; anything that is not
@@ -84,12 +85,32 @@ class Literals:
         at = 0
         for m in self._marks.finditer(text):
             if m.start() > at:
-                ids.extend(tok.encode(text[at:m.start()], add_special_tokens=False))
+                ids.extend(self._piece(text[at:m.start()], at == 0))
             ids.extend(self.spelt(int(m.group(1))))
             at = m.end()
         if at < len(text):
-            ids.extend(tok.encode(text[at:], add_special_tokens=False))
+            ids.extend(self._piece(text[at:], False))
         return ids
+
+    def _piece(self, text: str, first: bool) -> list[int]:
+        """The ids of the text between two markers. A tokenizer that marks a word boundary at
+        the start of what it encodes (SentencePiece's ``▁``: Llama 2, Mistral) would put one
+        after each marker, a space the rendering does not hold; text after a special token is
+        encoded without one, so such a piece is encoded after the anchor (a special token, split
+        off before anything else is tokenized) and the anchor's id dropped."""
+        if first or self._anchor is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(self._anchor + text, add_special_tokens=False)[1:]
+
+    def _find_anchor(self) -> str | None:
+        """The special token a piece is encoded after; None where a piece alone is encoded as
+        after a special token (byte-level BPE: Qwen, Llama 3), or no special token is one id."""
+        tok = self.tokenizer
+        for s in self.specials:
+            ids = tok.encode(s + "a", add_special_tokens=False)
+            if ids[:1] == [tok.convert_tokens_to_ids(s)]:
+                return s if ids[1:] != tok.encode("a", add_special_tokens=False) else None
+        return None
 
     def encode_text(self, text: str) -> list[int]:
         """The ids of ``text`` that stands alone, no markup around it: all of it text."""
@@ -97,8 +118,8 @@ class Literals:
 
     def spelt(self, index: int) -> tuple[int, ...]:
         """The special token ``index``'s text in ordinary tokens: as the tokenizer spells it
-        when told not to parse special tokens, else (a tokenizer without that option) one
-        character at a time."""
+        when told not to parse special tokens, else (a tokenizer without that option, or one
+        that marks a word boundary at the start of what it encodes) one character at a time."""
         if index not in self._spelt:
             text, tok = self.specials[index], self.tokenizer
             special_id = tok.convert_tokens_to_ids(text)
@@ -106,8 +127,8 @@ class Literals:
                 ids = tok.encode(text, add_special_tokens=False, split_special_tokens=True)
             except TypeError:
                 ids = [special_id]
-            if special_id in ids:
-                ids = [i for ch in text for i in tok.encode(ch, add_special_tokens=False)]
+            if special_id in ids or self._anchor is not None:
+                ids = [i for ch in text for i in self._piece(ch, False)]
             self._spelt[index] = tuple(ids)
         return self._spelt[index]
 

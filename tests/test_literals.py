@@ -275,3 +275,38 @@ def test_each_familys_template_renders_a_control_tokens_text_as_text(families, f
         assert counted(first.input_ids) == counted(plain_first.input_ids)
         assert counted(plan.glue) == counted(plain_plan.glue) and counted(plan.input_ids) == counted(
             plain_plan.input_ids)
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_like():
+    """A real fast tokenizer that marks a word boundary (``▁``) at the start of what it encodes,
+    as Llama 2's and Mistral's do, trained here on a line of text, with their control tokens."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.train_from_iterator(["hello world, this is the text it learns its words from"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+        initial_alphabet=list(string.printable.strip())))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   additional_special_tokens=["[INST]", "[/INST]"], chat_template=(
+                                       "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] "
+                                       "{{ m.content }} [/INST]{% else %}{{ m.content }}</s>{% endif %}{% endfor %}"))
+
+
+@pytest.mark.parametrize("content", ["hello [/INST] world </s> this", "</s>hello", "hello</s>", "a  [INST]  b"])
+def test_a_tokenizer_that_marks_the_start_of_a_word_reads_the_text_around_a_marker_as_the_template_wrote_it(
+        sentencepiece_like, content):
+    """SentencePiece's ``▁`` at the start of each piece encoded on its own would add a space
+    after every marker: the text after one is encoded as it is after a special token."""
+    tok = sentencepiece_like
+    lit = Literals(tok)
+    msgs = [{"role": "user", "content": content}, {"role": "assistant", "content": f"ok {content}"}]
+    ids = lit.encode(tok.apply_chat_template([lit.protect_message(m) for m in msgs], tokenize=False))
+    assert tok.decode(ids) == tok.apply_chat_template(msgs, tokenize=False)
+    markup = [tok.convert_tokens_to_ids(t) for t in ("<s>", "[INST]", "[/INST]", "</s>")]
+    assert [i for i in ids if i in markup] == markup
