@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import faulthandler
 import functools
 import json
 import os
@@ -266,8 +267,14 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         yield
         return
 
+    timers: list[threading.Timer] = []
+
     def on_sigterm(signum: int, frame: Any) -> None:
         _terminated.append(signum)
+        if not timers:  # the first: if the stop itself hangs, it says where
+            timers.append(threading.Timer(_stopping_report_s(), _report_stopping, (_running_loop(),)))
+            timers[0].daemon = True
+            timers[0].start()
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler) and handler is not signal.default_int_handler:
             handler(signal.SIGINT, frame)  # asyncio's: cancels the run's main task, as Ctrl-C does
@@ -280,6 +287,56 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, earlier)
+        for timer in timers:
+            timer.cancel()
+
+
+def _stopping_report_s() -> float:
+    """Seconds a command may take to stop after SIGTERM before it reports what it waits on
+    (``AGENTENV_STOPPING_REPORT_S``; default 60)."""
+    return float(os.environ.get("AGENTENV_STOPPING_REPORT_S", "60"))
+
+
+def _running_loop() -> Any:
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _report_stopping(loop: Any) -> None:
+    """A command still running a while after its SIGTERM: every thread's stack, and (from the
+    event loop, if it still turns) every task's, on stderr; it goes on stopping. A stop that
+    hangs then names what it hangs on, in the log of whoever sent the signal."""
+    sys.stderr.write(f"agentenv: still stopping {_stopping_report_s():g} s after SIGTERM; its threads:\n")
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    if loop is not None and not loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: the command has ended
+            loop.call_soon_threadsafe(_print_tasks)
+
+
+def _first(obj: Any, *names: str) -> Any:
+    """The first of ``obj``'s attributes ``names`` that it has and is not None."""
+    return next((v for v in (getattr(obj, n, None) for n in names) if v is not None), None)
+
+
+def _print_tasks() -> None:
+    import asyncio
+
+    tasks = asyncio.all_tasks()
+    sys.stderr.write(f"agentenv: its {len(tasks)} tasks (each from its start to what it awaits):\n")
+    for task in tasks:
+        sys.stderr.write(f"task {task.get_name()}:\n")
+        coro: Any = task.get_coro()
+        while coro is not None:  # the chain of awaits down to the one suspended
+            frame = _first(coro, "cr_frame", "gi_frame", "ag_frame")
+            if frame is not None:
+                code = frame.f_code
+                sys.stderr.write(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n')
+            coro = _first(coro, "cr_await", "gi_yieldfrom", "ag_await")
+    sys.stderr.flush()
 
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}

@@ -403,6 +403,41 @@ def test_sigterm_before_the_first_record_leaves_no_files(tmp_path, model_dir):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_stop_that_hangs_after_sigterm_says_where_it_hangs(tmp_path, model_dir):
+    """A run whose stop never ends (here its environment's ``aclose`` waits forever) writes,
+    a while after SIGTERM, its threads' and its tasks' stacks to stderr: the log of whoever sent
+    the signal names the hang."""
+    import signal
+    import socket
+    import threading
+
+    (tmp_path / "stuck.py").write_text(
+        "import anyio\nfrom agentenv.envs.retool_math import RetoolMathEnv\n\n\n"
+        "class Stuck(RetoolMathEnv):\n    async def aclose(self):\n        await anyio.Event().wait()\n")
+    server = socket.create_server(("127.0.0.1", 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentenv.cli", "rollout", "--env", f"{tmp_path}/stuck.py:Stuck", "--tasks", "1",
+         "--group-size", "1", "--out", str(tmp_path / "r.jsonl"), "--model", model_dir, "--no-progress",
+         "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.getsockname()[1]}"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "AGENTENV_STOPPING_REPORT_S": "0.5"})
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        server.settimeout(DEADLINE_S)
+        conn, _ = server.accept()
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: any("in aclose" in line for line in err), "the report of where the stop hangs")
+        conn.close()
+    finally:
+        server.close()
+        proc.kill()
+        proc.wait()
+    text = "".join(err)
+    assert "agentenv: still stopping 0.5 s after SIGTERM; its threads:" in text and "agentenv: its " in text
+    assert 'stuck.py", line 7, in aclose' in text, text
+
+
 def test_resuming_a_complete_run_says_so_without_opening_the_engine(capsys, tmp_path, model_dir):
     out = tmp_path / "r.jsonl"
     args = ["--tasks", "2", "--group-size", "2", "--max-new-tokens", "8", "--no-progress", "--model", model_dir,
