@@ -58,9 +58,10 @@ class TurnAction:
     stop: bool = False
     """End the program after this turn."""
     inject: str | None = None
-    """Text spliced into the context after this turn, with loss mask 0. It is text: a special
-    token's text in it (``<|im_end|>``) is spelt in ordinary tokens, never a control token
-    (``agentenv.literals``), so a check's message or a quoted answer cannot end a turn."""
+    """Text spliced into the context after this turn, with loss mask 0, as written: the
+    environment's own markup, so a special token's text in it is that control token (a new
+    user turn may be written so). Unlike a tool's output or a task's prompt, it is not read as
+    text (``agentenv.literals``): quote what untrusted text it carries with care."""
 
 
 @dataclass(frozen=True, slots=True)

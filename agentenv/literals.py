@@ -112,10 +112,6 @@ class Literals:
                 return s if ids[1:] != tok.encode("a", add_special_tokens=False) else None
         return None
 
-    def encode_text(self, text: str) -> list[int]:
-        """The ids of ``text`` that stands alone, no markup around it: all of it text."""
-        return self.encode(self.protect(text))
-
     def spelt(self, index: int) -> tuple[int, ...]:
         """The special token ``index``'s text in ordinary tokens: as the tokenizer spells it
         when told not to parse special tokens, else (a tokenizer without that option, or one

@@ -238,7 +238,7 @@ async def _turns(ctx: ProgramContext, task: Task, traj: Trajectory, hooks: Progr
         action = await ctx.env.on_turn(task, traj, text)
         if action is not None:
             if action.inject:
-                traj.add_env(literals(tok).encode_text(action.inject))
+                traj.add_env(tok.encode(action.inject, add_special_tokens=False))
             if action.stop:
                 return "stop"
     return "max_turns"
