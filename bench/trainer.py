@@ -239,8 +239,7 @@ async def on_one_engine(a: argparse.Namespace, out: Path) -> tuple[dict, dict]:
     from agentenv.models import default_model
 
     cfg = config("async", a, out)
-    engine = await EngineSpec(cfg.engine.engine, str(default_model()), temperature=cfg.rollout.temperature,
-                              seed=a.seed).open()
+    engine = await EngineSpec.sampling_as(cfg.rollout, cfg.engine.engine, default_model(), seed=a.seed).open()
     try:
         meter = DecodeMeter(engine)
         await pure_decode(engine, 64, 16, 4, 2.0)  # warm-up
