@@ -17,8 +17,10 @@ lengths enforced through max_tokens with no stop token) under three policies
 Twice: with the engine's default KV budget (the working set fits), and with a KV budget of
 1/``--oversubscribe`` of what FIFO's ``concurrency`` programs hold (set through the engine's
 own settings). For each KV setting the engine's pure-decode rate is measured in the same run:
-``concurrency`` closed-loop requests of the workload's mean context and mean turn length,
-prefixes cached, measured before the first policy and again after each one; a policy's
+``concurrency`` closed-loop requests of the workload's mean context and mean turn length
+(fewer where the KV cannot hold that many: as many as it holds, since past that the loop
+measures the engine preempting its own requests), prefixes cached, measured before the first
+policy and again after each one; a policy's
 reference is the mean of the two measurements around its run (the VM's speed drifts over a
 long run). Per policy it prints wall time, generated tok/s, the ratio to that pure decode,
 mean requests in flight, engine idle fraction, the share of the time under half the decode
@@ -31,6 +33,8 @@ tok/s>`` for the first KV setting (the working set fits).
 The simulator (``agentenv.simulator``) then runs the same traces through the same scheduler,
 its engine fitted in this run: decode rates at 1, 4, 16 and ``concurrency`` requests, at
 twice the context (attention's share), and with nothing cached (prefill's price per token);
+where the KV holds fewer than ``concurrency`` requests, the previous setting's engine (the
+same model on the same machine) at the speed measured here, with this setting's KV;
 sandbox sessions start at the rate measured while the engine decodes; per policy the
 engine's speed is scaled to the pure decode measured around that policy's run.
 """
@@ -184,25 +188,33 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
     mean_ctx = round(statistics.mean(ctx))
     async with engine:
         cap = engine.kv_capacity_tokens
+        c = args.concurrency
+
+        def fits(batch: int, context: int = mean_ctx) -> bool:
+            return cap is None or batch * (context + mean_turn) <= 0.9 * cap
+
+        # Pure decode is measured with as many requests as the KV holds, at most `concurrency`:
+        # past that the loop measures the engine preempting and re-prefilling its own requests.
+        ref = c if fits(c) else max((b for b in range(1, c) if fits(b)), default=1)
         print(
             f"[{label}] engine={args.engine} kv_capacity={cap} tokens; mean context {mean_ctx}, mean turn {mean_turn}",
             flush=True,
         )
-        await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, 2.0)  # warm-up
-        limit = await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, args.decode_seconds)
-        print(f"[{label}] pure decode: {limit:.0f} tok/s ({args.concurrency} requests in flight)", flush=True)
+        await pure_decode(engine, mean_ctx, mean_turn, ref, 2.0)  # warm-up
+        limit = await pure_decode(engine, mean_ctx, mean_turn, ref, args.decode_seconds)
+        held = "" if ref == c else f"; the KV holds no more of the mean context at once, not {c}"
+        print(f"[{label}] pure decode: {limit:.0f} tok/s ({ref} requests in flight{held})", flush=True)
         if args.simulate:
             # Calibrate the simulator's engine on this engine now, next to the pure-decode
             # measurement (the engine's speed drifts over a long run on a shared VM): decode
-            # rates at a few batch sizes, the ``concurrency`` one being the pure-decode rate
-            # itself, so the simulated engine and the ratios share one reference.
-            c = args.concurrency
+            # rates at a few batch sizes the KV holds, the reference one being the pure-decode
+            # rate itself, so the simulated engine and the ratios share one reference.
             rates = {(b, mean_ctx): await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
-                     for b in sorted({1, 4, 16} - {c})}
-            rates[(c, mean_ctx)] = limit
+                     for b in sorted({1, 4, 16} - {ref}) if fits(b)}
+            rates[(ref, mean_ctx)] = limit
             # Where it cannot be measured without thrashing: the previous setting's, else a default.
             prefill = prior.prefill_per_token if prior is not None else 2e-5
-            if cap is None or c * (2 * mean_ctx + mean_turn) <= 0.9 * cap:
+            if fits(c, 2 * mean_ctx):
                 # Attention's share: the same loop at twice the context. Prefill's price: the
                 # loop with nothing cached, against the cached one (which reused all but the
                 # prompt's last, partial block).
@@ -213,9 +225,15 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
                 prefill = fit_prefill(limit, cold, mean_turn, cached)
             sim_engine = fit_engine(rates, kv_capacity=cap or 10**9, block_size=engine.page_size,
                                     prefill_per_token=prefill)
+            if prior is not None and ref < c:
+                # The KV holds too few requests to see the step's cost at `concurrency`, or
+                # attention's share: the previous setting's engine (the same model on the same
+                # machine, a larger KV), at the speed measured here, with this KV.
+                sim_engine = dataclasses.replace(prior.slowed(prior.decode_rate(ref, mean_ctx) / limit),
+                                                 kv_capacity=cap, block_size=engine.page_size)
             # Sessions start while the engine decodes in every run, so their rate is measured so.
             async with anyio.create_task_group() as tg:
-                tg.start_soon(pure_decode, engine, mean_ctx, mean_turn, c, 3.0)
+                tg.start_soon(pure_decode, engine, mean_ctx, mean_turn, ref, 3.0)
                 starts = await session_start_rate()
             m = sim_engine
             print(f"[{label}] simulator engine: step {1e3 * m.step_base:.2f} ms + {1e3 * m.step_per_seq:.3f} ms x "
@@ -236,8 +254,8 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
             # Pure decode brackets every run: the reference is the mean of the measurements
             # just before and just after it (this VM's speed drifts within one long run).
             # One round first: the run's own prefixes have pushed the loop's prompts out of the cache.
-            await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, 0.5)
-            around.append(await pure_decode(engine, mean_ctx, mean_turn, args.concurrency, args.decode_seconds))
+            await pure_decode(engine, mean_ctx, mean_turn, ref, 0.5)
+            around.append(await pure_decode(engine, mean_ctx, mean_turn, ref, args.decode_seconds))
             r["pure_decode_tok_s"] = (around[-2] + around[-1]) / 2
             r["ratio"] = r["tok_s"] / r["pure_decode_tok_s"]
             results.append(r)
@@ -277,7 +295,7 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
                               session_start_s=session_start_s,
                               cost=r["policy"] != "program-held")
                 err = sr.wall_s / r["wall_s"] - 1
-                ratio = sr.tok_s / r["pure_decode_tok_s"]  # the model engine decodes that fast at `concurrency`
+                ratio = sr.tok_s / r["pure_decode_tok_s"]  # the model engine decodes that fast at `ref`
                 sim.append({"policy": r["policy"], **sr.row(), "error": err, "ratio": ratio,
                             "sim_seconds": time.perf_counter() - t})
                 print(
@@ -289,6 +307,7 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
     return {
         "label": label,
         "kv_capacity": cap,
+        "pure_decode_requests": ref,
         "pure_decode_tok_s": statistics.mean(around),
         "pure_decode_runs": around,
         "results": results,
