@@ -34,7 +34,8 @@ The simulator (``agentenv.simulator``) then runs the same traces through the sam
 its engine fitted in this run: decode rates at 1, 4, 16 and ``concurrency`` requests, at
 twice the context (attention's share), and with nothing cached (prefill's price per token);
 where the KV holds fewer than ``concurrency`` requests, the previous setting's engine (the
-same model on the same machine) at the speed measured here, with this setting's KV;
+same model on the same machine) at the speed measured here, with this setting's KV and
+prefill price;
 sandbox sessions start at the rate measured while the engine decodes; per policy the
 engine's speed is scaled to the pure decode measured around that policy's run.
 """
@@ -172,8 +173,8 @@ async def run_policy(engine, env, tasks, group_size: int, policy: str, concurren
 
 async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None) -> dict:
     """One KV setting; ``prior``: the simulator engine fitted in the previous setting (the
-    same model on the same machine), whose prefill price stands in where this one's KV is too
-    small to measure it."""
+    same model on the same machine), whose decode costs stand in where this one's KV is too
+    small to measure them."""
     model = default_model()
     engine = await open_engine(args.engine, str(model), seed=args.seed, **engine_kwargs)
     progs = [p for g in traces for p in g]
@@ -212,25 +213,25 @@ async def one_setting(args, label: str, engine_kwargs: dict, traces, prior=None)
             rates = {(b, mean_ctx): await pure_decode(engine, mean_ctx, mean_turn, b, 2.0)
                      for b in sorted({1, 4, 16} - {ref}) if fits(b)}
             rates[(ref, mean_ctx)] = limit
-            # Where it cannot be measured without thrashing: the previous setting's, else a default.
-            prefill = prior.prefill_per_token if prior is not None else 2e-5
+            # Prefill's price: the reference loop with nothing cached, against the cached one
+            # (which reused all but the prompt's last, partial block).
+            cold = await pure_decode(engine, mean_ctx, mean_turn, ref, 3.0, fresh=True)
+            cached = (mean_ctx - 1) // engine.page_size * engine.page_size
+            prefill = fit_prefill(limit, cold, mean_turn, cached)
             if fits(c, 2 * mean_ctx):
-                # Attention's share: the same loop at twice the context. Prefill's price: the
-                # loop with nothing cached, against the cached one (which reused all but the
-                # prompt's last, partial block).
+                # Attention's share: the same loop at twice the context.
                 await pure_decode(engine, 2 * mean_ctx, mean_turn, c, 0.5)  # one round: their prompts cached
                 rates[(c, 2 * mean_ctx)] = await pure_decode(engine, 2 * mean_ctx, mean_turn, c, 3.0)
-                cold = await pure_decode(engine, mean_ctx, mean_turn, c, 3.0, fresh=True)
-                cached = (mean_ctx - 1) // engine.page_size * engine.page_size
-                prefill = fit_prefill(limit, cold, mean_turn, cached)
             sim_engine = fit_engine(rates, kv_capacity=cap or 10**9, block_size=engine.page_size,
                                     prefill_per_token=prefill)
             if prior is not None and ref < c:
                 # The KV holds too few requests to see the step's cost at `concurrency`, or
                 # attention's share: the previous setting's engine (the same model on the same
-                # machine, a larger KV), at the speed measured here, with this KV.
+                # machine, a larger KV), at the speed measured here, with this KV and the
+                # prefill price measured here.
                 sim_engine = dataclasses.replace(prior.slowed(prior.decode_rate(ref, mean_ctx) / limit),
-                                                 kv_capacity=cap, block_size=engine.page_size)
+                                                 kv_capacity=cap, block_size=engine.page_size,
+                                                 prefill_per_token=prefill)
             # Sessions start while the engine decodes in every run, so their rate is measured so.
             async with anyio.create_task_group() as tg:
                 tg.start_soon(pure_decode, engine, mean_ctx, mean_turn, ref, 3.0)
