@@ -15,7 +15,7 @@ import pytest
 from agentenv.cli import main
 from agentenv.envs.retool_math import RetoolMathEnv
 
-from .waiting import DEADLINE_S, wait_for
+from .waiting import DEADLINE_S, ended, wait_for
 
 CPUS = os.cpu_count() or 1
 
@@ -356,7 +356,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
     workers = wait_for(mid_run, "the rollout logged a turn", unless=lambda: proc.poll() is not None)
     assert workers and proc.poll() is None, f"the rollout ended before it was interrupted: {proc.communicate()[1]}"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = ended(proc, "the rollout stopped after Ctrl-C")
     assert proc.returncode == 130, err
     assert "interrupted" in err
 
@@ -393,7 +393,7 @@ def test_sigterm_before_the_first_record_leaves_no_files(tmp_path, model_dir):
         conn, _ = server.accept()  # the engine asks the server for its models: the log exists by then
         assert Path(f"{out}.log").exists()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=DEADLINE_S)
+        _, err = ended(proc, "the rollout stopped after SIGTERM")
         conn.close()
     finally:
         server.close()
@@ -783,6 +783,6 @@ def test_a_train_stopped_before_its_first_step_leaves_no_run_directory(tmp_path,
     )
     assert proc.poll() is None, proc.communicate()[1][-2000:]
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = ended(proc, "the training run stopped after Ctrl-C")
     assert proc.returncode == 130, err[-2000:]
     assert not run.exists()

@@ -28,7 +28,7 @@ from agentenv.envs.retool_math import RetoolMathEnv
 from agentenv.sandboxes.local import LocalSandbox
 
 from .sandboxes.hostile import TEST_MOUNT
-from .waiting import until
+from .waiting import ended, until
 
 TASKS, GROUP = 3, 2
 ARGS = ["rollout", "--tasks", str(TASKS), "--group-size", str(GROUP), "--no-progress", "--concurrency", "4"]
@@ -121,7 +121,7 @@ def test_killed_at_random_points_and_resumed_loses_nothing(tmp_path):
             state = journal.load_state(journal.read(Path(f"{out}.log"))[0])
             partial_before = {p.id: p for p in state.partial.values()}
             proc, resumed = cli(out, "--resume"), True
-        _, err = proc.communicate(timeout=600)
+        _, err = ended(proc, "the run ended", timeout=600)
         assert proc.returncode == 0, err[-2000:]
         lines = check_output(out, tok)
         # Lines complete before the last kill are byte-identical after it (a torn last line,

@@ -22,6 +22,7 @@ CROSS_CUTTING = {
     "tests/test_docs.py": "the documentation site against the package",
     "tests/test_sizes.py": "every function and class of the package fits the size limits",
     "tests/test_tiers.py": "this file",
+    "tests/test_waiting.py": "tests/waiting.py, the tests' own helpers for waiting on a condition or a process",
     "tests/test_bench_client.py": "bench/client.py's figures (the benchmark lives outside the package)",
     "tests/test_bench_overlap.py": "bench/_overlap.py's ideal-overlap arithmetic (the benchmark lives outside the "
                                    "package)",

@@ -8,8 +8,9 @@ a test never relies on it passing for its scenario to occur.
 
 from __future__ import annotations
 
+import subprocess
 import time
-from typing import Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 import anyio
 
@@ -34,6 +35,21 @@ def wait_for(condition: Callable[[], object], what: str, *, timeout: float = DEA
         if time.monotonic() > end:
             raise AssertionError(f"not within {timeout:.0f} s: {what}")
         time.sleep(interval)
+
+
+def ended(proc: subprocess.Popen, what: str, *, timeout: float = DEADLINE_S) -> tuple[Any, Any]:
+    """``proc.communicate()`` for a process that must end by itself (stopped by a signal, or
+    its work done). Past ``timeout`` it is killed and an AssertionError naming ``what`` carries
+    the end of its stderr: a command still stopping a while after SIGTERM writes there which
+    threads and tasks it waits on (``AGENTENV_STOPPING_REPORT_S``), and that is what a hang's
+    report needs."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        tail = err.decode(errors="replace") if isinstance(err, bytes) else (err or "")
+        raise AssertionError(f"not within {timeout:.0f} s: {what}; its stderr ends:\n{tail[-12000:]}") from None
 
 
 async def until(condition: Callable[[], object], what: str, *, timeout: float = DEADLINE_S,

@@ -21,7 +21,7 @@ pytest.importorskip("openai")
 from agentenv import testing  # noqa: E402
 from agentenv.engines.base import SamplingParams  # noqa: E402
 
-from ..waiting import until  # noqa: E402
+from ..waiting import ended, until  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -332,7 +332,7 @@ def kill_the_server_mid_run(server, args: list, ready, **popen) -> tuple[int, st
         time.sleep(0.05)
     alive = cli.poll() is None
     server.kill(signal.SIGKILL)
-    _, err = cli.communicate(timeout=300)
+    _, err = ended(cli, "the run ended after its server was killed", timeout=300)
     assert alive, f"the run ended before the server was killed (exit {cli.returncode}): {err[-3000:]}"
     return cli.returncode, err
 
