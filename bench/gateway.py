@@ -8,7 +8,7 @@ extending the previous one (its messages, the reply, a new user turn), on
 :class:`~agentenv.testing.InstantEngine` (every reply ``--tokens`` tokens, no model). The same
 number of native programs, ``--calls`` turns of ``--tokens`` each, run on the reactor's own
 path for comparison. The HTTP path runs twice: agents on the ``openai`` SDK, and the same loop
-posting JSON over one shared ``httpx`` client (the gateway without the SDK's own cost). For
+posting JSON through ``httpx``, a client per program (the gateway without the SDK's own cost). For
 each path it prints this process's CPU time per generated token (every thread, less the
 engine's own CPU; the HTTP path's includes the agents' SDK clients, which run in this process
 too), tokens per second, and for the HTTP path the latency of a call as the agent sees it (p50
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import statistics
 import sys
 import time
@@ -86,13 +87,18 @@ class HttpAgent(AgentEnvironment):
         return "done"
 
     async def _raw(self, task, client, model):
-        """The same loop over one shared ``httpx`` client posting JSON: the gateway's cost
-        without the ``openai`` SDK's own."""
+        """The same loop over ``httpx`` posting JSON: the gateway's cost without the ``openai``
+        SDK's own. Each program has its own client, as each program's SDK client is: one shared
+        by a thousand programs holds a thousand connections, and httpcore's pool walks all of
+        them at every request and release (pydantic/httpx2 PR 1169), which this would measure."""
         import httpx
 
-        if self._http is None:
-            self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2000, max_keepalive_connections=2000),
-                                           timeout=600)
+        if self._http is None:  # one TLS context for all (a client loads the CA store when made)
+            self._http = ssl.create_default_context()
+        async with httpx.AsyncClient(timeout=600, verify=self._http) as http:
+            return await self._raw_loop(http, task, client, model)
+
+    async def _raw_loop(self, http, task, client, model):
         url, head = (
             f"{str(client.base_url).rstrip('/')}/chat/completions",
             {"Authorization": f"Bearer {client.api_key}"},
@@ -100,8 +106,8 @@ class HttpAgent(AgentEnvironment):
         messages = [{"role": "user", "content": task.question}]
         for k in range(self.calls):
             t0 = time.perf_counter()
-            r = (await self._http.post(url, headers=head, json={"model": model, "messages": messages,
-                                                                "max_tokens": self.tokens})).json()
+            r = (await http.post(url, headers=head, json={"model": model, "messages": messages,
+                                                          "max_tokens": self.tokens})).json()
             self.latencies.append(time.perf_counter() - t0)
             messages += [r["choices"][0]["message"], {"role": "user", "content": f"More {k}."}]
         return "done"
