@@ -13,8 +13,8 @@ each path it prints this process's CPU time per generated token (every thread, l
 engine's own CPU; the HTTP path's includes the agents' SDK clients, which run in this process
 too), tokens per second, and for the HTTP path the latency of a call as the agent sees it (p50
 / p99: with the engine at no cost this is the gateway, the client and the event loop's queue of
-every other program's work). A fourth run puts the agents in another process (one shared
-``httpx`` client there, :class:`ElsewhereAgent`): this process then runs only the reactor and the
+every other program's work). A fourth run puts the agents in another process (an ``httpx``
+client per program there, :class:`ElsewhereAgent`): this process then runs only the reactor and the
 gateway, so its CPU per token is the gateway path's own cost, without any agent's
 (``gateway_overhead_ratio_agents_elsewhere``). Then ``--alone`` agent programs run one at a
 time: with nothing else waiting and the engine at no cost, a call's latency as the SDK sees it
@@ -117,8 +117,8 @@ class HttpAgent(AgentEnvironment):
 
 
 class ElsewhereAgent(AgentEnvironment):
-    """The same loop with the agents in another process (``--load-process``: one shared ``httpx``
-    client there): each program hands its key to that process and waits for its calls to be
+    """The same loop with the agents in another process (``--load-process``: an ``httpx``
+    client per program there): each program hands its key to that process and waits for its calls to be
     done, so this process runs only the reactor and the gateway, as a rollout whose agents run
     in their own processes or containers does. Its CPU per token is the gateway path's own."""
 
@@ -167,15 +167,20 @@ class ElsewhereAgent(AgentEnvironment):
 
 
 async def load_process(port: int) -> None:
-    """The agents of :class:`ElsewhereAgent`: each job a program's loop of calls over one shared
-    ``httpx`` client; a line back per job with its calls' latencies (or its error)."""
+    """The agents of :class:`ElsewhereAgent`: each job a program's loop of calls over its own
+    ``httpx`` client (see ``HttpAgent._raw``); a line back per job with its calls' latencies (or
+    its error)."""
     import httpx
 
     stream = await anyio.connect_tcp("127.0.0.1", port)
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=2000, max_keepalive_connections=2000), timeout=3600)
+    tls = ssl.create_default_context()
     lock = anyio.Lock()
 
     async def run(job: dict) -> None:
+        async with httpx.AsyncClient(timeout=3600, verify=tls) as http:
+            await calls(http, job)
+
+    async def calls(http, job: dict) -> None:
         lat, error = [], None
         messages = [{"role": "user", "content": job["question"]}]
         try:
@@ -198,7 +203,6 @@ async def load_process(port: int) -> None:
             *lines, buf = buf.split(b"\n")
             for line in lines:
                 tg.start_soon(run, json.loads(line))
-    await http.aclose()
 
 
 async def measure_elsewhere(env: ElsewhereAgent, programs: int, tokens: int) -> dict:
