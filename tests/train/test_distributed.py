@@ -69,9 +69,17 @@ def test_two_ranks_take_the_step_one_process_takes(ray_cluster, batch, model_dir
                 assert theirs[k] == pytest.approx(mine[k], abs=tol, rel=tol), f"step {step}: {k}"
         got = remote.sync_tensors()
         assert got.keys() == before.keys()
+        # Adam's first steps are about lr x sign(gradient) whatever its size, so an element whose
+        # gradient is within the summation order's noise of 0 can step the other way on one side:
+        # it then differs by up to 2 x lr a step (sharded full-token: 1 element of 1.69M, by
+        # 3.5e-5). Every element is held to that bound, and all but one in a thousand of each
+        # tensor (at least 1) to 1e-5; a rank missing the other's gradient differs almost everywhere.
         moved = 0.0
         for n, t in local.sync_tensors().items():
-            torch.testing.assert_close(got[n], t, atol=1e-5, rtol=1e-5, msg=n)
+            diff = (got[n] - t).abs()
+            off = int((diff > 1e-5 + 1e-5 * t.abs()).sum())
+            assert float(diff.max()) <= 2 * 2 * kw["lr"] * 1.01 and off <= max(1, t.numel() // 1000), \
+                (n, off, t.numel(), float(diff.max()))
             moved = max(moved, float((t - before[n]).abs().max()))
         assert moved > 5e-5  # the steps changed the weights (a zero gradient would prove nothing)
     finally:
