@@ -23,16 +23,19 @@ process rather than a request:
   beside the engine"). Its workers, which compute the model, keep their priority. A restarted core gets
   the same niceness.
 * **Shutdown** that logs nothing for a clean close (see :func:`stop_output_handler`,
-  :func:`shut_down`).
+  :func:`shut_down`), and leaves no socket files behind (see :func:`own_rpc_dir`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import gc
 import logging
 import os
+import shutil
+import tempfile
 from typing import Any, Awaitable, Callable
 
 import anyio
@@ -43,9 +46,45 @@ from ..errors import EngineError
 log = logging.getLogger(__name__)
 
 
+_RPC_PREFIX = "agentenv-vllm-"
+
+
+def own_rpc_dir() -> str:
+    """The directory this process's vLLM engines put their ZMQ sockets in, made on first use
+    and removed when the process exits.
+
+    vLLM names its ZMQ endpoints ``ipc://$VLLM_RPC_BASE_PATH/<uuid4>`` (by default the temp
+    dir), and the engine core and its workers are stopped rather than closed, so every engine
+    leaves seven socket files there, a clean shutdown included. Here they land in one directory
+    per process, named with its pid. vLLM reads the variable until its first engine is up (then
+    caches it), and child processes inherit it, so it is set in ``os.environ`` before the first
+    engine starts. A ``VLLM_RPC_BASE_PATH`` that the user set is theirs and kept; one inherited
+    from another agentenv process is replaced, as that process removes its directory when it
+    exits. A process killed with SIGKILL leaves its directory (one, not seven files an engine).
+
+    A socket's path is at most ``zmq.IPC_PATH_MAX_LEN`` (107 on Linux) long: where the
+    directory would make vLLM's names longer than that (a deep temp dir), vLLM's default is kept."""
+    import zmq
+
+    current = os.environ.get("VLLM_RPC_BASE_PATH")
+    if current and not os.path.basename(current).startswith(_RPC_PREFIX):
+        return current
+    if current and os.path.basename(current).startswith(f"{_RPC_PREFIX}{os.getpid()}-"):
+        return current
+    path = tempfile.mkdtemp(prefix=f"{_RPC_PREFIX}{os.getpid()}-")
+    if len(path) + len("/") + 36 > getattr(zmq, "IPC_PATH_MAX_LEN", 107):  # vLLM's names: a uuid4
+        os.rmdir(path)
+        os.environ.pop("VLLM_RPC_BASE_PATH", None)
+        return tempfile.gettempdir()
+    os.environ["VLLM_RPC_BASE_PATH"] = path
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 async def start_llm(args: dict[str, Any]) -> Any:
     """A new ``AsyncLLM`` from ``AsyncEngineArgs(**args)``, started on a worker thread (the
-    engine core process takes seconds to come up)."""
+    engine core process takes seconds to come up), its sockets in :func:`own_rpc_dir`."""
+    own_rpc_dir()
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 

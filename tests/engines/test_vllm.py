@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import tempfile
+from pathlib import Path
 
 import anyio
 import pytest
@@ -347,11 +350,19 @@ def test_a_clean_shutdown_logs_no_error(model_dir, tmp_path):
     anyio.run(main)
 """
     (tmp_path / "run.py").write_text(script)
-    out = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True, timeout=300)
+    # The run's own temp dir, where vLLM names its ZMQ sockets: short, as a socket's path is
+    # at most 107 characters long.
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "TMPDIR": tmp}
+        env.pop("VLLM_RPC_BASE_PATH", None)
+        out = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True,
+                             timeout=300, env=env)
+        left = [p for p in Path(tmp).rglob("*") if p.is_socket() or p.name.startswith("agentenv-vllm-")]
     assert out.returncode == 0 and "generated 4" in out.stdout, out.stderr[-3000:]
     logs = out.stdout + out.stderr  # vLLM logs to stdout
     for bad in ("EngineDeadError", "Traceback", "Exception ignored", " ERROR "):
         assert bad not in logs, logs[-3000:]
+    assert not left, f"the run left {len(left)} of vLLM's socket files behind in its temp dir: {left}"
 
 
 def make_lora_adapter(model_dir: str, out: str, rank: int = 8) -> str:

@@ -17,8 +17,8 @@ import anyio
 import psutil
 import pytest
 
-from agentenv.engines.vllm_core import VLLMCore, core_alive, core_processes, set_priority, shut_down, \
-    stop_output_handler
+from agentenv.engines.vllm_core import VLLMCore, core_alive, core_processes, own_rpc_dir, set_priority, \
+    shut_down, stop_output_handler
 from agentenv.errors import EngineError
 
 from ..waiting import wait_for
@@ -191,3 +191,50 @@ async def test_a_dead_core_is_not_restarted_without_its_arguments_budget_or_whil
     with pytest.raises(EngineError, match="^vLLM generate failed: the engine core died$"):  # closing: no restart
         await core.restarting(dies)
     assert core.restarts == 0
+
+
+@pytest.fixture
+def temp_dir(monkeypatch):
+    """A short temp dir of the test's own for ``tempfile``, and no VLLM_RPC_BASE_PATH (restored
+    after the test)."""
+    import tempfile
+
+    base = tempfile.mkdtemp(dir="/tmp")
+    monkeypatch.setattr(tempfile, "tempdir", base)
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", "")
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH")
+    yield base
+    import shutil
+
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_vllms_sockets_go_to_one_directory_of_this_process(temp_dir):
+    path = own_rpc_dir()
+    assert os.path.isdir(path) and os.path.dirname(path) == temp_dir
+    assert os.path.basename(path).startswith(f"agentenv-vllm-{os.getpid()}-")
+    assert os.environ["VLLM_RPC_BASE_PATH"] == path  # what vLLM and its child processes read
+    assert own_rpc_dir() == path  # one a process
+
+
+def test_a_directory_inherited_from_another_process_is_replaced_and_the_users_own_kept(temp_dir, monkeypatch):
+    parents = os.path.join(temp_dir, "agentenv-vllm-1-abcdefgh")  # removed when that process exits
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", parents)
+    path = own_rpc_dir()
+    assert path != parents and os.path.basename(path).startswith(f"agentenv-vllm-{os.getpid()}-")
+    users = os.path.join(temp_dir, "sockets")
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", users)
+    assert own_rpc_dir() == users and os.environ["VLLM_RPC_BASE_PATH"] == users
+
+
+def test_a_temp_dir_too_deep_for_a_sockets_path_keeps_vllms_default(temp_dir, monkeypatch):
+    """A Unix socket's path is at most 107 characters: vLLM's names (a uuid4, 36) in the
+    directory would not fit, so vLLM names them in the temp dir, as it does by default."""
+    import tempfile
+
+    deep = os.path.join(temp_dir, "d" * (107 - len(temp_dir) - 40))
+    os.mkdir(deep)
+    monkeypatch.setattr(tempfile, "tempdir", deep)
+    assert len(deep) + 1 + 36 <= 107  # vLLM's own names fit; the directory's would not
+    assert own_rpc_dir() == deep
+    assert "VLLM_RPC_BASE_PATH" not in os.environ and os.listdir(deep) == []
