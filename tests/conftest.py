@@ -41,6 +41,14 @@ def pytest_configure(config):
                               sys.executable, _SPINNER], capture_output=True, text=True, check=True)
         pids.append(int(out.stdout))
     config._busy_spinners = pids
+    # The socket files of the vLLM engines the tests start, and of the vLLM servers (child
+    # processes inherit the directory), in one directory removed when the run exits.
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        from agentenv.engines.vllm_core import own_rpc_dir
+
+        own_rpc_dir()
     # Only the run the user started has a run beside it (the one beside never starts another).
     config._beside = None
     if config.getoption("--beside", False) and not os.environ.get("AGENTENV_BESIDE"):
