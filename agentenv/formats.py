@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -116,7 +117,12 @@ class HermesFormat(ToolFormat):
     name = "hermes"
     stop_strings = ("</tool_call>",)
     _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
-    _A, _T = "\x00ASSISTANT\x00", "\x00TOOL{}\x00"
+    # Where the template writes the assistant's text and each tool output: letters and digits
+    # (a template that escapes or trims a message leaves them whole), a stem drawn once a
+    # process (no output can hold one by design).
+    _STEM = f"AGENTENV{secrets.token_hex(8)}"
+    _A, _T = f"{_STEM}ASSISTANTZ", f"{_STEM}TOOL{{}}Z"
+    _TOOLS = re.compile(re.escape(_STEM) + r"TOOL(\d+)Z")
     THINK, UNTHINK = "<think>", "</think>"
 
     def __init__(self, calls_in_think: bool = False) -> None:
@@ -172,9 +178,12 @@ class HermesFormat(ToolFormat):
         eos = getattr(tokenizer, "eos_token", None)
         if ended_with_eos and eos and tail.startswith(eos):
             tail = tail[len(eos) :]
-        for i, out in enumerate(outputs):
-            tail = tail.replace(self._T.format(i), out)
-        return tail
+        found = [int(m.group(1)) for m in self._TOOLS.finditer(tail)]
+        if found != list(range(len(outputs))):
+            raise ConfigError(f"the chat template rendered {len(found)} of {len(outputs)} tool outputs, or "
+                              "out of order; cannot bridge turns")
+        # One pass over the template's text: an output that holds a placeholder's text stays as it is.
+        return self._TOOLS.sub(lambda m: outputs[int(m.group(1))], tail)
 
 
 def _request(obj: Any, body: str, tool_names: Sequence[str], key: str) -> Parsed:

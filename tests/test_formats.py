@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 
 from agentenv.errors import ConfigError
@@ -67,6 +69,26 @@ def test_hermes_bridge_matches_the_chat_template_exactly(tokenizer, ended_with_e
         add_generation_prompt=True,
     )
     assert prompt + model_text + obs == full
+
+
+def test_hermes_observation_puts_each_output_once_whatever_the_outputs_hold(tokenizer):
+    """Each output goes where the template put it, once: an output holding another's placeholder
+    text (``print`` can write anything) keeps it as text, and is not filled in."""
+    f = HermesFormat()
+    outputs = [f"a {f._T.format(1)} b", "second", "\x00TOOL0\x00"]
+    obs = f.observation(outputs, tokenizer, False)
+    assert [obs.count(o) for o in outputs] == [1, 1, 1]
+    assert obs.index(outputs[0]) < obs.index("second") < obs.index(outputs[2])
+    assert obs.count("second") == 1
+
+
+def test_hermes_observation_names_a_template_that_drops_a_tool_output(tokenizer):
+    f = HermesFormat()
+    drops = copy.copy(tokenizer)
+    drops.chat_template = tokenizer.chat_template.replace("<tool_response>\n{{ m['content'] }}", "<tool_response>\n")
+    assert drops.chat_template != tokenizer.chat_template
+    with pytest.raises(ConfigError, match="rendered 0 of 1 tool outputs"):
+        f.observation(["3"], drops, False)
 
 
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'
