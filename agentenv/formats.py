@@ -117,12 +117,9 @@ class HermesFormat(ToolFormat):
     name = "hermes"
     stop_strings = ("</tool_call>",)
     _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
-    # Where the template writes the assistant's text and each tool output: letters and digits
-    # (a template that escapes or trims a message leaves them whole), a stem drawn once a
-    # process (no output can hold one by design).
-    _STEM = f"AGENTENV{secrets.token_hex(8)}"
-    _A, _T = f"{_STEM}ASSISTANTZ", f"{_STEM}TOOL{{}}Z"
-    _TOOLS = re.compile(re.escape(_STEM) + r"TOOL(\d+)Z")
+    # Where the template writes the assistant's text: letters and digits (a template that
+    # escapes or trims a message leaves them whole), drawn once a process.
+    _A = f"AGENTENV{secrets.token_hex(8)}ASSISTANTZ"
     THINK, UNTHINK = "<think>", "</think>"
 
     def __init__(self, calls_in_think: bool = False) -> None:
@@ -165,8 +162,10 @@ class HermesFormat(ToolFormat):
         return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
     def observation(self, outputs: list[str], tokenizer: Any, ended_with_eos: bool) -> str:
+        # The tool messages are rendered with their outputs: whatever the template does to a
+        # message's content (escape it, trim it, write it as JSON) is done to them.
         base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": self._A}]
-        tools = [{"role": "tool", "content": self._T.format(i)} for i in range(len(outputs))]
+        tools = [{"role": "tool", "content": out} for out in outputs]
         try:
             text = tokenizer.apply_chat_template(base + tools, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001
@@ -178,12 +177,7 @@ class HermesFormat(ToolFormat):
         eos = getattr(tokenizer, "eos_token", None)
         if ended_with_eos and eos and tail.startswith(eos):
             tail = tail[len(eos) :]
-        found = [int(m.group(1)) for m in self._TOOLS.finditer(tail)]
-        if found != list(range(len(outputs))):
-            raise ConfigError(f"the chat template rendered {len(found)} of {len(outputs)} tool outputs, or "
-                              "out of order; cannot bridge turns")
-        # One pass over the template's text: an output that holds a placeholder's text stays as it is.
-        return self._TOOLS.sub(lambda m: outputs[int(m.group(1))], tail)
+        return tail
 
 
 def _request(obj: Any, body: str, tool_names: Sequence[str], key: str) -> Parsed:

@@ -41,14 +41,14 @@ def pytest_configure(config):
                               sys.executable, _SPINNER], capture_output=True, text=True, check=True)
         pids.append(int(out.stdout))
     config._busy_spinners = pids
-    # The socket files of the vLLM engines the tests start, and of the vLLM servers (child
-    # processes inherit the directory), in one directory removed when the run exits.
-    import importlib.util
+    # The socket files of the vLLM engines and servers the tests start (child processes inherit
+    # the variable) in a directory of the run's own, removed when it ends; to the engines it is
+    # a directory the user chose.
+    import tempfile
 
-    if importlib.util.find_spec("vllm") is not None:
-        from agentenv.engines.vllm_core import own_rpc_dir
-
-        own_rpc_dir()
+    config._vllm_sockets = None
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        config._vllm_sockets = os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="vllm-", dir="/tmp")
     # Only the run the user started has a run beside it (the one beside never starts another).
     config._beside = None
     if config.getoption("--beside", False) and not os.environ.get("AGENTENV_BESIDE"):
@@ -67,6 +67,10 @@ def pytest_unconfigure(config):
             pass
     if getattr(config, "_beside", None) is not None:
         config._beside.stop()
+    if getattr(config, "_vllm_sockets", None):
+        import shutil
+
+        shutil.rmtree(config._vllm_sockets, ignore_errors=True)
 
 
 def pytest_report_header(config):

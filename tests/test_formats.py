@@ -72,23 +72,37 @@ def test_hermes_bridge_matches_the_chat_template_exactly(tokenizer, ended_with_e
 
 
 def test_hermes_observation_puts_each_output_once_whatever_the_outputs_hold(tokenizer):
-    """Each output goes where the template put it, once: an output holding another's placeholder
-    text (``print`` can write anything) keeps it as text, and is not filled in."""
+    """Each output goes where the template put it, once, as text (``print`` can write anything,
+    the assistant's marker included)."""
     f = HermesFormat()
-    outputs = [f"a {f._T.format(1)} b", "second", "\x00TOOL0\x00"]
+    outputs = [f"a {f._A} b", "second", "\x00TOOL0\x00 \\1 \\g<0>"]
     obs = f.observation(outputs, tokenizer, False)
     assert [obs.count(o) for o in outputs] == [1, 1, 1]
     assert obs.index(outputs[0]) < obs.index("second") < obs.index(outputs[2])
-    assert obs.count("second") == 1
 
 
-def test_hermes_observation_names_a_template_that_drops_a_tool_output(tokenizer):
+# A template that trims and escapes a tool's output: the observation is what it renders.
+ESCAPING = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'tool' %}{{ m['content'] | trim | e }}{% else %}{{ m['content'] }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_hermes_observation_is_what_a_template_that_transforms_tool_outputs_renders(tokenizer):
     f = HermesFormat()
-    drops = copy.copy(tokenizer)
-    drops.chat_template = tokenizer.chat_template.replace("<tool_response>\n{{ m['content'] }}", "<tool_response>\n")
-    assert drops.chat_template != tokenizer.chat_template
-    with pytest.raises(ConfigError, match="rendered 0 of 1 tool outputs"):
-        f.observation(["3"], drops, False)
+    escaping = copy.copy(tokenizer)
+    escaping.chat_template = ESCAPING
+    msgs = [{"role": "user", "content": "go"}]
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(x)"}}</tool_call>'
+    outputs = ['x = "a<b"\n', "  second  "]
+    obs = f.observation(outputs, escaping, False)
+    prompt = escaping.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    full = escaping.apply_chat_template(
+        msgs + [{"role": "assistant", "content": call}] + [{"role": "tool", "content": o} for o in outputs],
+        tokenize=False, add_generation_prompt=True)
+    assert prompt + call + obs == full
+    assert "x = &#34;a&lt;b&#34;<|im_end|>" in obs and "\nsecond<|im_end|>" in obs
 
 
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'

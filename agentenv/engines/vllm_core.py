@@ -35,7 +35,9 @@ import gc
 import logging
 import os
 import shutil
+import sys
 import tempfile
+import threading
 from typing import Any, Awaitable, Callable
 
 import anyio
@@ -47,48 +49,92 @@ log = logging.getLogger(__name__)
 
 
 _RPC_PREFIX = "agentenv-vllm-"
+_rpc_lock = threading.Lock()
+_live: set[int] = set()  # the ids of this process's AsyncLLMs, started and not yet shut down
+
+
+def _ours(path: str | None) -> bool:
+    return bool(path) and os.path.basename(path).startswith(f"{_RPC_PREFIX}{os.getpid()}-")
 
 
 def own_rpc_dir() -> str:
-    """The directory this process's vLLM engines put their ZMQ sockets in, made on first use
-    and removed when the process exits.
+    """The directory this process's vLLM engines put their ZMQ sockets in: made for the first
+    engine, removed when the last one is shut down (:func:`release_rpc_dir`) and when the
+    process exits.
 
     vLLM names its ZMQ endpoints ``ipc://$VLLM_RPC_BASE_PATH/<uuid4>`` (by default the temp
     dir), and the engine core and its workers are stopped rather than closed, so every engine
     leaves seven socket files there, a clean shutdown included. Here they land in one directory
-    per process, named with its pid. vLLM reads the variable until its first engine is up (then
-    caches it), and child processes inherit it, so it is set in ``os.environ`` before the first
-    engine starts. A ``VLLM_RPC_BASE_PATH`` that the user set is theirs and kept; one inherited
-    from another agentenv process is replaced, as that process removes its directory when it
-    exits. A process killed with SIGKILL leaves its directory (one, not seven files an engine).
+    per process, named with its pid. vLLM's processes read the variable when they start (they
+    inherit it), so it is set in ``os.environ``. A ``VLLM_RPC_BASE_PATH`` that the user set is
+    theirs and kept; one inherited from another agentenv process is replaced, as that process
+    removes its own. A process killed with SIGKILL leaves its directory (one, not seven files an
+    engine).
 
-    A socket's path is at most ``zmq.IPC_PATH_MAX_LEN`` (107 on Linux) long: where the
+    A socket's path is at most ``zmq.IPC_PATH_MAX_LEN`` bytes (107 on Linux): where the
     directory would make vLLM's names longer than that (a deep temp dir), vLLM's default is kept."""
     import zmq
 
-    current = os.environ.get("VLLM_RPC_BASE_PATH")
-    if current and not os.path.basename(current).startswith(_RPC_PREFIX):
-        return current
-    if current and os.path.basename(current).startswith(f"{_RPC_PREFIX}{os.getpid()}-"):
-        return current
-    path = tempfile.mkdtemp(prefix=f"{_RPC_PREFIX}{os.getpid()}-")
-    if len(path) + len("/") + 36 > getattr(zmq, "IPC_PATH_MAX_LEN", 107):  # vLLM's names: a uuid4
-        os.rmdir(path)
-        os.environ.pop("VLLM_RPC_BASE_PATH", None)
-        return tempfile.gettempdir()
-    os.environ["VLLM_RPC_BASE_PATH"] = path
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
+    with _rpc_lock:
+        current = os.environ.get("VLLM_RPC_BASE_PATH")
+        if current and not os.path.basename(current).startswith(_RPC_PREFIX):
+            return current
+        if _ours(current):
+            return current
+        path = tempfile.mkdtemp(prefix=f"{_RPC_PREFIX}{os.getpid()}-")
+        if len(os.fsencode(path)) + len("/") + 36 > getattr(zmq, "IPC_PATH_MAX_LEN", 107):  # vLLM's names: a uuid4
+            os.rmdir(path)
+            os.environ.pop("VLLM_RPC_BASE_PATH", None)
+            return tempfile.gettempdir()
+        os.environ["VLLM_RPC_BASE_PATH"] = path
+        atexit.register(_remove, path, os.getpid())
+        return path
+
+
+def release_rpc_dir(llm: Any) -> None:
+    """``llm`` was shut down: with it the process's last engine, its socket directory is
+    removed (and the variable unset: a process this one starts later, a ``vllm serve``, must
+    not inherit a directory that is gone)."""
+    with _rpc_lock:
+        _live.discard(id(llm))
+        current = os.environ.get("VLLM_RPC_BASE_PATH")
+        if not _live and _ours(current):
+            os.environ.pop("VLLM_RPC_BASE_PATH")
+            shutil.rmtree(current, ignore_errors=True)
+
+
+def _remove(path: str, pid: int) -> None:
+    if os.getpid() == pid:  # not in a child forked after the directory was made
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _uses_ray(args: dict[str, Any]) -> bool:
+    """Whether vLLM will start this engine's workers as Ray actors. It copies its ``VLLM_*``
+    variables to them, on whichever node each lands, where this process's directory does not
+    exist: such an engine keeps vLLM's default."""
+    if "ray" in (args.get("distributed_executor_backend"), args.get("data_parallel_backend")):
+        return True
+    world = int(args.get("tensor_parallel_size") or 1) * int(args.get("pipeline_parallel_size") or 1)
+    ray = sys.modules.get("ray")
+    return world > 1 and args.get("distributed_executor_backend") is None and ray is not None and ray.is_initialized()
 
 
 async def start_llm(args: dict[str, Any]) -> Any:
     """A new ``AsyncLLM`` from ``AsyncEngineArgs(**args)``, started on a worker thread (the
     engine core process takes seconds to come up), its sockets in :func:`own_rpc_dir`."""
-    own_rpc_dir()
+    if not _uses_ray(args):
+        own_rpc_dir()
+    else:
+        with _rpc_lock:
+            if _ours(os.environ.get("VLLM_RPC_BASE_PATH")):
+                os.environ.pop("VLLM_RPC_BASE_PATH")  # the engines using it keep their sockets' names
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
+    llm = await anyio.to_thread.run_sync(lambda: AsyncLLM.from_engine_args(AsyncEngineArgs(**args)))
+    with _rpc_lock:
+        _live.add(id(llm))
+    return llm
 
 
 class VLLMCore:
@@ -253,6 +299,7 @@ def shut_down(llm: Any) -> None:
     enough) it fails with a traceback ("Exception ignored in AsyncLLM.__del__")."""
     llm.shutdown()
     llm.shutdown = _nothing  # an instance attribute: __del__'s self.shutdown() finds it first
+    release_rpc_dir(llm)
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:

@@ -324,6 +324,7 @@ def test_a_clean_shutdown_logs_no_error(model_dir, tmp_path):
     import sys
 
     script = f"""if __name__ == "__main__":
+    import os
     import time
 
     import anyio
@@ -344,15 +345,17 @@ def test_a_clean_shutdown_logs_no_error(model_dir, tmp_path):
     async def main():
         eng = await VLLMEngine.create({model_dir!r}, max_model_len=512)
         g = await eng.generate(testing.chat_prompt(eng, "Compute 1 + 1."), SamplingParams(max_tokens=4), "x")
+        sockets = os.environ["VLLM_RPC_BASE_PATH"]
         await eng.aclose()
         print("generated", len(g.token_ids))
+        print("sockets in", sockets, "after the close:", os.path.exists(sockets), os.environ.get("VLLM_RPC_BASE_PATH"))
 
     anyio.run(main)
 """
     (tmp_path / "run.py").write_text(script)
     # The run's own temp dir, where vLLM names its ZMQ sockets: short, as a socket's path is
     # at most 107 characters long.
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         env = {**os.environ, "TMPDIR": tmp}
         env.pop("VLLM_RPC_BASE_PATH", None)
         out = subprocess.run([sys.executable, str(tmp_path / "run.py")], capture_output=True, text=True,
@@ -363,6 +366,8 @@ def test_a_clean_shutdown_logs_no_error(model_dir, tmp_path):
     for bad in ("EngineDeadError", "Traceback", "Exception ignored", " ERROR "):
         assert bad not in logs, logs[-3000:]
     assert not left, f"the run left {len(left)} of vLLM's socket files behind in its temp dir: {left}"
+    # The engine's own directory, gone with the process's last engine (not only at its exit).
+    assert f"sockets in {tmp}/agentenv-vllm-" in out.stdout and "after the close: False None" in out.stdout, out.stdout
 
 
 def make_lora_adapter(model_dir: str, out: str, rank: int = 8) -> str:

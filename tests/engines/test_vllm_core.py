@@ -17,8 +17,8 @@ import anyio
 import psutil
 import pytest
 
-from agentenv.engines.vllm_core import VLLMCore, core_alive, core_processes, own_rpc_dir, set_priority, \
-    shut_down, stop_output_handler
+from agentenv.engines.vllm_core import VLLMCore, _uses_ray, core_alive, core_processes, own_rpc_dir, release_rpc_dir, \
+    set_priority, shut_down, stop_output_handler
 from agentenv.errors import EngineError
 
 from ..waiting import wait_for
@@ -218,7 +218,7 @@ def test_vllms_sockets_go_to_one_directory_of_this_process(temp_dir):
 
 
 def test_a_directory_inherited_from_another_process_is_replaced_and_the_users_own_kept(temp_dir, monkeypatch):
-    parents = os.path.join(temp_dir, "agentenv-vllm-1-abcdefgh")  # removed when that process exits
+    parents = os.path.join(temp_dir, f"agentenv-vllm-{os.getpid() + 1}-abcdefgh")  # that process removes it
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", parents)
     path = own_rpc_dir()
     assert path != parents and os.path.basename(path).startswith(f"agentenv-vllm-{os.getpid()}-")
@@ -238,3 +238,20 @@ def test_a_temp_dir_too_deep_for_a_sockets_path_keeps_vllms_default(temp_dir, mo
     assert len(deep) + 1 + 36 <= 107  # vLLM's own names fit; the directory's would not
     assert own_rpc_dir() == deep
     assert "VLLM_RPC_BASE_PATH" not in os.environ and os.listdir(deep) == []
+
+
+def test_the_directory_goes_with_the_last_engine_and_a_ray_engine_keeps_vllms_default(temp_dir, monkeypatch):
+    from agentenv.engines import vllm_core
+
+    path = own_rpc_dir()
+    first, second = object(), object()  # two engines' AsyncLLMs, the process's only ones
+    monkeypatch.setattr(vllm_core, "_live", {id(first), id(second)})
+    release_rpc_dir(first)
+    assert os.path.isdir(path) and os.environ["VLLM_RPC_BASE_PATH"] == path  # the second still runs
+    release_rpc_dir(second)
+    assert not os.path.exists(path) and "VLLM_RPC_BASE_PATH" not in os.environ
+    again = own_rpc_dir()  # a later engine gets a new one
+    assert os.path.isdir(again) and again != path
+    # vLLM copies its variables to the Ray actors it starts, on nodes where the directory is not.
+    assert _uses_ray({"distributed_executor_backend": "ray"}) and _uses_ray({"data_parallel_backend": "ray"})
+    assert not _uses_ray({"tensor_parallel_size": 1}) and not _uses_ray({"distributed_executor_backend": "mp"})
