@@ -75,24 +75,29 @@ def test_hermes_observation_puts_each_output_once_whatever_the_outputs_hold(toke
     """Each output goes where the template put it, once, as text (``print`` can write anything,
     the assistant's marker included)."""
     f = HermesFormat()
-    outputs = [f"a {f._A} b", "second", "\x00TOOL0\x00 \\1 \\g<0>"]
+    outputs = [f"a {f._A} \x00TOOL1\x00 b", "second", "\x00TOOL0\x00 \\1 \\g<0>"]
     obs = f.observation(outputs, tokenizer, False)
     assert [obs.count(o) for o in outputs] == [1, 1, 1]
     assert obs.index(outputs[0]) < obs.index("second") < obs.index(outputs[2])
 
 
-# A template that trims and escapes a tool's output: the observation is what it renders.
-ESCAPING = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'tool' %}{{ m['content'] | trim | e }}{% else %}{{ m['content'] }}{% endif %}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+def _writing_tool_outputs(how: str) -> str:
+    """A chat template that writes a tool's output through ``how``."""
+    return ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{% if m['role'] == 'tool' %}" + how + "{% else %}{{ m['content'] }}{% endif %}"
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def test_hermes_observation_is_what_a_template_that_transforms_tool_outputs_renders(tokenizer):
+@pytest.mark.parametrize("how, written", [
+    ("{{ m['content'] | trim | e }}", ["x = &#34;a&lt;b&#34;<|im_end|>", "\nsecond<|im_end|>"]),
+    # Llama 3.1-4's templates: a string is iterable in Jinja, so a tool's output is written as JSON.
+    ("{% if m.content is mapping or m.content is iterable %}{{ m.content | tojson }}{% else %}{{ m.content }}"
+     "{% endif %}", ['"x = \\"a<b\\"\\n"<|im_end|>', '"  second  "<|im_end|>']),
+])
+def test_hermes_observation_is_what_a_template_that_transforms_tool_outputs_renders(tokenizer, how, written):
     f = HermesFormat()
     escaping = copy.copy(tokenizer)
-    escaping.chat_template = ESCAPING
+    escaping.chat_template = _writing_tool_outputs(how)
     msgs = [{"role": "user", "content": "go"}]
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(x)"}}</tool_call>'
     outputs = ['x = "a<b"\n', "  second  "]
@@ -102,7 +107,7 @@ def test_hermes_observation_is_what_a_template_that_transforms_tool_outputs_rend
         msgs + [{"role": "assistant", "content": call}] + [{"role": "tool", "content": o} for o in outputs],
         tokenize=False, add_generation_prompt=True)
     assert prompt + call + obs == full
-    assert "x = &#34;a&lt;b&#34;<|im_end|>" in obs and "\nsecond<|im_end|>" in obs
+    assert all(w in obs for w in written), obs
 
 
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'
