@@ -18,7 +18,11 @@ client per program there, :class:`ElsewhereAgent`): this process then runs only 
 gateway, so its CPU per token is the gateway path's own cost, without any agent's
 (``gateway_overhead_ratio_agents_elsewhere``). Then ``--alone`` agent programs run one at a
 time: with nothing else waiting and the engine at no cost, a call's latency as the SDK sees it
-is what the gateway (with the client and the reactor) adds to a call (``gateway_added_ms_p99``).
+is the gateway's, the client's and the reactor's (``call_ms_p99``). Last, the same agents run
+against the gateway's own server with nothing behind it (:class:`BareGateway`, a fixed reply):
+their CPU there is the HTTP stack's and their clients', the floor under any gateway
+(``floor_ratio_*``: floor plus the native path, over the native path), and the p99 a call takes
+there, less the p99 through the gateway, is what the gateway adds (``gateway_added_ms_p99``).
 Last line: ``gateway_overhead_ratio: X``, HTTP (openai SDK agents in this process) µs/token over
 in-process µs/token.
 """
@@ -41,6 +45,9 @@ import anyio.abc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentenv import AgentEnvironment, Environment, Reactor, RolloutConfig, Task  # noqa: E402
+from agentenv.gateway.replies import Reply  # noqa: E402
+from agentenv.gateway.responses import completion_body  # noqa: E402
+from agentenv.gateway.server import Gateway  # noqa: E402
 from agentenv.testing import InstantEngine  # noqa: E402
 
 
@@ -252,11 +259,57 @@ async def measure(env, programs: int, tokens: int, *, one_at_a_time: bool = Fals
             "gateway": trajs[0].metadata.get("gateway") if trajs else None}
 
 
-def latency_line(name: str, xs: list[float]) -> str:
+class BareGateway(Gateway):
+    """The gateway's own server, routes and per-program clients with nothing behind them: a
+    chat request's body is read as the gateway reads it and answered with one fixed completion
+    of the bench's reply (``tokens`` filler tokens). Agents through it cost the HTTP stack and
+    their own clients only: the floor under the gateway path, whatever the gateway does."""
+
+    def __init__(self, tokenizer: Any, tokens: int) -> None:
+        super().__init__("bare", tokenizer=tokenizer)
+        text = tokenizer.decode([InstantEngine(tokenizer).filler] * tokens)
+        usage = {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens}
+        self.answer = completion_body("chatcmpl-bare", "bare", Reply(text), "length", usage, None)
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        self.requests += 1
+        await self._body(request)
+        return JSONResponse(self.answer)
+
+
+async def measure_bare(env: HttpAgent, programs: int, tokens: int, *, one_at_a_time: bool = False) -> dict:
+    """``env``'s agents against a :class:`BareGateway`: this process's CPU per token (the
+    agents' clients and the HTTP stack) and tokens per second, as :func:`measure` gives them."""
+    gateway = BareGateway(_TOKENIZER[0], tokens)
+    await gateway.start()
+    limit = anyio.CapacityLimiter(1 if one_at_a_time else programs)
+
+    async def one(task: Task) -> None:
+        async with limit:
+            await env.agent(task, gateway.client(f"bare-{task.id}", 600.0), gateway.model_name)
+
+    try:
+        c0, t0 = time.process_time(), time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for task in env.tasks(programs):
+                tg.start_soon(one, task)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        await gateway.aclose()
+    sampled = programs * env.calls * tokens
+    return {"us_per_token": 1e6 * cpu / sampled, "tok_s": sampled / wall, "calls": gateway.requests}
+
+
+def p99(xs: list[float]) -> float:
     xs = sorted(xs)
-    p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+
+
+def latency_line(name: str, xs: list[float]) -> str:
     return (f"{name} call latency as the agent sees it: p50 {1e3 * statistics.median(xs):.1f} ms, "
-            f"p99 {1e3 * p99:.1f} ms ({len(xs)} calls)")
+            f"p99 {1e3 * p99(xs):.1f} ms ({len(xs)} calls)")
 
 
 def main() -> None:
@@ -282,7 +335,12 @@ def main() -> None:
     http = anyio.run(measure, HttpAgent(a.calls, a.tokens), a.programs, a.tokens)
     http_lat, HttpAgent.latencies = list(HttpAgent.latencies), []
     alone = anyio.run(lambda: measure(HttpAgent(a.calls, a.tokens), a.alone, a.tokens, one_at_a_time=True))
-    alone_lat = list(HttpAgent.latencies)
+    alone_lat, HttpAgent.latencies = list(HttpAgent.latencies), []
+    bare_raw = anyio.run(measure_bare, HttpAgent(a.calls, a.tokens, raw=True), a.programs, a.tokens)
+    bare_sdk = anyio.run(measure_bare, HttpAgent(a.calls, a.tokens), a.programs, a.tokens)
+    HttpAgent.latencies = []
+    anyio.run(lambda: measure_bare(HttpAgent(a.calls, a.tokens), a.alone, a.tokens, one_at_a_time=True))
+    bare_lat = list(HttpAgent.latencies)
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}  cpus: {os.cpu_count()}")
     runs = (("in-process", native), ("http, agents elsewhere", away), ("http httpx", raw), ("http openai", http))
     for name, r in runs:
@@ -292,16 +350,25 @@ def main() -> None:
         if r["first_error"]:
             print(f"{name} first failure: {r['first_error']}")
     for name, xs in (("elsewhere", ElsewhereAgent.latencies), ("httpx", raw_lat), ("openai", http_lat),
-                     ("openai, one program at a time", alone_lat)):
+                     ("openai, one program at a time", alone_lat),
+                     ("openai, one program at a time, bare endpoint", bare_lat)):
         if xs:
             print(latency_line(name, xs))
     print(f"gateway's own CPU per call (agents elsewhere, {a.tokens} tokens a call): "
           f"{away['us_per_token'] * a.tokens / 1e3:.2f} ms; in-process program's per turn: "
           f"{native['us_per_token'] * a.tokens / 1e3:.2f} ms")
-    if alone_lat:
-        xs = sorted(alone_lat)
-        print(f"gateway_added_ms_p99: {1e3 * xs[min(len(xs) - 1, int(0.99 * len(xs)))]:.2f} "
-              f"(one program at a time, the engine at no cost: the whole call as the openai SDK sees it)")
+    native_us = native["us_per_token"]
+    print(f"floor, the same server and clients with nothing behind them: httpx {bare_raw['us_per_token']:.2f} "
+          f"µs/token, {bare_raw['tok_s']:.0f} tok/s; openai {bare_sdk['us_per_token']:.2f} µs/token, "
+          f"{bare_sdk['tok_s']:.0f} tok/s")
+    print(f"floor_ratio_httpx_client: {(bare_raw['us_per_token'] + native_us) / native_us:.2f} "
+          f"(the least an HTTP path with these agents in this process could cost: floor + native, over native)")
+    print(f"floor_ratio_openai: {(bare_sdk['us_per_token'] + native_us) / native_us:.2f}")
+    if alone_lat and bare_lat:
+        print(f"call_ms_p99: {1e3 * p99(alone_lat):.2f} (one program at a time, the engine at no cost: the whole "
+              f"call as the openai SDK sees it; against the bare endpoint {1e3 * p99(bare_lat):.2f})")
+        print(f"gateway_added_ms_p99: {1e3 * (p99(alone_lat) - p99(bare_lat)):.2f} (the call's p99 through the "
+              f"gateway less its p99 against the bare endpoint, same SDK client)")
     print(f"gateway figures of one program: {http['gateway']}")
     print(f"gateway_overhead_ratio_agents_elsewhere: {away['us_per_token'] / native['us_per_token']:.2f}")
     print(f"gateway_overhead_ratio_httpx_client: {raw['us_per_token'] / native['us_per_token']:.2f}")
