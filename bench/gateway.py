@@ -21,8 +21,12 @@ time: with nothing else waiting and the engine at no cost, a call's latency as t
 is the gateway's, the client's and the reactor's (``call_ms_p99``). Last, the same agents run
 against the gateway's own server with nothing behind it (:class:`BareGateway`, a fixed reply):
 their CPU there is the HTTP stack's and their clients', the floor under any gateway
-(``floor_ratio_*``: floor plus the native path, over the native path), and the p99 a call takes
-there, less the p99 through the gateway, is what the gateway adds (``gateway_added_ms_p99``).
+(``floor_ratio_*``: floor plus the native path, over the native path); a call's p99 through the
+gateway less its p99 there, one program at a time, is what the gateway adds
+(``gateway_added_ms_p99``).
+The in-process and agents-elsewhere runs are made again with the garbage collector at Python's
+own thresholds instead of the reactor's (``agentenv.reactor.GC_THRESHOLD``):
+``collector_cpu_ratio`` is the CPU per token with Python's over that with the reactor's.
 Last line: ``gateway_overhead_ratio: X``, HTTP (openai SDK agents in this process) µs/token over
 in-process µs/token.
 """
@@ -30,6 +34,7 @@ in-process µs/token.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import ssl
@@ -45,6 +50,7 @@ import anyio.abc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentenv import AgentEnvironment, Environment, Reactor, RolloutConfig, Task  # noqa: E402
+from agentenv import reactor as reactor_module  # noqa: E402
 from agentenv.gateway.replies import Reply  # noqa: E402
 from agentenv.gateway.responses import completion_body  # noqa: E402
 from agentenv.gateway.server import Gateway  # noqa: E402
@@ -212,8 +218,9 @@ async def load_process(port: int) -> None:
                 tg.start_soon(run, json.loads(line))
 
 
-async def measure_elsewhere(env: ElsewhereAgent, programs: int, tokens: int) -> dict:
-    """:func:`measure` with the agents in a ``--load-process`` started for it."""
+async def measure_elsewhere(env: ElsewhereAgent, programs: int, tokens: int, how: Any = None) -> dict:
+    """``how`` (:func:`measure`, or :func:`measure_bare`) with the agents in a
+    ``--load-process`` started for it."""
     async with await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0) as listener:
         port = listener.extra(anyio.abc.SocketAttribute.local_port)
         proc = await anyio.open_process([sys.executable, __file__, "--load-process", str(port)], stdout=None,
@@ -229,7 +236,7 @@ async def measure_elsewhere(env: ElsewhereAgent, programs: int, tokens: int) -> 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(listener.serve, accept)
                 await accepted.wait()
-                result = await measure(env, programs, tokens)
+                result = await (how or measure)(env, programs, tokens)
                 tg.cancel_scope.cancel()
         finally:
             if env.stream is not None:
@@ -279,7 +286,8 @@ class BareGateway(Gateway):
         return JSONResponse(self.answer)
 
 
-async def measure_bare(env: HttpAgent, programs: int, tokens: int, *, one_at_a_time: bool = False) -> dict:
+async def measure_bare(env: HttpAgent | ElsewhereAgent, programs: int, tokens: int, *,
+                       one_at_a_time: bool = False) -> dict:
     """``env``'s agents against a :class:`BareGateway`: this process's CPU per token (the
     agents' clients and the HTTP stack) and tokens per second, as :func:`measure` gives them."""
     gateway = BareGateway(_TOKENIZER[0], tokens)
@@ -327,9 +335,13 @@ def main() -> None:
         anyio.run(measure, env, 4, a.tokens)
     anyio.run(measure_elsewhere, ElsewhereAgent(a.calls, a.tokens), 4, a.tokens)
     native = anyio.run(measure, Native(a.calls), a.programs, a.tokens)
+    tuned, reactor_module.GC_THRESHOLD = reactor_module.GC_THRESHOLD, None  # the collector as Python sets it
+    native_gc = anyio.run(measure, Native(a.calls), a.programs, a.tokens)
+    away_gc = anyio.run(measure_elsewhere, ElsewhereAgent(a.calls, a.tokens), a.programs, a.tokens)
+    reactor_module.GC_THRESHOLD = tuned
     ElsewhereAgent.latencies = []
     away = anyio.run(measure_elsewhere, ElsewhereAgent(a.calls, a.tokens), a.programs, a.tokens)
-    HttpAgent.latencies = []
+    away_lat, HttpAgent.latencies = list(ElsewhereAgent.latencies), []
     raw = anyio.run(measure, HttpAgent(a.calls, a.tokens, raw=True), a.programs, a.tokens)
     raw_lat, HttpAgent.latencies = list(HttpAgent.latencies), []
     http = anyio.run(measure, HttpAgent(a.calls, a.tokens), a.programs, a.tokens)
@@ -337,6 +349,7 @@ def main() -> None:
     alone = anyio.run(lambda: measure(HttpAgent(a.calls, a.tokens), a.alone, a.tokens, one_at_a_time=True))
     alone_lat, HttpAgent.latencies = list(HttpAgent.latencies), []
     bare_raw = anyio.run(measure_bare, HttpAgent(a.calls, a.tokens, raw=True), a.programs, a.tokens)
+    bare_away = anyio.run(measure_elsewhere, ElsewhereAgent(a.calls, a.tokens), a.programs, a.tokens, measure_bare)
     bare_sdk = anyio.run(measure_bare, HttpAgent(a.calls, a.tokens), a.programs, a.tokens)
     HttpAgent.latencies = []
     anyio.run(lambda: measure_bare(HttpAgent(a.calls, a.tokens), a.alone, a.tokens, one_at_a_time=True))
@@ -349,7 +362,7 @@ def main() -> None:
     for name, r in runs[1:]:
         if r["first_error"]:
             print(f"{name} first failure: {r['first_error']}")
-    for name, xs in (("elsewhere", ElsewhereAgent.latencies), ("httpx", raw_lat), ("openai", http_lat),
+    for name, xs in (("elsewhere", away_lat), ("httpx", raw_lat), ("openai", http_lat),
                      ("openai, one program at a time", alone_lat),
                      ("openai, one program at a time, bare endpoint", bare_lat)):
         if xs:
@@ -358,9 +371,16 @@ def main() -> None:
           f"{away['us_per_token'] * a.tokens / 1e3:.2f} ms; in-process program's per turn: "
           f"{native['us_per_token'] * a.tokens / 1e3:.2f} ms")
     native_us = native["us_per_token"]
+    print(f"with the collector at Python's thresholds {gc.get_threshold()} (the reactor's first: {tuned}): "
+          f"in-process {native_gc['us_per_token']:.2f} µs/token, agents elsewhere {away_gc['us_per_token']:.2f}")
+    print(f"collector_cpu_ratio: {native_gc['us_per_token'] / native_us:.2f} in-process, "
+          f"{away_gc['us_per_token'] / away['us_per_token']:.2f} agents elsewhere (Python's thresholds over the "
+          "reactor's)")
     print(f"floor, the same server and clients with nothing behind them: httpx {bare_raw['us_per_token']:.2f} "
           f"µs/token, {bare_raw['tok_s']:.0f} tok/s; openai {bare_sdk['us_per_token']:.2f} µs/token, "
           f"{bare_sdk['tok_s']:.0f} tok/s")
+    print(f"floor_ratio_agents_elsewhere: {(bare_away['us_per_token'] + native_us) / native_us:.2f} (the bare "
+          f"server's own {bare_away['us_per_token']:.2f} µs/token, agents in another process)")
     print(f"floor_ratio_httpx_client: {(bare_raw['us_per_token'] + native_us) / native_us:.2f} "
           f"(the least an HTTP path with these agents in this process could cost: floor + native, over native)")
     print(f"floor_ratio_openai: {(bare_sdk['us_per_token'] + native_us) / native_us:.2f}")

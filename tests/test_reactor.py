@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+
 import anyio
 import pytest
 
-from agentenv import Group, Reactor, RolloutConfig, Trajectory, make
+from agentenv import Environment, Group, Reactor, RolloutConfig, Task, Trajectory, make
+from agentenv import reactor as reactor_module
+from agentenv.engines.instant import InstantEngine
 from agentenv.reactor import prepare_sessions
 from agentenv.formats import MalformedCall, ReToolFormat
 from agentenv.envs.retool_math import RetoolMathEnv
@@ -256,3 +260,68 @@ async def test_the_library_takes_the_envs_limits_as_the_cli_does(engine):
     for g, g2 in zip(groups, again):
         assert g.task.id == g2.task.id and g.id != g2.id and g.id.startswith(g.task.id + "#")
         assert {t.group_id for t in g.trajectories} == {g.id} and {t.group_id for t in g2.trajectories} == {g2.id}
+
+
+class _Threshold(Environment):
+    """Each reward notes the collector's first threshold, after waiting for ``go`` when given
+    one (``waiting`` is set then: the run is held open while another ends)."""
+
+    id = "test-collector"
+    max_turns = 1
+
+    def __init__(self, seen: list[int], go: anyio.Event | None = None) -> None:
+        super().__init__()
+        self.seen, self.go, self.waiting = seen, go, anyio.Event()
+
+    def tasks(self, n, seed=0):
+        return [Task(f"t/{i}", "Say x.") for i in range(n)]
+
+    def tools(self):
+        return []
+
+    async def reward(self, task, trajectory):
+        if self.go is not None:
+            self.waiting.set()
+            await self.go.wait()
+        self.seen.append(gc.get_threshold()[0])
+        return 0.0
+
+
+async def test_the_collector_runs_less_often_while_programs_run_and_as_it_was_after():
+    """While any run of a reactor is open the collector's first threshold is GC_THRESHOLD; the
+    thresholds are put back when the last open run ends, not the first."""
+    before = gc.get_threshold()
+    engine = InstantEngine(turn_tokens=4)
+    first, second, go = [], [], anyio.Event()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert reactor_module.GC_THRESHOLD is not None and reactor_module.GC_THRESHOLD > 700
+        held = Reactor(engine, _Threshold(second, go), None, RolloutConfig())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(held.collect, held.env.tasks(1), 1)
+            await held.env.waiting.wait()
+            await Reactor(engine, _Threshold(first), None, RolloutConfig()).collect(_Threshold(first).tasks(2), 2)
+            assert first == [reactor_module.GC_THRESHOLD] * 4
+            assert gc.get_threshold()[0] == reactor_module.GC_THRESHOLD, "the held run is still open"
+            go.set()
+        assert second == [reactor_module.GC_THRESHOLD]
+        assert gc.get_threshold() == (700, 10, 10)
+
+        gc.set_threshold(10 * reactor_module.GC_THRESHOLD, 5, 5)  # a higher one is the process's own: kept
+        await Reactor(engine, _Threshold(first), None, RolloutConfig()).collect(_Threshold(first).tasks(1), 1)
+        assert first[-1] == 10 * reactor_module.GC_THRESHOLD
+        assert gc.get_threshold() == (10 * reactor_module.GC_THRESHOLD, 5, 5)
+    finally:
+        gc.set_threshold(*before)
+
+
+async def test_gc_threshold_none_leaves_the_collector_alone(monkeypatch):
+    before, seen = gc.get_threshold(), []
+    monkeypatch.setattr(reactor_module, "GC_THRESHOLD", None)
+    try:
+        gc.set_threshold(700, 10, 10)
+        env = _Threshold(seen)
+        await Reactor(InstantEngine(turn_tokens=4), env, None, RolloutConfig()).collect(env.tasks(1), 1)
+        assert seen == [700] and gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)
