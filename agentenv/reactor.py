@@ -57,10 +57,10 @@ from .trajectory import Trajectory
 
 #: The cyclic garbage collector's first threshold while programs run (Python's is 700). Programs
 #: allocate containers by the million (token lists, request bodies, coroutines) and reference
-#: counting frees nearly all of them, but at 700 the collector runs thousands of times a run and
-#: its older generations walk every live program's state: about a third of this process's CPU
-#: per token with a thousand programs (``bench/gateway.py`` prints both). Cycles then wait for
-#: 50,000 allocations instead (a few MB). ``None`` leaves the collector as it is.
+#: counting frees nearly all of them, but at 700 the collector runs hundreds of times a run and
+#: its older generations walk every live program's state: with a thousand programs the CPU per
+#: token is 1.2-1.4x what it is at 50,000 (``bench/gateway.py`` prints both). Cycles then wait
+#: for 50,000 allocations instead (a few MB). ``None`` leaves the collector as it is.
 GC_THRESHOLD: int | None = 50_000
 _gc_lock = threading.Lock()
 _gc_open: list[Any] = [0, None]  # runs open in this process; the thresholds the first one found
