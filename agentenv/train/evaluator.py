@@ -31,7 +31,10 @@ class Evaluator:
     The evaluation before the first step is the baseline the others are compared with: the
     step loop waits for it (:meth:`wait_for_baseline`) before its first weight sync, so it sees
     only the starting weights. Each evaluation runs on a reactor of its own, so its programs
-    are not the checkpoint's in-flight work; a sync during it shows in the row's ``versions``."""
+    are not the checkpoint's in-flight work; a sync during it shows in the row's ``versions``.
+    Evaluations overlap training and each other, and a later one may finish first: each is
+    reported only after the one started before it, so ``eval.jsonl``, the trackers and the
+    summary's last row follow the steps."""
 
     def __init__(self, cfg: TrainConfig, engine: Any, env: Any, sandbox: Any, rollout: RolloutConfig, log: RunLog,
                  *, start_step: int) -> None:
@@ -40,6 +43,8 @@ class Evaluator:
         self._baseline = anyio.Event()
         if not self.baseline_due(start_step):
             self._baseline.set()
+        self._reported = anyio.Event()  # the evaluation started last has been reported (or ended)
+        self._reported.set()
 
     def baseline_due(self, start_step: int) -> bool:
         """Whether a run starting after ``start_step`` evaluates its starting weights."""
@@ -58,14 +63,20 @@ class Evaluator:
         report the row. If it fails, the caller's task group is cancelled, and with it a sync
         waiting for the baseline."""
         cfg, env = self.cfg, self.env
-        version, t_eval = self.engine.weight_version, time.perf_counter()
-        async with Reactor(self.engine, env, self.sandbox, self.rollout) as r:
-            ev = cfg.evaluation
-            groups = await r.collect(env.tasks(ev.eval_tasks, seed=EVAL_SEED - cfg.batch.seed), ev.eval_k)
-        if step == 0:
-            self._baseline.set()
-        trajectories = [t for g in groups for t in g.trajectories]
-        return self.log.evaluation(EvalRow.of(step, version, time.perf_counter() - t_eval, trajectories))
+        before, self._reported = self._reported, anyio.Event()
+        mine = self._reported
+        try:
+            version, t_eval = self.engine.weight_version, time.perf_counter()
+            async with Reactor(self.engine, env, self.sandbox, self.rollout) as r:
+                ev = cfg.evaluation
+                groups = await r.collect(env.tasks(ev.eval_tasks, seed=EVAL_SEED - cfg.batch.seed), ev.eval_k)
+            if step == 0:
+                self._baseline.set()
+            row = EvalRow.of(step, version, time.perf_counter() - t_eval, [t for g in groups for t in g.trajectories])
+            await before.wait()
+            return self.log.evaluation(row)
+        finally:
+            mine.set()
 
 
 __all__ = ["EVAL_SEED", "Evaluator"]
