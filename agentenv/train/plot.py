@@ -207,7 +207,7 @@ def figure(run: str | Path, window: int = 5) -> Figure:
         raise ConfigError(f"no metrics.jsonl at {path}")
     rows = _metrics_rows(path)
     evals = read_metrics(path.parent / "eval.jsonl") if (path.parent / "eval.jsonl").is_file() else []
-    evals.sort(key=lambda e: e["step"])  # rows are written as evaluations finish, which overlap training
+    evals.sort(key=lambda e: e["step"])  # a log written before evaluations were reported in step order
     curves = _Curves(rows, evals, window)
     fig = Figure(figsize=(16, 8.5))
     for draw, ax in zip(PANELS, fig.subplots(2, 3).flatten()):
