@@ -298,8 +298,10 @@ async def openai_loop(engine, tasks) -> list[dict]:
 def test_openai_requests_with_tools_make_calls_and_answer(hermes_engine):
     """Its training mixes in the OpenAI ``tools`` rendering: asked that way (no environment
     prompt), most samples write a well-formed python call, and after the tool's reply most of
-    those answer in ``\\boxed{}``."""
-    tasks = RetoolMathEnv(extra_digits=1).tasks(16, seed=5)
+    those answer in ``\\boxed{}``. Rates seen over 8 seeds of 16 tasks: 87.5 % call, 83 % of
+    those answer (the lowest seed 12 of 16 and 8 of 12). 32 tasks keep the bounds more than 4
+    standard deviations below them, whatever the batching samples."""
+    tasks = RetoolMathEnv(extra_digits=1).tasks(32, seed=5)
     results = anyio.run(openai_loop, hermes_engine, tasks)
     called = [r for r in results if r["calls"] and isinstance(r["calls"][0], ToolRequest)]
     assert len(called) >= 0.6 * len(tasks), [r["reply"] for r in results]
