@@ -8,6 +8,7 @@ Without Chromium or Playwright these tests fail, so that CI does not pass them u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -122,6 +123,19 @@ def page(browser):
     assert errors == [], errors  # no script error, no failed request
 
 
+@contextlib.contextmanager
+def served(page, viewer: Viewer):
+    """A server of the test's own, which the page leaves before it stops. The page polls a
+    run every second; a poll sent after the server stopped fails (a reset or refused
+    connection, a console error that the page fixture fails on) when the page closes more
+    than a poll later, as on a loaded machine."""
+    with ViewServer(viewer) as server:
+        try:
+            yield server
+        finally:
+            page.goto("about:blank")
+
+
 # The page's CSP forbids eval: a wait_for_function predicate is a function ("() => ..."),
 # which Playwright runs without evaluating a string in the page.
 def goto(page, server, route: str) -> None:
@@ -229,7 +243,7 @@ def test_a_group_side_by_side_with_its_advantages(page, made, shots, tmp_path):
     run.write_text("".join(json.dumps(r) + "\n" for r in rows))
     shutil.copy(made / "a.jsonl.log", tmp_path / "a.jsonl.log")
     assert len(members) == 4 and len({r["reward"] for r in members}) == 2
-    with ViewServer(Viewer([open_run(run)])) as server:
+    with served(page, Viewer([open_run(run)])) as server:
         goto(page, server, "#/run/0")
         page.click(f"tr.row[data-id='{members[0]['id']}'] a")
         page.wait_for_selector("#group .sample")
@@ -332,7 +346,7 @@ def test_a_step_that_measured_no_rate_is_not_drawn_at_zero(page, made, tmp_path)
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({**last, "step": busy, "gen_tokens_per_s": 0.0, "gen_idle_frac": 0.3}) + "\n")
         f.write(json.dumps({**last, "step": idle, "gen_tokens_per_s": 0.0, "gen_idle_frac": 1.0}) + "\n")
-    with ViewServer(Viewer([open_run(run)])) as server:
+    with served(page, Viewer([open_run(run)])) as server:
         goto(page, server, "#/run/0")
         dot = lambda step: page.locator(  # noqa: E731
             f"#chart-throughput circle[data-key='gen_tokens_per_s_measured'][data-step='{step}']")
@@ -418,7 +432,7 @@ def test_markup_in_a_run_shows_as_text_and_runs_nothing(page, made, shots, tmp_p
         assert page.evaluate("window.pwned === undefined")
         assert page.locator("#main img, #main script").count() == 0
 
-    with ViewServer(Viewer([open_run(out)])) as server:
+    with served(page, Viewer([open_run(out)])) as server:
         goto(page, server, "#/run/0")
         assert MARKUP in page.inner_text("#rows")
         nothing_ran()
@@ -445,7 +459,7 @@ def test_an_agent_programs_sequences_are_shown_with_their_roles(page, agent_roll
     lines = read_jsonl(agent_rollout)
     line = lines[0]
     seqs = Trajectory.from_dict(line).sequences()  # the trainer's rows: the main sequence, then each branch
-    with ViewServer(Viewer([open_run(agent_rollout)])) as server:
+    with served(page, Viewer([open_run(agent_rollout)])) as server:
         goto(page, server, "#/run/0")
         assert page.locator("tr.row td.branches").all_inner_texts() == ["2 · main, critic"] * len(lines)
         page.click(f"tr.row[data-id='{line['id']}'] td:first-child")
