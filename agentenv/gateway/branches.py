@@ -8,7 +8,10 @@ exactly as sampled and spliced; only the new messages are tokenized, as the chat
 renders them after a reply: the template renders the history with a marker in place of the
 last reply, once alone and once with the new messages and the generation prompt; the first
 rendering must be a prefix of the second up to the marker (the template does not rewrite the
-history), and what follows the marker is the glue (mask 0). The reply's own end of turn is
+history), and what follows the marker is the glue (mask 0). A template that opens its last
+message otherwise than one that others follow (Qwen3's empty think block) still extends when
+the history before the reply renders as it did and the reply's opening is one the generation
+prompt holds: the reply's ids are the ones sampled after that prompt. The reply's own end of turn is
 not repeated when the model sampled it.
 
 Any other request (history truncated, summarised, a swapped system prompt, a sub-agent's fresh
@@ -95,17 +98,38 @@ def glue_text(tokenizer: Any, history: list[dict[str, Any]], new: list[dict[str,
     # A marker no message can hold: one of fixed text, sent in a message, would be found
     # there first and the glue cut at the wrong place.
     mark = f"\x00AGENTENV-REPLY-{secrets.token_hex(16)}\x00"
-    marked = history[:-1] + [{"role": "assistant", "content": mark}]
-    alone = render(tokenizer, marked, tools, generation_prompt=False)
-    more = render(tokenizer, marked + new, tools, generation_prompt=True)
-    cut = alone.find(mark)
-    if cut < 0 or not more.startswith(alone[: cut + len(mark)]):
+    before = history[:-1]
+    marked = before + [{"role": "assistant", "content": mark}]
+    try:
+        alone = render(tokenizer, marked, tools, generation_prompt=False)
+        more = render(tokenizer, marked + new, tools, generation_prompt=True)
+    except MessageError:  # e.g. a template that checks each tool result against a call: a new branch
         return None
-    tail = more[cut + len(mark):]
+    cut, at = alone.find(mark), more.find(mark)
+    if cut < 0 or at < 0:
+        return None
+    if not more.startswith(alone[: cut + len(mark)]) and not _opens_alike(tokenizer, before, tools, more[:at]):
+        return None
+    tail = more[at + len(mark):]
     eos = getattr(tokenizer, "eos_token", None)
     if ended_with_eos and eos and tail.startswith(eos):
         tail = tail[len(eos):]
     return tail
+
+
+def _opens_alike(tokenizer: Any, before: list[dict[str, Any]], tools: list[dict[str, Any]], head: str) -> bool:
+    """Whether ``head``, a rendering's text up to the last reply's content once messages follow
+    it, is the history before that reply as the template wrote it when the reply was asked
+    for, then an opening of the reply that the generation prompt holds. A template may open
+    its last message otherwise (Qwen3 writes an empty think block only into a last assistant
+    message): the reply's ids are the ones sampled after that prompt either way."""
+    try:
+        written = render(tokenizer, before, tools, generation_prompt=False)
+        prompt = render(tokenizer, before, tools, generation_prompt=True)
+    except MessageError:
+        return False
+    return (head.startswith(written) and prompt.startswith(written)
+            and prompt[len(written):].startswith(head[len(written):]))
 
 
 def continues(sent: list[dict[str, Any]], history: list[dict[str, Any]]) -> bool:

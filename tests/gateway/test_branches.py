@@ -231,3 +231,66 @@ def test_a_control_token_written_in_a_tools_schema_or_a_calls_name_is_text(tok):
     shown = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert tok.decode(plan.input_ids) == shown
     assert [plan.input_ids.count(c) for c in controls] == [plain.input_ids.count(c) for c in controls]
+
+
+# tiny-hermes's template behind the guard some templates (gpt-oss's, MiniMax's) put on tool
+# results: a tool message must follow an assistant message that made a call.
+PAIRED = ("{%- for m in messages %}{%- if m.role == 'tool' and not messages[loop.index0 - 1].tool_calls %}"
+          "{{ raise_exception('a tool message without an earlier tool call') }}{%- endif %}{%- endfor %}")
+
+
+def test_a_template_that_pairs_tool_results_with_calls_starts_a_new_branch_not_an_error(tok):
+    """The glue is rendered with a marker in place of the reply, a message without its calls:
+    a template that refuses a tool result after it makes the request a new branch, rendered
+    whole (calls and all), not a 400 for a history the template takes."""
+    paired = with_template(tok, PAIRED + tok.chat_template)
+    call = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    branches = Branches(paired)
+    plan = branches.plan("main", ASK, ADD)
+    ids = paired.encode(text, add_special_tokens=False) + [paired.eos_token_id]
+    reply = assistant_message(None, [call])
+    branches.record(plan, ids, [-0.1] * len(ids), [2] * len(ids), reply, True)
+    messages = ASK + [reply, {"role": "tool", "tool_call_id": "call_0_0", "content": "5"}]
+    assert glue_text(paired, ASK + [reply], messages[-1:], ADD, True) is None
+    plan = branches.plan("main", messages, ADD)
+    assert plan.extends is None and paired.decode(plan.input_ids) == render(paired, messages, ADD,
+                                                                            generation_prompt=True)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    from agentenv.models.families import family_tokenizer
+
+    return family_tokenizer("qwen3", cache_dir=tmp_path_factory.mktemp("families"))
+
+
+def test_qwen3s_empty_think_block_in_a_last_reply_does_not_stop_a_tool_loop_extending(qwen3):
+    """Qwen3's template writes ``<think>\\n\\n</think>\\n\\n`` into an assistant message only
+    while it is the last one; the model samples its think block after the generation prompt
+    either way. A tool loop is one sequence: the sampled ids, then the template's glue, and
+    nothing else differs from the template's rendering of the conversation. A new user turn
+    after a reply with reasoning branches: the template drops earlier turns' reasoning then."""
+    im_end = qwen3.convert_tokens_to_ids("<|im_end|>")
+    call = {"name": "add", "arguments": {"a": 2, "b": 3}}
+    turns = [("<think>\nadd them\n</think>\n\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}"
+              "\n</tool_call>", assistant_message("<think>\nadd them\n</think>", [call]),
+              [{"role": "tool", "tool_call_id": "call_0_0", "content": "5"}]),
+             ("<think>\nsaid\n</think>\n\nIt is 5.", assistant_message("<think>\nsaid\n</think>\n\nIt is 5.", []),
+              [{"role": "user", "content": "And 4 + 4?"}])]
+    branches, messages, ids = Branches(qwen3), list(ASK), []
+    for text, reply, new in turns:
+        plan = branches.plan("main", messages, ADD)
+        sampled = qwen3.encode(text, add_special_tokens=False) + [im_end]
+        branches.record(plan, sampled, [-0.1] * len(sampled), [1] * len(sampled), reply, True)
+        ids.append((plan, sampled))
+        messages = messages + [reply] + new
+    (first, one), (second, two) = ids
+    assert second.extends is branches.all[0] and second.input_ids == first.input_ids + one + second.glue
+    assert qwen3.decode(second.glue) == ("\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
+                                         "<|im_start|>assistant\n")
+    whole = messages[:4]  # the tool loop: what the template renders of it, replies as sampled
+    assert qwen3.decode(second.input_ids) == render(qwen3, whole, ADD, generation_prompt=True)
+    plan = branches.plan("main", messages, ADD)  # the user's turn: the first reply's reasoning is dropped
+    assert plan.extends is None and "add them" not in qwen3.decode(plan.input_ids)
+    assert (branches.extended, branches.branched) == (1, 1)
