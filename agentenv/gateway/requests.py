@@ -5,6 +5,7 @@ session serves (a Responses request's items are translated by ``agentenv.gateway
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -13,10 +14,50 @@ from typing import Any
 from .items import function_tools, input_messages
 from .messages import MessageError, digest, normalise_all, normalise_tools
 
-#: Fields accepted and ignored: they change nothing a token-exact rollout records.
-_IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "stream_options", "service_tier",
-            "response_format", "frequency_penalty", "presence_penalty", "logit_bias", "modalities",
-            "reasoning_effort", "prediction", "audio", "web_search_options", "function_call", "functions"}
+log = logging.getLogger(__name__)
+
+#: Chat Completions fields the gateway reads.
+_CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "logprobs", "top_logprobs",
+                "temperature", "top_p", "seed", "stop", "max_tokens", "max_completion_tokens", "n"}
+#: Responses fields the gateway reads or refuses by name.
+_RESPONSES_FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "stream", "include", "top_logprobs",
+                     "temperature", "top_p", "max_output_tokens", "metadata", "parallel_tool_calls", "n",
+                     "store", "previous_response_id", "conversation", "prompt", "background", "context_management"}
+#: Fields accepted that change nothing the gateway does or records.
+_INERT = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+          "safety_identifier", "stream_options", "truncation"}
+#: Fields accepted and not applied: the gateway samples from the policy as it is (a penalty
+#: or a bias would make the recorded logprobs another distribution's) and constrains nothing
+#: (structured output, one call per turn). A value other than the default is logged once per
+#: field, so that an agent relying on one finds out.
+_NOT_APPLIED = {"parallel_tool_calls", "response_format", "frequency_penalty", "presence_penalty", "logit_bias",
+                "modalities", "reasoning_effort", "reasoning", "prediction", "audio", "web_search_options",
+                "max_tool_calls", "verbosity", "text"}
+_DEFAULTS = (None, 0, False, {}, [], {"type": "text"}, {"format": {"type": "text"}}, "auto", "disabled")
+_warned: set[str] = set()
+
+
+def _unused(body: dict[str, Any], read: set[str]) -> None:
+    """Log, once per field in a process, a field the gateway does not apply that asks for
+    something, and a field it does not know (a misspelt ``temprature`` changes nothing)."""
+    for key, value in body.items():
+        if key in read or key in _INERT or key in _warned:
+            continue
+        if key in _NOT_APPLIED:
+            if value in _DEFAULTS or (key == "parallel_tool_calls" and value is True):
+                continue
+            log.warning("the gateway does not apply %s=%r (it samples from the policy as it is and constrains "
+                        "nothing); it is accepted and ignored", key, value)
+        else:
+            log.warning("the gateway ignores the request field %r, which it does not know", key)
+        _warned.add(key)
+
+
+#: The chat API's deprecated function calling: the functions would be dropped, and the model
+#: told of no tool at all.
+_LEGACY = {"functions": 'send each function as a tool: tools=[{"type": "function", "function": {...}}]',
+           "function_call": 'send tool_choice ("auto", "none", "required" or {"type": "function", "function": '
+                            '{"name": ...}})'}
 
 
 class RequestError(ValueError):
@@ -83,6 +124,9 @@ def _choice(choice: Any, names: list[str]) -> Any:
     """The chat form of ``tool_choice``, checked: ``auto``, ``none``, ``required`` or a named
     function the request offers (OpenAI refuses any other; a name not among ``tools`` could
     never be called)."""
+    if choice == "required" and not names:
+        raise RequestError('tool_choice "required" asks for a tool call, and the request offers no tools',
+                           "tool_choice")
     if choice is None or (isinstance(choice, str) and choice in _TOOL_CHOICES):
         return choice
     fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
@@ -137,18 +181,29 @@ def _top_logprobs(body: dict[str, Any]) -> int:
 def parse_chat(body: Any) -> ChatRequest:
     """The checked request of a decoded Chat Completions body."""
     _common(body)
+    for key, fix in _LEGACY.items():
+        if body.get(key) is not None:
+            raise RequestError(f"{key} (the deprecated function calling) is not supported: {fix}", key,
+                               "unsupported_parameter")
+    _unused(body, _CHAT_FIELDS)
     try:
         messages, tools = normalise_all(body.get("messages")), normalise_tools(body.get("tools"))
     except MessageError as exc:
         raise RequestError(str(exc), "messages" if "message" in str(exc) else "tools") from None
-    top = _top_logprobs(body)
+    top, logprobs = _top_logprobs(body), _flag(body, "logprobs")
+    if top and not logprobs:
+        raise RequestError(f"top_logprobs={top} needs logprobs: true", "top_logprobs")
     max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
     opts = body.get("stream_options")
+    usage = opts.get("include_usage") if isinstance(opts, dict) else None
+    if (opts is not None and not isinstance(opts, dict)) or (usage is not None and not isinstance(usage, bool)):
+        raise RequestError(f"stream_options must be an object with include_usage true or false, got {opts!r}",
+                           "stream_options")
     names = [t["function"]["name"] for t in tools]
     return ChatRequest(
         model=body["model"], messages=messages, tools=tools, tool_choice=_choice(body.get("tool_choice"), names),
-        stream=_flag(body, "stream"), include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-        logprobs=_flag(body, "logprobs"), top_logprobs=top,
+        stream=_flag(body, "stream"), include_usage=bool(usage),
+        logprobs=logprobs, top_logprobs=top,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_top_p(body),
         seed=_int(body, "seed", -(2**63)), stop=_stop(body.get("stop")), max_tokens=max_tokens)
 
@@ -206,6 +261,7 @@ def parse_responses(body: Any) -> ResponsesRequest:
     """The checked request of a decoded Responses body (``POST /v1/responses``)."""
     _common(body)
     _refuse_state(body)
+    _unused(body, _RESPONSES_FIELDS)
     try:
         messages = normalise_all(input_messages(body.get("instructions"), body.get("input")))
         tools = function_tools(body.get("tools"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 import anyio
@@ -151,14 +152,40 @@ class ProgramSession:
             temperature, top_p, top_k = engine.sampling
         params = SamplingParams(max_tokens=cap, temperature=temperature, top_p=top_p, top_k=top_k,
                                 stop_token_ids=self.stop_ids + self._stop_ids(req.stop))
+        gen = await self._turn(ids, params, branch, f"{self.program}-{n}")
+        # An engine request aborted from outside (a trainer that aborts what is in flight before
+        # a weight sync, as verl's does) keeps what it sampled, and the turn goes on from there,
+        # as a native program's does: the agent gets a whole reply, the row every sampled id. An
+        # abort that sampled nothing, three times running, is the engine's failure (503; nothing
+        # is recorded).
+        stalls, attempt = int(not gen.token_ids), 0  # aborts in a row that sampled nothing
+        while gen.finish_reason == "abort":
+            if stalls >= ABORTS_WITHOUT_A_TOKEN:
+                self.engine_error = f"the engine aborted this request {stalls} times in a row before it sampled a token"
+                raise EngineError(self.engine_error)
+            done = len(gen.token_ids)
+            if done >= cap:
+                gen.finish_reason = "length"
+                break
+            attempt += 1
+            more = await self._turn(ids + gen.token_ids, replace(params, max_tokens=cap - done), branch,
+                                    f"{self.program}-{n}.{attempt}")
+            stalls = stalls + 1 if not more.token_ids else 0
+            gen = _joined(gen, more)
+        gen = _stopped(self.tokenizer, gen, req.stop)
+        self.sampled += len(gen.token_ids)
+        return gen
+
+    async def _turn(self, ids: list[int], params: SamplingParams, branch: int, request_id: str) -> Generation:
+        """One engine request of the branch, admitted by the program scheduler."""
         try:
-            priority = await self.hooks.before_turn(len(ids), cap)
+            priority = await self.hooks.before_turn(len(ids), params.max_tokens)
         except ProgramEndedError:
             raise SessionEnded from None
         gen: Generation | None = None
         try:
-            gen = await engine.generate_turn(f"{self.program}.{branch}", ids, params, f"{self.program}-{n}",
-                                             priority=priority)
+            gen = await self.engine.generate_turn(f"{self.program}.{branch}", ids, params, request_id,
+                                                  priority=priority)
         except Exception as exc:  # noqa: BLE001 - the engine's failure is the program's, recorded
             self.engine_error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, EngineError):
@@ -168,7 +195,6 @@ class ProgramSession:
             if not self.ended:  # an ended program has left the scheduler (its slot is gone)
                 self.hooks.after_turn(len(ids) + (len(gen.token_ids) if gen is not None else 0),
                                       gen.prompt_tokens - gen.cached_tokens if gen is not None else 0)
-        self.sampled += len(gen.token_ids)
         return gen
 
     def _stop_ids(self, stops: list[str]) -> tuple[int, ...]:
@@ -196,6 +222,10 @@ class ProgramSession:
         for reason in reply.malformed:
             self.tool_calls.append(ToolCall(n, "", {"raw": (reply.content or "")[:200]}, "", "malformed", 0.0, reason))
 
+
+#: Engine requests in a row that may end aborted with no token sampled before the call fails
+#: (503): an engine that aborts everything must not keep a call going.
+ABORTS_WITHOUT_A_TOKEN = 3
 
 #: A request whose messages and tools hold more characters than this is hashed, rendered and
 #: tokenized on a worker thread: that work grows with the whole history the request carries
@@ -228,7 +258,37 @@ async def _run(off_loop: bool, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _cut_at_stop(text: str, stops: list[str]) -> str:
-    """The visible text ends before the first stop string (the ids the engine sampled past a
-    stop string of several tokens stay in the trajectory: they were sampled)."""
+    """The visible text ends before the first stop string."""
     cuts = [text.find(s) for s in stops if s in text]
     return text[: min(cuts)] if cuts else text
+
+
+def _joined(first: Generation, then: Generation) -> Generation:
+    """One turn sampled in two engine requests (the first aborted): every id, logprob and
+    version of both; the second's end; the first's prompt, cache and admission version."""
+    return Generation(first.token_ids + then.token_ids, first.logprobs + then.logprobs, then.finish_reason,
+                      first.prompt_tokens, first.cached_tokens, first.weight_version, then.stop_token_id,
+                      first.latency_s + then.latency_s, token_versions=first.versions + then.versions)
+
+
+def _stopped(tokenizer: Any, gen: Generation, stops: list[str]) -> Generation:
+    """``gen`` ended at the token that completes its first stop string, as an engine that
+    stops on strings would have ended it (finish ``stop``). The engines stop on token ids only,
+    so a stop string of several tokens is found here: what was sampled past it is dropped, not
+    recorded, since the agent never sees it and nothing after the stop was conditioned on it."""
+    ids = gen.token_ids
+    if not stops or not ids or not any(s in tokenizer.decode(ids, skip_special_tokens=False) for s in stops):
+        return gen
+
+    def holds(k: int) -> bool:
+        text = tokenizer.decode(ids[:k], skip_special_tokens=False)
+        return any(s in text for s in stops)
+
+    lo, hi = 1, len(ids)  # the shortest prefix that holds a stop string: holds(hi), and not holds(lo - 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
+    if hi == len(ids) and gen.finish_reason == "stop":
+        return gen  # the engine stopped there itself (a one-token stop string)
+    return Generation(ids[:hi], gen.logprobs[:hi], "stop", gen.prompt_tokens, gen.cached_tokens, gen.weight_version,
+                      None, gen.latency_s, gen.extra, gen.versions[:hi])

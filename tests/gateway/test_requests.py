@@ -69,10 +69,48 @@ def test_a_chat_body_becomes_its_request_and_ignored_fields_change_nothing():
         "name": "mul"}}}, "tool_choice", "the function 'mul', which tools does not offer (tools: add)"),
     ({"model": "m", "messages": USER, "tools": [{"type": "web_search", "function": {"name": "add"}}]}, "tools",
      "tools[0] has type 'web_search': the gateway serves function tools only"),
+    ({"model": "m", "messages": USER, "tool_choice": "required"}, "tool_choice",
+     'tool_choice "required" asks for a tool call, and the request offers no tools'),
+    ({"model": "m", "messages": USER, "top_logprobs": 2}, "top_logprobs", "top_logprobs=2 needs logprobs: true"),
+    ({"model": "m", "messages": USER, "stream_options": {"include_usage": "no"}}, "stream_options",
+     "stream_options must be an object with include_usage true or false, got {'include_usage': 'no'}"),
+    ({"model": "m", "messages": USER, "stream_options": True}, "stream_options", "must be an object"),
 ])
 def test_a_bad_chat_body_is_refused_naming_the_field(body, param, text):
     err = refused(parse_chat, body)
     assert text in str(err) and err.param == param and err.code == "invalid_request"
+
+
+@pytest.mark.parametrize("extra, fix", [
+    ({"functions": [{"name": "add"}]}, 'send each function as a tool: tools=[{"type"'),
+    ({"function_call": "auto"}, 'send tool_choice ("auto", "none", "required"'),
+])
+def test_the_deprecated_function_calling_is_refused_with_its_replacement(extra, fix):
+    """Ignored, ``functions`` would leave the model told of no tool at all."""
+    err = refused(parse_chat, {"model": "m", "messages": USER, **extra})
+    (key,) = extra
+    assert str(err).startswith(f"{key} (the deprecated function calling) is not supported: {fix}")
+    assert (err.param, err.code) == (key, "unsupported_parameter")
+
+
+def test_a_field_not_applied_that_asks_for_something_or_an_unknown_one_is_logged_once(caplog, monkeypatch):
+    import agentenv.gateway.requests as requests
+
+    monkeypatch.setattr(requests, "_warned", set())
+    quiet = dict(user="u", frequency_penalty=0, logit_bias={}, parallel_tool_calls=True, store=False,
+                 response_format={"type": "text"}, stream_options={"include_usage": False})
+    with caplog.at_level("WARNING", logger="agentenv.gateway.requests"):
+        chat(**quiet)
+        assert caplog.messages == []  # defaults, and fields that change nothing
+        for _ in range(2):
+            chat(temprature=0.2, presence_penalty=1.0)
+            parse_responses({"model": "m", "input": "q", "reasoning": {"effort": "high"}})
+    assert caplog.messages == [
+        "the gateway ignores the request field 'temprature', which it does not know",
+        "the gateway does not apply presence_penalty=1.0 (it samples from the policy as it is and constrains "
+        "nothing); it is accepted and ignored",
+        "the gateway does not apply reasoning={'effort': 'high'} (it samples from the policy as it is and "
+        "constrains nothing); it is accepted and ignored"]
 
 
 def test_the_digest_covers_what_a_replay_must_match():
@@ -108,7 +146,7 @@ def test_a_responses_body_is_served_as_the_chat_request_of_the_same_conversation
     plain = responses()
     assert (plain.tool_choice, plain.parallel_tool_calls, plain.text, plain.chat.logprobs) == (
         "auto", True, {"format": {"type": "text"}}, False)
-    assert responses(tool_choice="required").chat.tool_choice == "required"
+    assert responses(tools=[tool], tool_choice="required").chat.tool_choice == "required"
 
 
 @pytest.mark.parametrize("extra, param, code, text", [

@@ -13,6 +13,7 @@ import pytest
 import agentenv.models
 from agentenv import RolloutConfig
 from agentenv.engines.embedded import load_tokenizer
+from agentenv.engines.base import Generation
 from agentenv.errors import EngineError, ProgramEndedError
 from agentenv.formats import HermesFormat
 from agentenv.gateway.requests import RequestError, parse_chat
@@ -229,7 +230,88 @@ async def test_stop_strings_end_the_visible_text_and_a_one_token_stop_stops_the_
     answer = await s.complete(chat(*FIRST, stop=["END", "!"]), "main")
     assert answer.reply.content == "abc "  # cut before the first stop string
     assert s.engine.asked[0][2].stop_token_ids == (tok.eos_token_id, tok.encode("!", add_special_tokens=False)[0])
-    assert tok.decode(answer.gen.token_ids).endswith("def!")  # the engine stopped on "!" (one token), not on END
+    # The engine stopped on "!" (one token); the turn ends at END, the first stop string sampled.
+    assert tok.decode(answer.gen.token_ids) == "abc END" and answer.gen.finish_reason == "stop"
+    s = session(tok, lambda p, n: "abc def! ghi")
+    answer = await s.complete(chat(*FIRST, stop=["END", "!"]), "main")
+    assert tok.decode(answer.gen.token_ids) == "abc def!" and answer.gen.stop_token_id is not None
+
+
+REACT = "Thought: add them\nAction: add\nObservation: 42 (made up)\nFinal Answer: 42"
+
+
+async def test_a_stop_string_of_several_tokens_ends_the_turn_and_nothing_past_it_is_recorded(tok):
+    """The engines stop on token ids only: a ReAct agent's ``\nObservation:`` is found in what was
+    sampled, and the turn ends at the token that completes it, as an engine stopping on strings
+    would have ended it. The made-up observation after it is neither shown nor recorded."""
+    s = session(tok, lambda p, n: REACT if n == 0 else "The sum is 5.")
+    answer = await s.complete(chat(*FIRST, stop=["\nObservation:"]), "main")
+    stop_at = REACT.index("\nObservation:") + len("\nObservation:")
+    assert answer.reply.content == "Thought: add them\nAction: add"
+    assert tok.decode(answer.gen.token_ids) == REACT[:stop_at]
+    assert (answer.gen.finish_reason, answer.gen.stop_token_id) == ("stop", None)
+    assert answer.usage()["completion_tokens"] == len(answer.gen.token_ids) == s.sampled
+    (branch,) = s.branches.all
+    assert branch.segments[-1].token_ids == answer.gen.token_ids and "made up" not in tok.decode(branch.ids)
+    assert len(answer.gen.logprobs) == len(answer.gen.versions) == len(answer.gen.token_ids)
+    # The agent sends back what it saw, and the observation it got: the branch goes on from the
+    # stop, the template's end of turn first (the turn did not end with EOS).
+    then = await s.complete(chat(*FIRST, {"role": "assistant", "content": answer.reply.content},
+                                 {"role": "user", "content": "Observation: 5"}, stop=["\nObservation:"]), "main")
+    assert then.reply.content == "The sum is 5." and s.branches.extended == 1
+    assert tok.decode(branch.segments[-2].token_ids).startswith("<|im_end|>")
+
+
+class Aborting(Recording):
+    """A scripted engine whose first ``aborts`` requests are aborted after ``keep`` tokens (a
+    trainer aborting what is in flight before a weight sync); the script continues the text."""
+
+    def __init__(self, script, tok, *, aborts: int = 1, keep: int = 5, **kw) -> None:
+        super().__init__(script, tok, **kw)
+        self.aborts, self.keep = aborts, keep
+
+    async def generate_turn(self, program, prompt_ids, params, request_id, *, priority=0):
+        gen = await super().generate_turn(program, prompt_ids, params, request_id, priority=priority)
+        if self.aborts > 0:
+            self.aborts -= 1
+            k = self.keep
+            gen = Generation(gen.token_ids[:k], gen.logprobs[:k], "abort", gen.prompt_tokens, 0, gen.weight_version)
+            await self.load_weights({})  # the sync the abort made way for
+        return gen
+
+
+def continued(prompt: str, n: int) -> str:
+    """The calculator's first reply, from wherever the prompt's last assistant turn stopped."""
+    full = "I will add.\n" + CALL
+    return full[len(prompt.rsplit("<|im_start|>assistant\n", 1)[-1]):]
+
+
+async def test_a_request_the_engine_aborts_goes_on_from_what_it_sampled(tok):
+    s = ProgramSession(program="p1", engine=Aborting(continued, tok), hooks=Hooks(),
+                       config=RolloutConfig(max_turns=4, max_new_tokens=256, max_tokens_per_turn=64),
+                       fmt=HermesFormat(), stop_ids=(tok.eos_token_id,))
+    answer = await s.complete(chat(*FIRST), "main")
+    full = tok.encode("I will add.\n" + CALL, add_special_tokens=False) + [tok.eos_token_id]
+    assert answer.gen.token_ids == full and answer.gen.finish_reason == "stop"
+    assert answer.reply.content == "I will add." and [c["name"] for c in answer.reply.calls] == ["add"]
+    assert [a[1] for a in s.engine.asked] == ["p1-0", "p1-0.1"]  # the second request went on from the first
+    assert s.engine.asked[1][2].max_tokens == 64 - 5
+    assert answer.gen.versions == [0] * 5 + [1] * (len(full) - 5)  # the tokens after the sync are version 1
+    (branch,) = s.branches.all
+    assert [seg.token_ids for seg in branch.segments] == [full] and s.sampled == len(full)
+    assert len(s.hooks.before) == len(s.hooks.after) == 2  # each engine request was admitted and released
+
+
+async def test_an_engine_that_keeps_aborting_before_a_token_fails_the_call_and_records_nothing(tok):
+    s = ProgramSession(program="p1", engine=Aborting(continued, tok, aborts=5, keep=0), hooks=Hooks(),
+                       config=RolloutConfig(max_turns=4, max_new_tokens=256, max_tokens_per_turn=64),
+                       fmt=HermesFormat(), stop_ids=(tok.eos_token_id,))
+    with pytest.raises(EngineError, match="aborted this request 3 times in a row before it sampled a token"):
+        await s.complete(chat(*FIRST), "main")
+    assert len(s.engine.asked) == 3 and s.branches.all == [] and s.calls == 0
+    s.engine.aborts = 2  # two aborts, then a whole reply: the call is answered
+    answer = await s.complete(chat(*FIRST), "main")
+    assert answer.reply.content == "I will add." and len(s.engine.asked) == 6
 
 
 async def test_a_malformed_call_is_content_and_a_recorded_tool_call(tok):
