@@ -4,8 +4,10 @@ object. Pure: no I/O."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import re
 import time
 from typing import Any, Callable, Iterator
 
@@ -19,13 +21,67 @@ def error_body(message: str, *, kind: str = "invalid_request_error", param: str 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def logprobs_body(tokenizer: Any, ids: list[int], logprobs: list[float], top: int) -> dict[str, Any]:
-    """``choice.logprobs``: each sampled token's text and logprob. The engines return the
-    sampled token's logprob only, so ``top_logprobs`` lists that token alone."""
+@functools.lru_cache(maxsize=1)
+def _unbyte() -> dict[str, int]:
+    """A byte-level BPE vocabulary's characters back to the bytes they stand for."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _decoders(node: Any) -> set[str]:
+    """The types of a tokenizer.json ``decoder`` and of the decoders a sequence of them holds."""
+    if not isinstance(node, dict):
+        return set()
+    kinds = {node.get("type")}
+    for child in node.get("decoders") or ():
+        kinds |= _decoders(child)
+    if node.get("type") == "Replace" and (node.get("pattern") or {}).get("String") == "\u2581":
+        kinds.add("Metaspace")
+    return kinds
+
+
+@functools.lru_cache(maxsize=8)
+def _spelling(tokenizer: Any) -> tuple[set[str], frozenset[int]]:
+    """How ``tokenizer`` spells bytes in its pieces (its decoders' types), and its added ids,
+    which are written as they read."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    kinds = _decoders(json.loads(backend.to_str()).get("decoder")) if backend is not None else set()
+    return kinds, frozenset(tokenizer.get_added_vocab().values())
+
+
+def token_bytes(tokenizer: Any, ids: list[int]) -> list[bytes]:
+    """Each token's own bytes, which join into the text's UTF-8 however a character is split
+    among tokens: through the byte-level alphabet (GPT-2, Qwen, Llama 3), or a SentencePiece
+    piece (``▁`` a space, ``<0xE6>`` a byte); decoded alone where neither applies."""
+    kinds, added = _spelling(tokenizer)
+    unbyte = _unbyte()
     out = []
-    for i, lp in zip(ids, logprobs):
-        text = tokenizer.decode([i], skip_special_tokens=False)
-        entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+    for i, piece in zip(ids, tokenizer.convert_ids_to_tokens(ids)):
+        if isinstance(piece, str) and "ByteFallback" in kinds and _BYTE_PIECE.fullmatch(piece):
+            out.append(bytes([int(piece[3:5], 16)]))
+        elif not isinstance(piece, str) or i in added:
+            out.append(tokenizer.decode([i], skip_special_tokens=False).encode("utf-8"))
+        elif "ByteLevel" in kinds and all(c in unbyte for c in piece):
+            out.append(bytes(unbyte[c] for c in piece))
+        elif "Metaspace" in kinds:
+            out.append(piece.replace("\u2581", " ").encode("utf-8"))
+        else:
+            out.append(tokenizer.decode([i], skip_special_tokens=False).encode("utf-8"))
+    return out
+
+
+def logprobs_body(tokenizer: Any, ids: list[int], logprobs: list[float], top: int) -> dict[str, Any]:
+    """``choice.logprobs``: each sampled token's text, bytes and logprob; the bytes of all the
+    tokens join into the reply's UTF-8 (a character split among tokens is U+FFFD in each one's
+    text, as OpenAI's are). The engines return the sampled token's logprob only, so
+    ``top_logprobs`` lists that token alone."""
+    out = []
+    for i, lp, raw in zip(ids, logprobs, token_bytes(tokenizer, ids)):
+        entry = {"token": raw.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(raw)}
         entry["top_logprobs"] = [dict(entry)] if top else []
         out.append(entry)
     return {"content": out, "refusal": None}

@@ -57,6 +57,39 @@ def test_logprobs_give_each_sampled_tokens_text_and_bytes():
     assert top["top_logprobs"] == [{"token": top["token"], "logprob": -0.25, "bytes": top["bytes"]}]
 
 
+def sentencepiece_with_byte_fallback():
+    """A small SentencePiece-style BPE (``▁`` for a space, ``<0xE6>`` pieces for bytes it has no
+    piece for), trained here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"] + [f"<0x{b:02X}>" for b in range(256)],
+                                  initial_alphabet=list("abcdefghijklmnopqrstuvwxyz\u2581"))
+    backend.train_from_iterator(["hello world the cat sat on the mat"] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+
+
+@pytest.mark.parametrize("which", ["tiny-hermes", "qwen3", "sentencepiece"])
+def test_the_bytes_of_a_replys_tokens_join_into_its_text_where_a_character_spans_tokens(which, tmp_path):
+    """A client joins the tokens' bytes to rebuild the text (OpenAI's ``bytes``): each token's
+    own bytes, not those of its text decoded alone, which is U+FFFD for part of a character."""
+    from agentenv.models.families import family_tokenizer
+
+    tok = {"tiny-hermes": lambda: load_tokenizer(Path(agentenv.models.__file__).parent / "tiny-hermes"),
+           "qwen3": lambda: family_tokenizer("qwen3", cache_dir=tmp_path),
+           "sentencepiece": sentencepiece_with_byte_fallback}[which]()
+    text = "the w\u00f6rld \u65e5\u672c \U0001f642" + ("" if which == "sentencepiece" else "<|im_end|> <tool_call>")
+    ids = tok.encode(text, add_special_tokens=False)
+    content = logprobs_body(tok, ids, [-0.5] * len(ids), top=0)["content"]
+    assert len(ids) > len(text.split()) and any(e["token"] == "\ufffd" for e in content[:-1]) == (which != "qwen3")
+    joined = b"".join(bytes(e["bytes"]) for e in content).decode("utf-8")
+    assert joined == (" " + text if which == "sentencepiece" else text)  # "▁the": the first piece's space
+
+
 def test_a_completion_carries_the_reply_as_the_assistant_message():
     body = completion_body("chatcmpl-1", "m", CALLS, "stop", USAGE, None)
     assert body["object"] == "chat.completion" and body["usage"] == USAGE and body["model"] == "m"
