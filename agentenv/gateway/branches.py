@@ -10,8 +10,9 @@ last reply, once alone and once with the new messages and the generation prompt;
 rendering must be a prefix of the second up to the marker (the template does not rewrite the
 history), and what follows the marker is the glue (mask 0). A template that opens its last
 message otherwise than one that others follow (Qwen3's empty think block) still extends when
-the history before the reply renders as it did and the reply's opening is one the generation
-prompt holds: the reply's ids are the ones sampled after that prompt. The reply's own end of turn is
+the history before the reply renders as it did, the reply's opening is one the generation
+prompt holds, and the reply itself is written alike, last and followed, but for that opening:
+the reply's ids are the ones sampled after that prompt. The reply's own end of turn is
 not repeated when the model sampled it.
 
 Any other request (history truncated, summarised, a swapped system prompt, a sub-agent's fresh
@@ -108,9 +109,11 @@ def glue_text(tokenizer: Any, history: list[dict[str, Any]], new: list[dict[str,
     cut, at = alone.find(mark), more.find(mark)
     if cut < 0 or at < 0:
         return None
-    if not more.startswith(alone[: cut + len(mark)]) and not _opens_alike(tokenizer, before, tools, more[:at]):
-        return None
     tail = more[at + len(mark):]
+    if not more.startswith(alone[: cut + len(mark)]) and not (
+            _opens_alike(tokenizer, before, tools, more[:at])
+            and _writes_the_reply_alike(tokenizer, history, new, tools, alone[:cut], more[:at], tail)):
+        return None
     eos = getattr(tokenizer, "eos_token", None)
     if ended_with_eos and eos and tail.startswith(eos):
         tail = tail[len(eos):]
@@ -130,6 +133,25 @@ def _opens_alike(tokenizer: Any, before: list[dict[str, Any]], tools: list[dict[
         return False
     return (head.startswith(written) and prompt.startswith(written)
             and prompt[len(written):].startswith(head[len(written):]))
+
+
+def _writes_the_reply_alike(tokenizer: Any, history: list[dict[str, Any]], new: list[dict[str, Any]],
+                            tools: list[dict[str, Any]], opens_last: str, opens_followed: str, tail: str) -> bool:
+    """Whether the template writes the reply itself (not a marker) the same once ``new``
+    follows it as it does when it is last, but for what it writes into the opening of any last
+    message (``opens_last`` against ``opens_followed``: the renderings up to a marker's place).
+    So an empty think block the template leaves out of a followed message passes, and the
+    reasoning it drops from a turn before the last user message (Qwen3) does not: the branch
+    holds the reply as sampled, which the model would then see and the template would not."""
+    try:
+        last = render(tokenizer, history, tools, generation_prompt=False)
+        followed = render(tokenizer, history + new, tools, generation_prompt=True)
+    except MessageError:
+        return False
+    if not (followed.endswith(tail) and followed.startswith(opens_followed) and opens_last.startswith(opens_followed)):
+        return False
+    reply = followed[len(opens_followed): len(followed) - len(tail)]  # the reply, as written once followed
+    return last.startswith(opens_followed + reply) or last.startswith(opens_last + reply)
 
 
 def continues(sent: list[dict[str, Any]], history: list[dict[str, Any]]) -> bool:

@@ -41,10 +41,10 @@ def _unused(body: dict[str, Any], read: set[str]) -> None:
     """Log, once per field in a process, a field the gateway does not apply that asks for
     something, and a field it does not know (a misspelt ``temprature`` changes nothing)."""
     for key, value in body.items():
-        if key in read or key in _INERT or key in _warned:
+        if key in _warned or key in _INERT or (key in read and key != "parallel_tool_calls"):
             continue
         if key in _NOT_APPLIED:
-            if value in _DEFAULTS or (key == "parallel_tool_calls" and value is True):
+            if (value is not False if key == "parallel_tool_calls" else value in _DEFAULTS):
                 continue
             log.warning("the gateway does not apply %s=%r (it samples from the policy as it is and constrains "
                         "nothing); it is accepted and ignored", key, value)

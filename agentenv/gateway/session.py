@@ -155,14 +155,18 @@ class ProgramSession:
         gen = await self._turn(ids, params, branch, f"{self.program}-{n}")
         # An engine request aborted from outside (a trainer that aborts what is in flight before
         # a weight sync, as verl's does) keeps what it sampled, and the turn goes on from there,
-        # as a native program's does: the agent gets a whole reply, the row every sampled id. An
-        # abort that sampled nothing, three times running, is the engine's failure (503; nothing
-        # is recorded).
+        # as a native program's does: the agent gets a whole reply, the row every sampled id.
+        # Three aborts in a row that sample nothing are the engine's failure (503; nothing of the
+        # call is recorded).
         stalls, attempt = int(not gen.token_ids), 0  # aborts in a row that sampled nothing
         while gen.finish_reason == "abort":
             if stalls >= ABORTS_WITHOUT_A_TOKEN:
-                self.engine_error = f"the engine aborted this request {stalls} times in a row before it sampled a token"
+                self.engine_error = f"the engine aborted this request {stalls} times in a row without sampling a token"
                 raise EngineError(self.engine_error)
+            stopped = _stopped(self.tokenizer, gen, req.stop)
+            if stopped is not gen:  # what it sampled already ends at a stop string
+                gen = stopped
+                break
             done = len(gen.token_ids)
             if done >= cap:
                 gen.finish_reason = "length"

@@ -294,3 +294,32 @@ def test_qwen3s_empty_think_block_in_a_last_reply_does_not_stop_a_tool_loop_exte
     plan = branches.plan("main", messages, ADD)  # the user's turn: the first reply's reasoning is dropped
     assert plan.extends is None and "add them" not in qwen3.decode(plan.input_ids)
     assert (branches.extended, branches.branched) == (1, 1)
+
+
+@pytest.mark.parametrize("reasoning, new, extends", [
+    ("", [{"role": "user", "content": "And 4 + 4?"}], True),  # an empty think block: nothing is dropped
+    ("check the sum", [{"role": "user", "content": "And 4 + 4?"}], False),  # the reply's own reasoning dropped
+    ("check the sum", [{"role": "tool", "tool_call_id": "call_0_0", "content": "5"}], True),  # kept in a tool loop
+    ("add them", [{"role": "tool", "tool_call_id": "call_0_0", "content": "5"},
+                  {"role": "user", "content": "And 4 + 4?"}], False),
+])
+def test_qwen3s_last_reply_extends_only_where_the_template_writes_it_as_it_was_sampled(qwen3, reasoning, new,
+                                                                                       extends):
+    """A request extends after a reply whose reasoning Qwen3's template keeps (a tool loop) or
+    that has none (its empty think block is the template's own); one that makes the template
+    drop the reply's reasoning (a user turn follows it) is a new branch: the branch would hold
+    reasoning that the template's rendering of the conversation does not."""
+    think = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else "<think>\n\n</think>\n\n"
+    calls = [{"name": "add", "arguments": {"a": 2, "b": 3}}] if new[0]["role"] == "tool" else []
+    said = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>' if calls else "It is 5."
+    reply = assistant_message((think + ("" if calls else said)).rstrip(), calls)
+    branches = Branches(qwen3)
+    plan = branches.plan("main", ASK, ADD)
+    sampled = qwen3.encode(think + said, add_special_tokens=False) + [qwen3.convert_tokens_to_ids("<|im_end|>")]
+    branches.record(plan, sampled, [-0.1] * len(sampled), [1] * len(sampled), reply, True)
+    nxt = branches.plan("main", ASK + [reply] + new, ADD)
+    assert (nxt.extends is not None) == extends
+    if extends:
+        assert nxt.input_ids == plan.input_ids + sampled + nxt.glue
+    else:
+        assert qwen3.decode(nxt.input_ids) == render(qwen3, ASK + [reply] + new, ADD, generation_prompt=True)

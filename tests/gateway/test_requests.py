@@ -104,12 +104,14 @@ def test_a_field_not_applied_that_asks_for_something_or_an_unknown_one_is_logged
         assert caplog.messages == []  # defaults, and fields that change nothing
         for _ in range(2):
             chat(temprature=0.2, presence_penalty=1.0)
-            parse_responses({"model": "m", "input": "q", "reasoning": {"effort": "high"}})
+            parse_responses({"model": "m", "input": "q", "reasoning": {"effort": "high"}, "parallel_tool_calls": False})
     assert caplog.messages == [
         "the gateway ignores the request field 'temprature', which it does not know",
         "the gateway does not apply presence_penalty=1.0 (it samples from the policy as it is and constrains "
         "nothing); it is accepted and ignored",
         "the gateway does not apply reasoning={'effort': 'high'} (it samples from the policy as it is and "
+        "constrains nothing); it is accepted and ignored",
+        "the gateway does not apply parallel_tool_calls=False (it samples from the policy as it is and "
         "constrains nothing); it is accepted and ignored"]
 
 

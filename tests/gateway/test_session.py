@@ -302,11 +302,22 @@ async def test_a_request_the_engine_aborts_goes_on_from_what_it_sampled(tok):
     assert len(s.hooks.before) == len(s.hooks.after) == 2  # each engine request was admitted and released
 
 
+async def test_an_aborted_request_whose_tokens_already_hold_a_stop_string_ends_there(tok):
+    s = ProgramSession(program="p1", engine=Aborting(lambda p, n: REACT, tok, keep=30), hooks=Hooks(),
+                       config=RolloutConfig(max_turns=4, max_new_tokens=256, max_tokens_per_turn=64),
+                       fmt=HermesFormat(), stop_ids=(tok.eos_token_id,))
+    ids = tok.encode(REACT, add_special_tokens=False)
+    assert "\nObservation:" in tok.decode(ids[:30])  # the abort comes after the stop string
+    answer = await s.complete(chat(*FIRST, stop=["\nObservation:"]), "main")
+    assert len(s.engine.asked) == 1 and answer.gen.finish_reason == "stop"  # not continued
+    assert tok.decode(answer.gen.token_ids).endswith("\nObservation:")
+
+
 async def test_an_engine_that_keeps_aborting_before_a_token_fails_the_call_and_records_nothing(tok):
     s = ProgramSession(program="p1", engine=Aborting(continued, tok, aborts=5, keep=0), hooks=Hooks(),
                        config=RolloutConfig(max_turns=4, max_new_tokens=256, max_tokens_per_turn=64),
                        fmt=HermesFormat(), stop_ids=(tok.eos_token_id,))
-    with pytest.raises(EngineError, match="aborted this request 3 times in a row before it sampled a token"):
+    with pytest.raises(EngineError, match="aborted this request 3 times in a row without sampling a token"):
         await s.complete(chat(*FIRST), "main")
     assert len(s.engine.asked) == 3 and s.branches.all == [] and s.calls == 0
     s.engine.aborts = 2  # two aborts, then a whole reply: the call is answered
