@@ -335,7 +335,14 @@ def _print_tasks() -> None:
             if frame is not None:
                 code = frame.f_code
                 sys.stderr.write(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n')
-            coro = _first(coro, "cr_await", "gi_yieldfrom", "ag_await")
+            awaited = _first(coro, "cr_await", "gi_yieldfrom", "ag_await")
+            opaque = awaited is not None and _first(awaited, "cr_frame", "gi_frame", "ag_frame") is None
+            if frame is not None and opaque:
+                # An ``async with`` of an asynccontextmanager awaits its generator's step, an
+                # object that does not name the generator: the context manager holds it.
+                gen = getattr(frame.f_locals.get("self"), "gen", None)
+                awaited = gen if _first(gen, "ag_frame", "gi_frame") is not None else awaited
+            coro = awaited
     sys.stderr.flush()
 
 

@@ -438,6 +438,36 @@ def test_a_stop_that_hangs_after_sigterm_says_where_it_hangs(tmp_path, model_dir
     assert 'stuck.py", line 7, in aclose' in text, text
 
 
+def test_the_stopping_report_follows_a_task_into_the_context_manager_it_enters(capsys):
+    """A task stuck in ``async with`` of an asynccontextmanager awaits the generator's step, which
+    does not name the generator: the report goes on into it, down to what it awaits."""
+    import asyncio
+    import contextlib
+
+    from agentenv.cli import _print_tasks
+
+    @contextlib.asynccontextmanager
+    async def opening():
+        await asyncio.Event().wait()
+        yield
+
+    async def run() -> None:
+        async with opening():
+            pass
+
+    async def report() -> None:
+        task = asyncio.create_task(run(), name="opening-run")
+        for _ in range(3):
+            await asyncio.sleep(0)  # the task reaches its wait
+        _print_tasks()
+        task.cancel()
+
+    asyncio.run(report())
+    text = capsys.readouterr().err
+    stuck = text[text.index("task opening-run:"):]
+    assert "in run" in stuck and "in __aenter__" in stuck and "in opening" in stuck and "in wait" in stuck, text
+
+
 def test_resuming_a_complete_run_says_so_without_opening_the_engine(capsys, tmp_path, model_dir):
     out = tmp_path / "r.jsonl"
     args = ["--tasks", "2", "--group-size", "2", "--max-new-tokens", "8", "--no-progress", "--model", model_dir,
