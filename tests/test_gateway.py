@@ -356,7 +356,8 @@ class Hostile(Calc):
         msg = b'{"model": "m", "messages": [{"role": "user", "content": "%s"}], "n": 2}'
         async with httpx.AsyncClient() as h:
             for name, body in {"lone": msg % b"\\ud800 x", "paired": msg % b"\\ud83d\\ude00 \\uD83D\\uDE00",
-                               "deep": b"[" * 100_000 + b"]" * 100_000}.items():
+                               "deep": b"[" * 100_000 + b"]" * 100_000,
+                               "nan": b'{"model": "m", "messages": [], "temperature": NaN}'}.items():
                 r = await h.post(f"{url}/chat/completions", content=body, headers=head)
                 Hostile.seen[name] = (r.status_code, r.json()["error"])
             r = await h.get(f"{url}/chat/completions", headers=head)
@@ -376,6 +377,8 @@ async def test_bodies_nested_too_deeply_with_lone_surrogates_or_without_end_get_
     assert "lone UTF-16 surrogate" in s["lone"][1]["message"]
     assert s["paired"][0] == 400 and s["paired"][1]["param"] == "n"  # a surrogate pair is text: n is the fault
     assert s["deep"][0] == 400 and s["deep"][1]["message"] == "the request body is nested too deeply"
+    assert s["nan"][0] == 400 and s["nan"][1]["code"] == "invalid_json" and "NaN is not a JSON value" in s["nan"][1][
+        "message"]
     assert s["endless"].startswith(b"HTTP/1.1 400") and b'"code":"body_too_large"' in s["endless"]
     assert s["get"][0] == 405 and s["get"][1]["code"] == "unknown_url"  # OpenAI's error object, not text
     assert isinstance(s["legacy"], openai.NotFoundError) and "POST /v1/completions is not served" in str(s["legacy"])

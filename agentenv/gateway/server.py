@@ -48,6 +48,12 @@ MAX_BODY = 8 << 20
 ENDED_KEYS = 100_000
 
 
+def _not_json(name: str) -> Any:
+    """``json.loads`` takes ``NaN`` and ``Infinity``, which JSON does not: a number a client
+    could only have meant as an error (a NaN temperature) is refused, not sampled with."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def role_client(client: Any, role: str) -> Any:
     """``client`` (the ``openai`` client an agent got) for the sequences of ``role`` (a
     sub-agent, a critic): the same program, its requests kept apart and labelled ``role``."""
@@ -199,7 +205,7 @@ class Gateway:
             raise RequestError("the client disconnected before the body arrived", code="client_disconnected") from None
         raw = b"".join(chunks)
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_not_json)
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
         if b"\\ud" in raw or b"\\uD" in raw:  # an escape in \uD800-\uDFFF: is each one half of a pair?
