@@ -33,6 +33,7 @@ from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
 
 from .config import HELP_GROUPS, EnvModules, EnvOptions, EvalRunConfig, RolloutRunConfig
 from .errors import AgentEnvError, ConfigError
+from . import mainloop
 from .extras import check_choices
 from .options import add_options, build, option, same_as
 from .scaffold import InitConfig, run as _init
@@ -271,15 +272,14 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
 
     def on_sigterm(signum: int, frame: Any) -> None:
         _terminated.append(signum)
-        if not timers:  # the first: if the stop itself hangs, it says where
-            timers.append(threading.Timer(_stopping_report_s(), _report_stopping, (_running_loop(),)))
-            timers[0].daemon = True
-            timers[0].start()
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler) and handler is not signal.default_int_handler:
-            handler(signal.SIGINT, frame)  # asyncio's: cancels the run's main task, as Ctrl-C does
-        else:
+        if timers:  # a second SIGTERM while stopping: stop harder, as a second Ctrl-C does
             raise KeyboardInterrupt
+        # If the stop itself hangs, it says where.
+        timers.append(threading.Timer(_stopping_report_s(), _report_stopping, (_running_loop(),)))
+        timers[0].daemon = True
+        timers[0].start()
+        if not mainloop.interrupt():  # the running work's main task is cancelled and unwinds
+            raise KeyboardInterrupt  # none runs: plain Python code stops where it is
 
     _terminated.clear()
     earlier = signal.signal(signal.SIGTERM, on_sigterm)
@@ -500,12 +500,10 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout", weights: dict[str
     job = RolloutJob.open(opts, env, command=command, t_start=t_start)
     done = _complete(job)
     if done is not None:  # nothing left: the engine is not opened
-        import anyio
-
         from .console import console
 
         job.log.close()
-        anyio.run(job.env.aclose)
+        mainloop.run(job.env.aclose)
         from .summary import counted, file_rows, summary_table, weights
 
         console().print(f"{out} is complete: {counted(done, 'trajectory', 'trajectories')}; nothing to resume")

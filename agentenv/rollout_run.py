@@ -177,11 +177,12 @@ def _json(data: bytes) -> Any:
 def run(job: RolloutJob) -> int:
     """Run ``job`` in this process or (``--cluster ray``) on Ray workers; 1 when programs were
     held back because the engine failed for good, else 0."""
-    import anyio
     from transformers.utils import logging as hf_logging
 
+    from . import mainloop
+
     hf_logging.disable_progress_bar()  # no "Loading weights" bars between our own output
-    return anyio.run(execute, job).code
+    return mainloop.run(execute, job).code
 
 
 @dataclass

@@ -374,17 +374,26 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_written(tmp_path, model_dir):
         json.loads(line)
 
 
-def test_sigterm_before_the_first_record_leaves_no_files(tmp_path, model_dir):
+# The CLI started with SIGINT ignored, as a job started with ``&`` from a script is (and as
+# CI runners start theirs): Python then keeps SIGINT ignored and asyncio sets no Ctrl-C handler.
+SIGINT_IGNORED = ["-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                  "os.execv(sys.executable, [sys.executable, '-m', 'agentenv.cli', *sys.argv[1:]])"]
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_before_the_first_record_leaves_no_files(tmp_path, model_dir, sigint):
     """SIGTERM stops a run as Ctrl-C does: one that had not logged a program yet removes the
     output and the log it created. The run waits on a server that accepts the connection and
-    never answers, so the signal reaches it before any program could start."""
+    never answers, so the signal reaches it before any program could start. It stops so
+    whether or not SIGINT was ignored when it started."""
     import signal
     import socket
 
     server = socket.create_server(("127.0.0.1", 0))
     out = tmp_path / "r.jsonl"
+    cli = ["-m", "agentenv.cli"] if sigint == "default" else SIGINT_IGNORED
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentenv.cli", "rollout", "--tasks", "1", "--group-size", "1", "--out", str(out),
+        [sys.executable, *cli, "rollout", "--tasks", "1", "--group-size", "1", "--out", str(out),
          "--model", model_dir, "--no-progress", "--engine", "openai",
          "--base-url", f"http://127.0.0.1:{server.getsockname()[1]}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -254,7 +254,9 @@ class Trainer:
 
 def train(cfg: TrainConfig, **kwargs: Any) -> dict[str, Any]:
     """Blocking entry point: ``agentenv.train.train(TrainConfig(...))``."""
-    return anyio.run(lambda: Trainer(cfg, **kwargs).run())
+    from .. import mainloop
+
+    return mainloop.run(lambda: Trainer(cfg, **kwargs).run())
 
 
 __all__ = ["TrainConfig", "Trainer", "latest_checkpoint", "train"]
