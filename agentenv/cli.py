@@ -278,7 +278,9 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         timers.append(threading.Timer(_stopping_report_s(), _report_stopping, (_running_loop(),)))
         timers[0].daemon = True
         timers[0].start()
-        if not mainloop.interrupt():  # the running work's main task is cancelled and unwinds
+        if _holding:
+            _holding[-1].append(signum)  # the step that holds it ends first
+        elif not mainloop.interrupt():  # the running work is cancelled and unwinds
             raise KeyboardInterrupt  # none runs: plain Python code stops where it is
 
     _terminated.clear()
@@ -289,6 +291,23 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGTERM, earlier)
         for timer in timers:
             timer.cancel()
+
+
+_holding: list[list[int]] = []  # the SIGTERMs each enclosing _sigterm_held block holds
+
+
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """A SIGTERM during the block takes effect as it ends: for a step that must not be cut in
+    two (a run's files, and the job that removes them if the run stops, appear together)."""
+    held: list[int] = []
+    _holding.append(held)
+    try:
+        yield
+    finally:
+        _holding.remove(held)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _stopping_report_s() -> float:
@@ -497,19 +516,26 @@ def _rollout(opts: RolloutRunConfig, command: str = "rollout", weights: dict[str
         from .summary import weights as weights_of
 
         weights.update(weights_of(env))
-    job = RolloutJob.open(opts, env, command=command, t_start=t_start)
-    done = _complete(job)
-    if done is not None:  # nothing left: the engine is not opened
-        from .console import console
+    job = None
+    try:
+        with _sigterm_held():
+            job = RolloutJob.open(opts, env, command=command, t_start=t_start)
+        done = _complete(job)
+        if done is None:
+            return run(job)
+        from .console import console  # nothing left: the engine is not opened
 
         job.log.close()
         mainloop.run(job.env.aclose)
-        from .summary import counted, file_rows, summary_table, weights
+    except BaseException:  # failed or stopped (SIGTERM, Ctrl-C) while starting, say importing
+        if job is not None:  # transformers: a run that recorded no program leaves no files
+            job.abandon()
+        raise
+    from .summary import counted, file_rows, summary_table, weights
 
-        console().print(f"{out} is complete: {counted(done, 'trajectory', 'trajectories')}; nothing to resume")
-        console().print(summary_table(file_rows(out, weights(env)), 0, out, total=done))
-        return 0
-    return run(job)
+    console().print(f"{out} is complete: {counted(done, 'trajectory', 'trajectories')}; nothing to resume")
+    console().print(summary_table(file_rows(out, weights(env)), 0, out, total=done))
+    return 0
 
 
 def _complete(job: Any) -> int | None:

@@ -94,6 +94,14 @@ class RolloutJob:
         return cls(options, command, env, model, config, tasks, log, resume,
                    time.perf_counter() if t_start is None else t_start, judge, created, format_warning)
 
+    def abandon(self) -> None:
+        """The run failed or was stopped: close its log (an error closing it is not reported:
+        the first error is the one to report) and :meth:`discard_unstarted`; a second call
+        finds nothing left to do."""
+        with contextlib.suppress(AgentEnvError):
+            self.log.close()
+        self.discard_unstarted()
+
     def discard_unstarted(self) -> None:
         """After a failure before the log recorded a program (the engine or the sandbox did
         not start): remove the files this run created, so that a failed start leaves nothing
@@ -233,9 +241,7 @@ async def execute(job: RolloutJob, source: GroupSource | None = None) -> RunResu
                 await job.judge.start()
             result = await _stream(job, source, console)
     except BaseException:
-        with contextlib.suppress(AgentEnvError):  # the first error is the one to report
-            job.log.close()
-        job.discard_unstarted()
+        job.abandon()
         raise
     else:
         job.log.close()

@@ -412,6 +412,32 @@ def test_sigterm_before_the_first_record_leaves_no_files(tmp_path, model_dir, si
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_as_soon_as_the_log_exists_leaves_no_files(tmp_path, model_dir):
+    """A SIGTERM that arrives while the run is still starting (the log exists; the engine is
+    not opened yet) stops it and leaves no files, as one that arrives later does."""
+    import signal
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))  # connections wait in its backlog, unanswered
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, *SIGINT_IGNORED, "rollout", "--tasks", "1", "--group-size", "1", "--out", str(out),
+         "--model", model_dir, "--no-progress", "--engine", "openai",
+         "--base-url", f"http://127.0.0.1:{server.getsockname()[1]}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: Path(f"{out}.log").exists(), "the run's log", interval=0.001,
+                 unless=lambda: proc.poll() is not None)
+        proc.send_signal(signal.SIGTERM)
+        _, err = ended(proc, "the rollout stopped after SIGTERM")
+    finally:
+        server.close()
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, err.strip().splitlines()[-1]) == (143, "agentenv: terminated"), err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_stop_that_hangs_after_sigterm_says_where_it_hangs(tmp_path, model_dir):
     """A run whose stop never ends (here its environment's ``aclose`` waits forever) writes,
     a while after SIGTERM, its threads' and its tasks' stacks to stderr: the log of whoever sent
