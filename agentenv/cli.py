@@ -305,7 +305,7 @@ def _sigterm_held() -> Iterator[None]:
     try:
         yield
     finally:
-        _holding.remove(held)
+        _holding.pop()  # this block's own: blocks nest
     if held:
         raise KeyboardInterrupt
 
