@@ -1,9 +1,9 @@
 """The fork server (``forkserver.py``) as the host meets it: a real base server and its
 templates, spoken to on their control channels, and real sessions. What is checked is what
-the fork server itself decides: how a session's processes are laid out and named, that a
-session which cannot confine itself never runs code, that a dead session is reaped at once,
-the sessions' environment, requests it cannot serve, and an unisolated session's reaper and
-working directory."""
+the fork server itself decides: how a session's processes are laid out and named, the
+scheduling policy they run under, that a session which cannot confine itself never runs
+code, that a dead session is reaped at once, the sessions' environment, requests it cannot
+serve, and an unisolated session's reaper and working directory."""
 
 from __future__ import annotations
 
@@ -94,6 +94,27 @@ async def test_sessions_start_with_the_templates_environment_only(servers):
     await w.stream.aclose()
 
 
+async def test_a_session_and_what_it_starts_run_under_sched_batch_its_servers_under_the_hosts_policy(servers):
+    # Woken by its call or its thaw, a session must not preempt the host's event loop that woke
+    # it: SCHED_BATCH, inherited by every process the code starts. The fork server and the
+    # templates keep the host's policy (a session start is not delayed to a scheduler tick).
+    w = await servers.spawn(None)
+    code = ("import os, subprocess, sys\n"
+            "child = subprocess.run([sys.executable, '-c', 'import os; print(os.sched_getscheduler(0))'],"
+            " capture_output=True, text=True).stdout\n"
+            "(os.sched_getscheduler(0), int(child))")
+    _, answer = await call(w.stream, code)
+    template = psutil.Process(w.pid).parent()
+    try:
+        assert eval(answer["value"]) == (os.SCHED_BATCH, os.SCHED_BATCH), answer
+        assert os.sched_getscheduler(w.pid) == os.SCHED_BATCH
+        mine = os.sched_getscheduler(0)
+        assert os.sched_getscheduler(template.pid) == os.sched_getscheduler(servers.pid) == mine != os.SCHED_BATCH
+    finally:
+        servers.end(w)
+        await w.stream.aclose()
+
+
 async def test_a_session_that_cannot_confine_itself_never_runs_code_and_says_why(servers):
     template = await servers._server_for(None)
     uid = servers._uids.acquire()
@@ -173,6 +194,7 @@ async def test_an_unisolated_session_is_a_reaper_and_its_worker_in_the_sessions_
         workdir, home, tmpdir, reaper = eval(r.value)
         assert workdir == home == tmpdir  # its working directory is its home and its temporary directory
         assert psutil.Process(s.pid).ppid() == reaper  # the reaper is a fork of a template of the base server
+        assert os.sched_getscheduler(s.pid) == os.SCHED_BATCH  # as an isolated session's worker
         assert psutil.Process(psutil.Process(reaper).ppid()).ppid() == sb.server_pid
         pids = next(d for d in s._cgroups if "/pids/" in d)
         with open(os.path.join(pids, "cgroup.procs")) as f:
