@@ -90,13 +90,18 @@ class FrameReader:
         del self._buf[:n]
         return out
 
-    async def read(self, seq: int, cap: int, stale: Collection[int] = ()) -> dict | str:
+    async def read(self, seq: int, cap: int, stale: Collection[int] = (), just_sent: bool = False) -> dict | str:
         """The answer to call ``seq`` (payload at most ``cap`` bytes). A frame numbered for one
         of this session's earlier calls (``stale``: an answer the host stopped waiting for, or
         the genuine answer behind one the code forged) is read and dropped: it can never be
         taken for this call's answer, and the session keeps its state. Every other number is
-        refused. The caller bounds the whole read with the call's deadline."""
+        refused. The caller bounds the whole read with the call's deadline.
+
+        ``just_sent``: the call went out a moment ago, so its answer is not in yet; with nothing
+        buffered, wait for the socket first rather than try a read that would find it empty."""
         try:
+            if just_sent and not self._buf and self._sock is not None:
+                await anyio.wait_readable(self._sock)
             while True:
                 n, got = HEADER.unpack(await self._peek(HEADER.size))
                 if got == VIOLATION and n <= VIOLATION_CAP:

@@ -84,7 +84,7 @@ def _clean(s: str | None, cap: int | None = None) -> str | None:
         return None
     if cap is not None and len(s) > cap:
         s = s[:cap]
-    return s.encode("utf-8", "replace").decode("utf-8")
+    return s if s.isascii() else s.encode("utf-8", "replace").decode("utf-8")
 
 
 def _result(resp: dict, cap: int, elapsed: float, late: float | None) -> ExecResult:
@@ -202,10 +202,10 @@ class LocalSession(Session):
         self._raw = w.stream.extra(SocketAttribute.raw_socket)
         self._past.clear()
 
-    async def _read_frame(self, seq: int) -> dict | str:
+    async def _read_frame(self, seq: int, just_sent: bool = False) -> dict | str:
         if self._reader is None:  # closed meanwhile
             return "eof"
-        return await self._reader.read(seq, self._settings.frame_cap, self._past)
+        return await self._reader.read(seq, self._settings.frame_cap, self._past, just_sent)
 
     async def _after_interrupt(self, seq: int) -> dict | str | None:
         """The answer of code interrupted at its deadline; None if it did not stop within the
@@ -299,7 +299,7 @@ class LocalSession(Session):
             resp = await self._send(w, seq, payload)
             if resp is None:
                 sent = True
-                resp = await self._read_frame(seq)
+                resp = await self._read_frame(seq, just_sent=True)
         if resp is None and not sent:  # it did not take the request in time: nothing ran
             await self._kill()
             return self._timed_out(timeout, start, "the session did not read the call; it was killed")
