@@ -162,11 +162,12 @@ def _join_cgroups(cgroups: list[str]) -> None:
 
 def _yield_on_wake() -> None:
     """Run the session under ``SCHED_BATCH``: same CPU share as any process, but a session
-    woken up (by its call, by a thaw) never preempts the process that woke it. That process
-    is the host's event loop, which serves every session and the engine; a worker taking its
-    CPU the moment a call reaches it stalls the loop once or more per call. A woken session
-    runs at once on an idle CPU, else at the next scheduler tick. A scheduling hint, not a
-    protection: code that sets its policy back only has the host preempted again, as before."""
+    woken up (by its call, its thaw, its freeze) never preempts the process that woke it. That
+    process is the host's event loop, which serves every session and the engine; a worker
+    taking its CPU the moment it wakes stalls the loop once or more per call. A woken session
+    runs at once on an idle CPU, else when the waker blocks or at the next scheduler tick. A
+    scheduling hint, not a protection: code that sets its policy back only has the host
+    preempted again, as before."""
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     except (OSError, AttributeError):  # not on this kernel, or a runtime that refuses it
@@ -214,7 +215,7 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
         os.close(parent_fd)
         if parent_gone:
             os._exit(1)
-    _yield_on_wake()  # once started: its start-up is not put off to a scheduler tick
+    _yield_on_wake()  # only now: its start-up above is never put off to a scheduler tick
     if limits.get("seccomp"):
         if SECCOMP_BPF is None:
             raise OSError("the seccomp filter is unavailable (pyseccomp/libseccomp missing)")
