@@ -1,6 +1,6 @@
 """Local sandbox pool vs. a fresh python3 process per call, side by side in one run.
 
-    python bench/sandbox.py [--calls 2000 --baseline-calls 100]
+    python bench/sandbox.py [--calls 3200 --repeats 5 --starts 32 --baseline-calls 96]
 
 For concurrency 1 and 32: trivial code (``1 + 1``) through the pool (each concurrent client
 holds its own isolated session) and through a fresh ``python3 -c`` process per call (what a
@@ -8,6 +8,12 @@ naive sandbox does, with no isolation at all). Prints call latency p50/p99 and c
 both, then how many isolated sessions start per second when 64 are asked for at once (right
 after the previous 64 closed, and again once their teardown is done), then as the last line
 ``sandbox_speedup: <baseline time per call / pool time per call>`` at concurrency 32.
+
+The pool's figures are medians over repeated measures, because one short measure on a small
+machine swings with whatever else it does in that moment: each concurrency runs ``--repeats``
+phases of ``--calls`` calls (calls/s is the median phase's, latencies are pooled), and a
+session start is the median of ``--starts`` starts one after another (the first start of
+the run, with nothing warm yet, is reported beside it).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def pool_run(sb: LocalSandbox, concurrency: int, calls: int) -> tuple[float, list[float]]:
+    """One phase: ``calls`` calls over ``concurrency`` sessions; its wall time and latencies."""
     sessions = [await sb.session() for _ in range(concurrency)]
     lat: list[float] = []
     per = calls // concurrency
@@ -81,6 +88,29 @@ async def start_rate(sb: LocalSandbox, n: int, rounds: int = 3, settle: float = 
     return statistics.median(rates)
 
 
+async def pool_phases(sb: LocalSandbox, concurrency: int, calls: int, repeats: int) -> tuple[float, list[float]]:
+    """``repeats`` phases after a warm-up: the median phase's wall time, and all latencies."""
+    await pool_run(sb, concurrency, 64)
+    walls, lat = [], []
+    for _ in range(repeats):
+        wall, got = await pool_run(sb, concurrency, calls)
+        walls.append(wall)
+        lat += got
+    return statistics.median(walls) * repeats, lat
+
+
+async def start_times(sb: LocalSandbox, n: int) -> list[float]:
+    """Seconds each of ``n`` sessions took to start, one after another (each closed before the
+    next is asked for)."""
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        s = await sb.session()
+        out.append(time.perf_counter() - t)
+        await s.aclose()
+    return out
+
+
 async def baseline_run(concurrency: int, calls: int) -> tuple[float, list[float]]:
     lat: list[float] = []
     per = max(1, calls // concurrency)
@@ -106,7 +136,9 @@ def line(name: str, wall: float, lat: list[float]) -> str:
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=3200)
+    ap.add_argument("--calls", type=int, default=3200, help="calls per phase")
+    ap.add_argument("--repeats", type=int, default=5, help="phases per concurrency")
+    ap.add_argument("--starts", type=int, default=32, help="sequential session starts")
     ap.add_argument("--baseline-calls", type=int, default=96)
     a = ap.parse_args()
     results = {}
@@ -115,12 +147,13 @@ async def main() -> None:
         s = await sb.session()
         spawn = time.perf_counter() - t
         await s.aclose()
-        print(f"isolated session start (fork + namespaces + limits): {1000 * spawn:.1f} ms")
+        start = statistics.median(await start_times(sb, a.starts))
+        print(f"isolated session start (fork + namespaces + limits): {1000 * start:.2f} ms "
+              f"(median of {a.starts}; the run's first: {1000 * spawn:.2f} ms)")
         starts = await start_rate(sb, 64)
         settled = await start_rate(sb, 64, settle=1.0)
         for c in (1, 32):
-            await pool_run(sb, c, 64)  # warm up
-            results[("pool", c)] = await pool_run(sb, c, a.calls)
+            results[("pool", c)] = await pool_phases(sb, c, a.calls, a.repeats)
     for c in (1, 32):
         results[("baseline", c)] = await baseline_run(c, a.baseline_calls)
     for c in (1, 32):
@@ -133,7 +166,8 @@ async def main() -> None:
     print(f"sandbox_speedup: {per_call[('baseline', 32)] / per_call[('pool', 32)]:.1f}")
     calls = {f"{kind}_c{c}": {"p50_ms": 1000 * statistics.median(lat), "p99_ms": 1000 * pct(lat, 0.99),
                              "calls_per_s": len(lat) / wall} for (kind, c), (wall, lat) in results.items()}
-    _report.write("sandbox", {"first_session_start_ms": 1000 * spawn, "starts_per_s_after_close": starts,
+    _report.write("sandbox", {"session_start_ms": 1000 * start, "first_session_start_ms": 1000 * spawn,
+                              "starts_per_s_after_close": starts,
                               "starts_per_s_settled": settled, "calls": calls,
                               "speedup_c1": per_call[("baseline", 1)] / per_call[("pool", 1)],
                               "sandbox_speedup": per_call[("baseline", 32)] / per_call[("pool", 32)]},
