@@ -6,8 +6,8 @@ session is ready, it ended) and carries out each :class:`~agentenv.scheduler.Dec
 an admitted program starts as a task in the calling ``rollouts``/``group`` task group, its
 session is prepared ahead of its first tool call, a submitted turn goes to the engine, a paused
 program's KV is released to the engine (``Engine.release``). Given the engine's costs (a
-:class:`~agentenv.scheduler.CostModel`: by default measured from the turns the engine serves and
-refitted as the run goes, :class:`~agentenv.scheduler.CostFit`) and the reactor's clock, the
+:class:`~agentenv.costs.CostModel`: by default measured from the turns the engine serves and
+refitted as the run goes, :class:`~agentenv.costs.CostFit`) and the reactor's clock, the
 scheduler also releases the KV of programs on their tools to programs that want the engine, when
 a decode slot is worth more than the re-prefill. ``concurrency`` caps requests in
 the engine (its decode slots), not programs: a program on a tool holds no slot, so while one
@@ -49,7 +49,8 @@ from .env import Environment, Task, bind_tool_format
 from .errors import ProgramEndedError, SandboxError
 from .formats import get_format
 from .program import ProgramContext, apply_reward, reward_failed, run_program, score_program, stop_token_ids
-from .scheduler import CostFit, CostModel, Scheduler, SchedulerConfig, SchedulingPolicy, State
+from .costs import CostFit, CostModel
+from .scheduler import Scheduler, SchedulerConfig, SchedulingPolicy, State
 from .stats import RunStats
 from .tools import needs_sandbox
 from .trajectory import Trajectory

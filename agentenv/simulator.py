@@ -37,7 +37,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .scheduler import CostModel, Scheduler, SchedulerConfig, SchedulingPolicy, State
+from .costs import CostModel
+from .scheduler import Scheduler, SchedulerConfig, SchedulingPolicy, State
 from .stats import resume_eligible
 from .workload import ProgramTrace
 

@@ -60,8 +60,8 @@ def test_the_check_catches_an_import_inside_a_method():
 #: never above, at the top of the file, inside a function or under ``TYPE_CHECKING`` alike.
 #: A name is a module or a package (a package's modules share its floor unless named here).
 FLOORS: list[tuple[str, set[str]]] = [
-    ("shared", {"errors", "extras", "retry", "console", "options", "devices", "raycluster", "scheduler", "literals",
-                "trajectory", "formats", "stats", "evaluation", "_math_worker", "models", "mainloop"}),
+    ("shared", {"errors", "extras", "retry", "console", "options", "devices", "raycluster", "scheduler", "costs",
+                "literals", "trajectory", "formats", "stats", "evaluation", "_math_worker", "models", "mainloop"}),
     ("io", {"engines", "sandboxes"}),
     ("env", {"env", "tools", "program", "workload", "simulator", "summary", "journal", "inflight", "checker",
              "registry", "config", "judge", "rewards", "envs", "bridge", "testing", "agent", "mcp_tools"}),

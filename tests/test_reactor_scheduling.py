@@ -8,7 +8,7 @@ import pytest
 
 from agentenv import Reactor, RolloutConfig, make
 from agentenv.engines.embedded import EmbeddedEngine
-from agentenv.scheduler import CostModel
+from agentenv.costs import CostModel
 from agentenv.sandboxes.local import LocalSandbox
 
 from .conftest import child_pids
