@@ -11,9 +11,10 @@ after the previous 64 closed, and again once their teardown is done), then as th
 
 The pool's figures are medians over repeated measures, because one short measure on a small
 machine swings with whatever else it does in that moment: each concurrency runs ``--repeats``
-phases of ``--calls`` calls (calls/s is the median phase's, latencies are pooled), and a
-session start is the median of ``--starts`` starts one after another (the first start of
-the run, with nothing warm yet, is reported beside it).
+phases of ``--calls`` calls on the same sessions (calls/s is the median phase's, latencies are
+pooled), and a session start is the median of ``--starts`` starts one after another (the first
+start of the run, with nothing warm yet, is reported beside it). The bursts of starts come
+after the calls, so no call phase shares the machine with the teardown of 64 sessions.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def pool_run(sb: LocalSandbox, concurrency: int, calls: int) -> tuple[float, list[float]]:
-    """One phase: ``calls`` calls over ``concurrency`` sessions; its wall time and latencies."""
-    sessions = [await sb.session() for _ in range(concurrency)]
+async def pool_run(sessions: list, calls: int) -> tuple[float, list[float]]:
+    """One phase: ``calls`` calls spread over ``sessions``, each session's calls one after
+    another; its wall time and latencies."""
     lat: list[float] = []
-    per = calls // concurrency
+    per = calls // len(sessions)
 
     async def client(s) -> None:
         for _ in range(per):
@@ -57,10 +58,7 @@ async def pool_run(sb: LocalSandbox, concurrency: int, calls: int) -> tuple[floa
     async with anyio.create_task_group() as tg:
         for s in sessions:
             tg.start_soon(client, s)
-    wall = time.perf_counter() - t0
-    for s in sessions:
-        await s.aclose()
-    return wall, lat
+    return time.perf_counter() - t0, lat
 
 
 async def start_rate(sb: LocalSandbox, n: int, rounds: int = 3, settle: float = 0.0) -> float:
@@ -89,13 +87,20 @@ async def start_rate(sb: LocalSandbox, n: int, rounds: int = 3, settle: float = 
 
 
 async def pool_phases(sb: LocalSandbox, concurrency: int, calls: int, repeats: int) -> tuple[float, list[float]]:
-    """``repeats`` phases after a warm-up: the median phase's wall time, and all latencies."""
-    await pool_run(sb, concurrency, 64)
-    walls, lat = [], []
-    for _ in range(repeats):
-        wall, got = await pool_run(sb, concurrency, calls)
-        walls.append(wall)
-        lat += got
+    """``repeats`` phases on the same ``concurrency`` sessions, after a warm-up on them: the
+    median phase's wall time, and all latencies. The sessions live through all phases, as a
+    rollout's do through its calls, so no phase pays for starting or ending sessions."""
+    sessions = [await sb.session() for _ in range(concurrency)]
+    try:
+        await pool_run(sessions, 2 * concurrency)
+        walls, lat = [], []
+        for _ in range(repeats):
+            wall, got = await pool_run(sessions, calls)
+            walls.append(wall)
+            lat += got
+    finally:
+        for s in sessions:
+            await s.aclose()
     return statistics.median(walls) * repeats, lat
 
 
@@ -150,10 +155,10 @@ async def main() -> None:
         start = statistics.median(await start_times(sb, a.starts))
         print(f"isolated session start (fork + namespaces + limits): {1000 * start:.2f} ms "
               f"(median of {a.starts}; the run's first: {1000 * spawn:.2f} ms)")
-        starts = await start_rate(sb, 64)
-        settled = await start_rate(sb, 64, settle=1.0)
         for c in (1, 32):
             results[("pool", c)] = await pool_phases(sb, c, a.calls, a.repeats)
+        starts = await start_rate(sb, 64)  # after the calls: the bursts' teardown is in no call phase
+        settled = await start_rate(sb, 64, settle=1.0)
     for c in (1, 32):
         results[("baseline", c)] = await baseline_run(c, a.baseline_calls)
     for c in (1, 32):
