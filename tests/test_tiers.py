@@ -24,6 +24,8 @@ CROSS_CUTTING = {
     "tests/test_tiers.py": "this file",
     "tests/test_waiting.py": "tests/waiting.py, the tests' own helpers for waiting on a condition or a process",
     "tests/test_bench_client.py": "bench/client.py's figures (the benchmark lives outside the package)",
+    "tests/test_bench_ab.py": "bench/ab.py, one bench interleaved on two revisions (the benchmarks live outside "
+                              "the package)",
     "tests/test_bench_overlap.py": "bench/_overlap.py's ideal-overlap arithmetic (the benchmark lives outside the "
                                    "package)",
     "tests/engines/test_embedded_growth.py": "the embedded engine and transformers' continuous batching keep no "
