@@ -105,8 +105,9 @@ def main() -> None:
 
     scratch = Path(tempfile.mkdtemp(prefix="agentenv-ab-"))
     other = scratch / rev
-    git("worktree", "add", "--detach", str(other), rev)
     try:
+        git("worktree", "add", "--detach", str(other), rev)
+        (other / "bench").mkdir(exist_ok=True)  # a revision from before bench/ had it
         for helper in (ROOT / "bench").glob("_*.py"):
             shutil.copy2(helper, other / "bench" / helper.name)
         shutil.copy2(here, other / "bench" / here.name)
@@ -134,7 +135,9 @@ def main() -> None:
             print(f"kept: the worktree {other} and the runs under {scratch / 'runs'} "
                   f"(git worktree remove --force {other})")
         else:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], capture_output=True)
+            if other.exists():
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)],
+                               capture_output=True)
             shutil.rmtree(scratch, ignore_errors=True)
 
 
