@@ -24,6 +24,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from .agent import AgentEnvironment
 from .env import Environment, Task, bind_tool_format
 from .errors import ConfigError, EnvCheckError
 from .formats import ToolFormat, get_format
@@ -100,10 +101,14 @@ def _check_class(env: Environment, report: EnvReport, tokenizer: Any = None) -> 
     report.checks["overrides"] = "tasks() and reward()" + "".join(
         f", {h}()" for h in ("prompt", "tools", "group_reward", "on_turn") if getattr(cls, h) is not getattr(
             Environment, h))
-    for name in ("reward", "group_reward", "on_turn"):
+    hooks = ("reward", "group_reward", "on_turn") + (("agent",) if isinstance(env, AgentEnvironment) else ())
+    for name in hooks:
         if not inspect.iscoroutinefunction(getattr(cls, name)):
-            _fail(env, f"{name}() must be 'async def'")
-    report.checks["async hooks"] = "reward(), group_reward() and on_turn() are 'async def'"
+            _fail(env, f"{name}() must be 'async def'" + (
+                " and await the client's calls (client is an openai.AsyncOpenAI)" if name == "agent" else ""))
+    if isinstance(env, AgentEnvironment) and cls.agent is AgentEnvironment.agent and not env.agent_command:
+        _fail(env, "must override agent() (async def agent(self, task, client, model)) or set agent_command")
+    report.checks["async hooks"] = ", ".join(f"{h}()" for h in hooks[:-1]) + f" and {hooks[-1]}() are 'async def'"
     pinned = env.tool_format is not None
     try:
         mismatch = bind_tool_format(env, tokenizer) if tokenizer is not None else None

@@ -163,7 +163,9 @@ class EngineOptions:
 
     engine: Literal["embedded", "vllm", "openai"] = option(
         "embedded", "embedded (CPU), vllm (in-process AsyncLLM), openai (HTTP server)")
-    model: str | None = option(None, "local Hugging Face model directory (default: bundled tiny model)", resume=True)
+    model: str | None = option(None, "local Hugging Face model directory or a bundled model's name (default: the "
+                               "bundled model that speaks the env's pinned tool format, else tiny-retool)",
+                               resume=True)
     engine_kwargs: dict[str, Any] = option(factory=dict, flag="--engine-arg", metavar="KEY=VALUE",
                                            convert=engine_args, help=ENGINE_ARG_HELP)
     base_urls: list[str] | None = option(None, "server URL for --engine openai, http(s)://HOST[:PORT][/PATH] "

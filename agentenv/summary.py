@@ -67,14 +67,24 @@ def file_rows(out: Path, weights: dict[str, float] | None = None) -> list[tuple[
                 whole.add(Trajectory.from_dict(json.loads(line)))
     s = whole.summary()
     rows: list[tuple[str, Any]] = [(label, s[key]) for label, key in (
-        ("programs", "programs"), ("turns", "turns"), ("tool calls", "tool_calls"), ("tool errors", "tool_errors"),
-        ("programs with a tool call that ran", "programs_with_ok_tool_call"),
-        ("tokens generated", "tokens_generated")) if key in s]
+        *_outcome_labels(s), ("tokens generated", "tokens_generated")) if key in s]
     rows += gateway_rows(s.get("gateway"))
     rows.append(("mean reward", s["mean_reward"]))
     rows += component_rows(s["reward_components"], weights)
     rows.append(("finish reasons", ", ".join(f"{k}={v}" for k, v in sorted(s["finish_reasons"].items()))))
     return rows
+
+
+def _outcome_labels(s: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The labels of the programs' and tool calls' counts. An agent run's tool calls are the
+    calls the gateway parsed from the model's replies and handed to the agent: whether the
+    agent ran them is its own business, so they are not said to have run."""
+    agent = bool(s.get("gateway"))
+    return (("programs", "programs"), ("turns", "turns"),
+            ("tool calls (parsed, handed to the agent)" if agent else "tool calls", "tool_calls"),
+            ("tool errors", "tool_errors"),
+            ("programs with a well-formed tool call" if agent else "programs with a tool call that ran",
+             "programs_with_ok_tool_call"))
 
 
 def gateway_rows(g: dict[str, Any] | None) -> list[tuple[str, Any]]:
@@ -117,9 +127,7 @@ def summary_rows(s: dict[str, Any], *, prepared: int = 0, startup_s: float, star
 
     rows: list[tuple[str, Any]] = [*extra]
     rows += [(label, value(key)) for label, key in (
-        ("programs", "programs"), ("turns", "turns"), ("tool calls", "tool_calls"), ("tool errors", "tool_errors"),
-        ("programs with a tool call that ran", "programs_with_ok_tool_call"),
-        ("tokens generated", "tokens_generated"), (f"tokens/s{now}", "tokens_per_s")) if key in s]
+        *_outcome_labels(s), ("tokens generated", "tokens_generated"), (f"tokens/s{now}", "tokens_per_s")) if key in s]
     if has("resume_reuse_pct"):
         rows.append(("prefix-cache reuse (resumed turns)", f"{s['resume_reuse_pct']}%"))
     if has("prefix_cache_hit_pct"):

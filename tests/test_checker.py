@@ -4,6 +4,7 @@ a tokenizer (the bundled one) the chat template and the format's stop tags are c
 import pytest
 
 from agentenv import Environment, EnvCheckError, EnvReport, Task, check_env, make
+from agentenv.agent import AgentEnvironment
 from agentenv.formats import ReToolFormat
 from agentenv.tools import FunctionTool, PythonTool
 
@@ -182,3 +183,37 @@ def test_the_report_warns_of_what_works_but_may_not_be_meant():
     report = check_env(NoTools)
     assert report.checks["tools"] == "none"
     assert "no tools: the model has nothing to call (a chat-only environment)" in report.warnings
+
+
+class GoodAgent(AgentEnvironment):
+    def tasks(self, n, seed=0):
+        return [Task(f"agent/{seed}/{i}", f"what is {i}+{seed}?", i + seed) for i in range(n)]
+
+    async def reward(self, task, trajectory):
+        return 0.0
+
+    async def agent(self, task, client, model):
+        return "0"
+
+
+class SyncAgent(GoodAgent):
+    def agent(self, task, client, model):  # type: ignore[override]  (the mistake: client.chat.completions.create unawaited)
+        return "0"
+
+
+class CommandAgent(GoodAgent):
+    agent = AgentEnvironment.agent  # the default: runs agent_command
+    agent_command = ["python", "my_agent.py"]
+
+
+class NoAgentAtAll(CommandAgent):
+    agent_command = None
+
+
+def test_an_agent_environment_needs_an_async_agent_or_a_command():
+    assert "agent() are 'async def'" in check_env(GoodAgent()).checks["async hooks"]
+    check_env(CommandAgent())
+    with pytest.raises(EnvCheckError, match=r"SyncAgent.*agent\(\) must be 'async def' and await the client's calls"):
+        check_env(SyncAgent())
+    with pytest.raises(EnvCheckError, match=r"NoAgentAtAll.*must override agent\(\) .* or set agent_command"):
+        check_env(NoAgentAtAll())

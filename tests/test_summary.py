@@ -67,6 +67,22 @@ def test_a_run_without_resume_reports_as_it_counted():
         "1 trajectory (0 this run, 1 from before the resume) -> r.jsonl"
 
 
+def test_an_agent_runs_tool_calls_are_not_said_to_have_run():
+    """An agent run's tool calls are the gateway's parsed calls, handed to the agent: the table
+    says so rather than that they ran (a native run's rows keep their labels)."""
+    stats = RunStats()
+    stats.start(1)
+    t = traj("a", 0, 1.0)
+    t.metadata["gateway"] = {"calls": 2, "extended": 1, "branched": 0, "replayed": 0, "restarts": 0,
+                             "malformed_tool_calls": 0}
+    stats.add(t)
+    stats.stop()
+    rows = dict(summary_rows(stats.summary(), startup_s=1.0, startup="model"))
+    assert "tool calls (parsed, handed to the agent)" in rows and "programs with a well-formed tool call" in rows
+    assert "tool calls" not in rows and "programs with a tool call that ran" not in rows
+    assert rows["gateway calls (extended / branched / from the journal)"].startswith("2 (1 / 0")
+
+
 def test_session_starts_are_shown_in_microseconds_when_under_a_millisecond():
     """A session prepared ahead is handed over in microseconds: measured to the microsecond and
     shown in µs, not rounded to 0.0 ms; slower starts stay in ms."""

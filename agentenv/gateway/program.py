@@ -15,7 +15,9 @@ match cancels the attempt and the agent starts once more, fresh, with nothing re
 
 from __future__ import annotations
 
+import logging
 import time
+import traceback
 from typing import Any
 
 import anyio
@@ -26,6 +28,10 @@ from ..program import ProgramContext
 from ..trajectory import Trajectory, TokenSequence
 from .server import Gateway
 from .session import ProgramSession
+
+log = logging.getLogger(__name__)
+TRACEBACK_CAP = 8000  # characters of an agent's traceback kept on its row
+_logged: set[tuple[str, str]] = set()  # (environment, exception type) whose first traceback was logged
 
 
 async def run_agent_program(ctx: ProgramContext, gateway: Gateway, task: Task, group_id: str, sample_index: int,
@@ -47,7 +53,7 @@ async def run_agent_program(ctx: ProgramContext, gateway: Gateway, task: Task, g
         try:
             token = _PROGRAM.set(hooks)
             try:
-                reason, error, answer = await _attempt(env, task, session, gateway)
+                reason, error, answer, trace = await _attempt(env, task, session, gateway)
             finally:
                 _PROGRAM.reset(token)
         finally:
@@ -64,13 +70,29 @@ async def run_agent_program(ctx: ProgramContext, gateway: Gateway, task: Task, g
         reason, error = "error:replay_mismatch", "the agent's requests differed from the journal's twice"
     _assemble(traj, session, restarts, len(replay))
     traj.finish_reason, traj.error, traj.text = reason, error, answer
+    if trace is not None:
+        traj.metadata["gateway"]["traceback"] = trace
     traj.duration_s = time.perf_counter() - start
     return traj
 
 
+def _traceback(env: AgentEnvironment, exc: Exception) -> str:
+    """The agent's traceback, capped, for the row; the first of each exception type an
+    environment raises is also logged, so a run whose agent fails shows why where it runs."""
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > TRACEBACK_CAP:
+        text = text[:TRACEBACK_CAP // 4] + "\n...\n" + text[-(3 * TRACEBACK_CAP) // 4:]
+    key = (env.id or type(env).__name__, type(exc).__name__)
+    if key not in _logged:
+        _logged.add(key)
+        log.warning("%s: the agent raised %s (its programs end error:agent; the row's metadata.gateway.traceback "
+                    "keeps each one's traceback). The first:\n%s", key[0], key[1], text.rstrip())
+    return text
+
+
 async def _attempt(env: AgentEnvironment, task: Task, session: ProgramSession,
-                   gateway: Gateway) -> tuple[str, str | None, str | None]:
-    """Run the agent once: (finish reason, error, answer)."""
+                   gateway: Gateway) -> tuple[str, str | None, str | None, str | None]:
+    """Run the agent once: (finish reason, error, answer, the agent's traceback if it raised)."""
     client = gateway.client(session.key, env.agent_timeout)  # shares the gateway's connection pool: not closed here
     try:
         with anyio.CancelScope() as attempt:
@@ -81,14 +103,14 @@ async def _attempt(env: AgentEnvironment, task: Task, session: ProgramSession,
                 except anyio.get_cancelled_exc_class():
                     raise
                 except AgentFailed as exc:
-                    return exc.reason, str(exc), None
+                    return exc.reason, str(exc), None, None
                 except Exception as exc:  # noqa: BLE001 - the agent's failure is the trajectory's, as data
-                    return "error:agent", f"{type(exc).__name__}: {exc}", None
+                    return "error:agent", f"{type(exc).__name__}: {exc}", None, _traceback(env, exc)
             if deadline.cancelled_caught:
-                return "error:agent_timeout", f"the agent ran past agent_timeout={env.agent_timeout}s", None
+                return "error:agent_timeout", f"the agent ran past agent_timeout={env.agent_timeout}s", None, None
         if attempt.cancelled_caught:
-            return "error:replay_mismatch", "a request differed from the journal's", None
-        return "stop", None, None if answer is None else str(answer)
+            return "error:replay_mismatch", "a request differed from the journal's", None, None
+        return "stop", None, None if answer is None else str(answer), None
     finally:
         session.on_mismatch = lambda: None
 

@@ -1,8 +1,8 @@
 """A plain ``openai`` SDK tool loop, trained as it is: the gateway turns its calls into
 token-exact rollouts.
 
-    agentenv rollout --env examples/agents/openai_tool_loop.py:ToolLoopMath --tasks 8 --group-size 2 \
-        --out tool_loop.jsonl
+    agentenv rollout --env examples/agents/openai_tool_loop.py:ToolLoopMath --model tiny-hermes \
+        --tasks 8 --group-size 2 --out tool_loop.jsonl
 
 The agent asks the model (the bundled ``tiny-hermes``, through the gateway) with a ``python``
 tool, runs each call's code in the run's sandbox pool, sends the output back as a ``tool``

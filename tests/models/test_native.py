@@ -16,7 +16,7 @@ from agentenv.engines.instant import InstantEngine
 from agentenv.env import Environment, Task, bind_tool_format
 from agentenv.envs.retool_math import HERMES_PROMPT, SYSTEM_PROMPT, RetoolMathEnv
 from agentenv.formats import HermesFormat, ReToolFormat
-from agentenv.models import BUNDLED
+from agentenv.models import BUNDLED, default_model
 from agentenv.models.families import LLAMA3_TEMPLATE, QWEN3_TEMPLATE
 from agentenv.models.native import NativeFormat, native_format
 from agentenv.reactor import Reactor
@@ -26,6 +26,20 @@ def test_the_bundled_models_declare_their_format():
     assert native_format("tiny-hermes") == NativeFormat("hermes", "training.json")
     assert native_format("tiny-retool") == NativeFormat("retool", "agentenv.json")
     assert native_format(load_tokenizer(str(BUNDLED["tiny-hermes"]))).name == "hermes"  # by its directory
+
+
+def test_without_a_model_a_run_takes_the_bundled_model_that_speaks_the_pinned_format():
+    assert default_model("hermes") == BUNDLED["tiny-hermes"]
+    assert default_model("retool") == default_model(None) == default_model() == BUNDLED["tiny-retool"]
+    assert default_model("llama3-json") == BUNDLED["tiny-retool"]  # none speaks it: the default, and a warning
+
+
+def test_a_rollout_of_a_hermes_environment_without_a_model_runs_tiny_hermes(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert main(["rollout", "--env", "retool-math", "--env-arg", "format=hermes", "--tasks", "1", "--group-size", "1",
+                 "--max-new-tokens", "8", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"model={BUNDLED['tiny-hermes']}" in err and "tool format:" not in err
 
 
 @pytest.mark.parametrize("files, expected", [
