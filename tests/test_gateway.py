@@ -430,16 +430,25 @@ class Failing(Calc):
         return await Calc.agent(self, task, client, model)
 
 
-async def test_an_agent_that_raises_or_hangs_is_a_failed_trajectory_and_others_go_on(tok):
+async def test_an_agent_that_raises_or_hangs_is_a_failed_trajectory_and_others_go_on(tok, caplog, monkeypatch):
+    from agentenv.gateway import program
+
+    monkeypatch.setattr(program, "_logged", set())  # this environment's first traceback is logged in this test
     env = Failing()
-    order = []
+    order, traces = [], {}
     async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig(max_new_tokens=512)) as reactor:
         async with reactor.rollouts(env.tasks(4), 1) as results:
             async for item in results:
                 if not hasattr(item, "trajectories"):
                     order.append((item.task_id, item.finish_reason, item.error))
+                    traces[item.task_id] = item.metadata["gateway"].get("traceback")
     by = {tid: (r, e) for tid, r, e in order}
     assert by["calc/0"] == ("error:agent", "ValueError: the agent broke")
+    # Its traceback, down to the agent's own line, is on the row and logged once.
+    assert 'raise ValueError("the agent broke")' in traces["calc/0"] and "in agent" in traces["calc/0"]
+    assert traces["calc/2"] is None and traces["calc/1"] is None
+    logged = [r.getMessage() for r in caplog.records if "the agent raised ValueError" in r.getMessage()]
+    assert len(logged) == 1 and 'raise ValueError("the agent broke")' in logged[0]
     assert by["calc/1"][0] == "error:agent_timeout"
     assert by["calc/2"][0] == by["calc/3"][0] == "stop"
     assert order[-1][0] == "calc/1", "the hanging agent held back the others"
