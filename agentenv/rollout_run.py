@@ -79,11 +79,11 @@ class RolloutJob:
         from .engines.embedded import check_model_dir
         from .env import bind_tool_format
         from .formats import get_format
-        from .models import default_model
+        from .models.native import default_model_for
         from .options import resume_settings
 
         pinned = get_format(env.tool_format).name if env.tool_format is not None else None
-        model = Path(options.engine.model) if options.engine.model else default_model(pinned)
+        model = Path(options.engine.model) if options.engine.model else default_model_for(pinned)
         check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
         format_warning = bind_tool_format(env, model)  # before any prompt is written
         config = options.rollout.for_env(env)

@@ -19,15 +19,9 @@ TINY_MODEL_DIR = Path(__file__).with_name("tiny-retool")
 BUNDLED: dict[str, Path] = {"tiny-retool": TINY_MODEL_DIR, "tiny-hermes": Path(__file__).with_name("tiny-hermes")}
 
 
-def default_model(tool_format: str | None = None) -> Path:
-    """The bundled model a run uses without ``--model``: the one whose own tool format is
-    ``tool_format`` (an environment's pinned format) when one is, else ``tiny-retool``."""
-    if tool_format is not None:
-        from .native import native_format
-
-        for path in BUNDLED.values():
-            if native_format(path).name == tool_format:
-                return path
+def default_model() -> Path:
+    """The bundled tiny model's directory (what the CLI uses without ``--model`` when the
+    environment pins no tool format: :func:`agentenv.models.native.default_model_for`)."""
     return TINY_MODEL_DIR
 
 

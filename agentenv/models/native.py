@@ -94,6 +94,18 @@ def _dir_format(path: Path) -> NativeFormat:
     return NativeFormat(fmt, why or "no tool syntax in its files")
 
 
+def default_model_for(tool_format: str | None) -> Path:
+    """The bundled model a run uses without ``--model``: the one whose own tool format is
+    ``tool_format`` (an environment's pinned format) when one is, else the default model."""
+    from . import BUNDLED, default_model
+
+    if tool_format is not None:
+        for path in BUNDLED.values():
+            if native_format(path).name == tool_format:
+                return path
+    return default_model()
+
+
 def native_format(model: str | Path | Any) -> NativeFormat:
     """``model``'s native format: a model directory (or a bundled model's name), or a loaded
     tokenizer (its directory when ``name_or_path`` is one, else its chat template and name)."""

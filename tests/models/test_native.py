@@ -18,7 +18,7 @@ from agentenv.envs.retool_math import HERMES_PROMPT, SYSTEM_PROMPT, RetoolMathEn
 from agentenv.formats import HermesFormat, ReToolFormat
 from agentenv.models import BUNDLED, default_model
 from agentenv.models.families import LLAMA3_TEMPLATE, QWEN3_TEMPLATE
-from agentenv.models.native import NativeFormat, native_format
+from agentenv.models.native import NativeFormat, default_model_for, native_format
 from agentenv.reactor import Reactor
 
 
@@ -29,9 +29,9 @@ def test_the_bundled_models_declare_their_format():
 
 
 def test_without_a_model_a_run_takes_the_bundled_model_that_speaks_the_pinned_format():
-    assert default_model("hermes") == BUNDLED["tiny-hermes"]
-    assert default_model("retool") == default_model(None) == default_model() == BUNDLED["tiny-retool"]
-    assert default_model("llama3-json") == BUNDLED["tiny-retool"]  # none speaks it: the default, and a warning
+    assert default_model_for("hermes") == BUNDLED["tiny-hermes"]
+    assert default_model_for("retool") == default_model_for(None) == default_model() == BUNDLED["tiny-retool"]
+    assert default_model_for("llama3-json") == BUNDLED["tiny-retool"]  # none speaks it: the default, and a warning
 
 
 def test_a_rollout_of_a_hermes_environment_without_a_model_runs_tiny_hermes(tmp_path, capsys):
