@@ -118,9 +118,30 @@ class Command:
 
 
 class _Parser(argparse.ArgumentParser):
+    #: The command line being parsed and each command's flags (set on the top parser by
+    #: :func:`build_parser`): an unrecognized flag is reported with the command's nearest.
+    argv: Sequence[str] = ()
+    flags: dict[str, list[str]] = {}
+
     def error(self, message: str) -> None:  # one clear line, exit 2, as every other error of the CLI says it
-        sys.stderr.write(f"agentenv: error: {message}\n")
+        sys.stderr.write(f"agentenv: error: {message}{self._nearest(message)}\n")
         raise SystemExit(2)
+
+    def _nearest(self, message: str) -> str:
+        """" Did you mean --group-size?" for each unrecognized flag that is close to one of the
+        command's own (``--group_size``, ``--max-new-token``); "" when none is."""
+        prefix = "unrecognized arguments: "
+        command = next((a for a in self.argv if a in self.flags), None)
+        if not message.startswith(prefix) or command is None:
+            return ""
+        import difflib
+
+        near = []
+        for token in message[len(prefix):].split():
+            name = token.split("=", 1)[0]
+            if name.startswith("--"):
+                near += difflib.get_close_matches(name.replace("_", "-"), self.flags[command], n=1, cutoff=0.75)
+        return f". Did you mean {' / '.join(dict.fromkeys(near))}?" if near else ""
 
 
 class _NotNow(Exception):
@@ -193,12 +214,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser of every command; with ``argv``, ``train``'s defaults are the env's it names."""
     p = _Parser(prog="agentenv", description="Token-exact async rollouts for tool-calling models.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p.argv, p.flags = list(argv), {}
     for c in _commands(argv):
         s = sub.add_parser(c.name, help=c.help, description=c.description, allow_abbrev=False)
         add_options(s, c.options, defaults=c.defaults, changes=c.changes, groups=HELP_GROUPS if c.first else None,
                     first=c.first)
         if c.first:
             s.usage = first_usage(s, c.first)
+        p.flags[c.name] = [f for f in s._option_string_actions if f.startswith("--")]
     return p
 
 
