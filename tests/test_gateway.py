@@ -454,6 +454,24 @@ async def test_an_agent_that_raises_or_hangs_is_a_failed_trajectory_and_others_g
     assert order[-1][0] == "calc/1", "the hanging agent held back the others"
 
 
+class Silent(Calc):
+    async def agent(self, task, client, model):
+        await client.chat.completions.create(model=model, messages=[{"role": "user", "content": task.question}])
+        return None  # the mistake: the answer never returned
+
+
+async def test_an_agent_that_returns_nothing_ends_stop_without_text_and_says_so_once(tok, caplog, monkeypatch):
+    from agentenv.gateway import program
+
+    monkeypatch.setattr(program, "_logged", set())
+    env = Silent()
+    async with Reactor(ScriptedEngine(calculator, tok), env, None, RolloutConfig(max_new_tokens=256)) as reactor:
+        rows = [t for g in await reactor.collect(env.tasks(2), 1) for t in g.trajectories]
+    assert [(t.finish_reason, t.text) for t in rows] == [("stop", None), ("stop", None)]
+    said = [r.getMessage() for r in caplog.records if "the agent returned None" in r.getMessage()]
+    assert len(said) == 1 and "return the final answer" in said[0]
+
+
 AGENT_SCRIPT = """
 import json, os, sys
 from openai import OpenAI

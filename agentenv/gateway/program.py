@@ -31,7 +31,7 @@ from .session import ProgramSession
 
 log = logging.getLogger(__name__)
 TRACEBACK_CAP = 8000  # characters of an agent's traceback kept on its row
-_logged: set[tuple[str, str]] = set()  # (environment, exception type) whose first traceback was logged
+_logged: set[tuple[str, str]] = set()  # (environment, exception type or "None") already logged
 
 
 async def run_agent_program(ctx: ProgramContext, gateway: Gateway, task: Task, group_id: str, sample_index: int,
@@ -90,6 +90,16 @@ def _traceback(env: AgentEnvironment, exc: Exception) -> str:
     return text
 
 
+def _returned_none(env: AgentEnvironment) -> None:
+    """Logged once per environment: an agent that returns nothing leaves its row no ``text``,
+    which a reward reading ``text`` scores as wrong (often a loop left by ``break``)."""
+    key = (env.id or type(env).__name__, "None")
+    if key not in _logged:
+        _logged.add(key)
+        log.warning("%s: the agent returned None, so its trajectory has no text for the reward; return the final "
+                    "answer (e.g. the last message's content) from agent()", key[0])
+
+
 async def _attempt(env: AgentEnvironment, task: Task, session: ProgramSession,
                    gateway: Gateway) -> tuple[str, str | None, str | None, str | None]:
     """Run the agent once: (finish reason, error, answer, the agent's traceback if it raised)."""
@@ -110,6 +120,8 @@ async def _attempt(env: AgentEnvironment, task: Task, session: ProgramSession,
                 return "error:agent_timeout", f"the agent ran past agent_timeout={env.agent_timeout}s", None, None
         if attempt.cancelled_caught:
             return "error:replay_mismatch", "a request differed from the journal's", None, None
+        if answer is None:
+            _returned_none(env)
         return "stop", None, None if answer is None else str(answer), None
     finally:
         session.on_mismatch = lambda: None
