@@ -41,6 +41,7 @@ def cgroups():
     if cg.missing:
         pytest.skip(f"no writable cgroup hierarchy for {cg.missing} on this host")
     yield cg
+    cg.drain()  # the ends still on its teardown thread
     wait_for(cg.remove_all, "every released directory removed")
     cg.remove_roots()
     assert not [p for base in cg.bases.values() for p in base.glob(f"{cg.name}*")], "a directory was left"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+import anyio
 import psutil
 
 from agentenv.sandboxes.local import CGROUP_V1, Limits
@@ -43,6 +44,7 @@ async def fork_servers(*, replace_dead: bool = True, spawn_servers: int = 2):
         yield servers
     finally:
         await servers.aclose()
+        await anyio.to_thread.run_sync(cgroups.drain)
         await until(cgroups.remove_all, "the workers left their cgroups")
         cgroups.remove_roots()
         uids.close()

@@ -7,6 +7,7 @@ machine's pid 1 reaps no orphan: an orphan's zombie would keep its cgroup busy f
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import anyio
@@ -114,6 +115,29 @@ async def test_a_frozen_session_runs_nothing_still_dies_to_sigkill_and_is_thawed
     assert not cgroups.freeze([]) and not cgroups.thaw([])  # no freezer: said so
 
 
+async def test_end_kills_and_takes_a_frozen_sessions_directories_back_off_the_event_loop(cgroups, monkeypatch):
+    dirs = await cgroups.acquire(LIMITS)
+    events = by_hierarchy(cgroups, dirs)["freeze"] / "cgroup.events"
+    procs = [await member(dirs), await member(dirs, new_session=True)]
+    assert cgroups.freeze(dirs)
+    await until(lambda: "frozen 1" in events.read_text(), "the session frozen")
+    where: list[str] = []
+    kill = cgroups.kill
+    monkeypatch.setattr(cgroups, "kill", lambda d: where.append(threading.current_thread().name) or kill(d))
+    cgroups.end(dirs)
+    with anyio.fail_after(DEADLINE_S):
+        assert [await p.wait() for p in procs] == [-9, -9]  # frozen, and killed all the same
+    await until(lambda: dirs in cgroups.free, "the directories taken back")
+    assert "frozen 0" in events.read_text()  # thawed before reuse: the next session starts running
+    assert len(where) == 1 and where[0] != threading.current_thread().name  # the cgroup writes: not here
+    assert await cgroups.acquire(LIMITS) == dirs
+    cgroups.drain()  # the pool is closing: an end from now on runs where it is called
+    cgroups.end(dirs)
+    assert where[1:] == [threading.current_thread().name] and dirs in cgroups.free
+    cgroups.end([])  # a session without cgroups: nothing to do
+    assert len(where) == 2
+
+
 async def test_cpu_reads_the_sessions_own_cpu_seconds(cgroups):
     dirs = await cgroups.acquire(LIMITS)
     proc = await member(dirs, SPIN)
@@ -199,6 +223,7 @@ async def test_a_closed_sessions_cgroups_are_reused_only_once_empty_and_still_li
     # And in a pool, a session on reused directories is held to the same limits.
     async with LocalSandbox(limits=LIMITS, prewarm=0) as sb:
         await (await sb.session()).aclose()
+        await until(lambda: sb._cgroups.free, "the closed session's cgroups taken back")  # off the loop
         released, made = [list(d) for d in sb._cgroups.free], sb._cgroups.n
         await until(lambda: not sb._cgroups._busy(released[0]), "the closed session's cgroups emptied")
         b = await sb.session()

@@ -229,6 +229,7 @@ class LocalSandbox(Sandbox):
         with anyio.CancelScope(shield=True):
             await self._pool.aclose()
             await self._servers.aclose()
+            await anyio.to_thread.run_sync(self._cgroups.drain)  # ended sessions' dirs back in ``free``
             for _ in range(20):  # workers exit within milliseconds of SIGKILL
                 if await anyio.to_thread.run_sync(self._cgroups.remove_all):
                     break

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,8 @@ class _Cgroups:
         self.broken: list[list[str]] = []
         self._states: dict[str, int] = {}  # v2 dir -> its open cgroup.freeze
         self._kills: dict[str, int] = {}  # v2 dir -> its open cgroup.kill (where the kernel has one)
+        # Ended sessions' cgroup writes (``end``), one after another, off the event loop.
+        self._teardown = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentenv-cgroups")
 
     @property
     def missing(self) -> list[str]:
@@ -110,6 +113,31 @@ class _Cgroups:
         if dirs:
             self.thaw(dirs)
             self.free.append(dirs)
+
+    def end(self, dirs: list[str]) -> None:
+        """A session is over and its worker killed: SIGKILL whatever is left in ``dirs``
+        (``kill``) and take them back for reuse (``release``), on this pool's teardown thread.
+        Each of those writes waits for the kernel's global cgroup lock, which every session
+        start (joining its cgroups) and end takes; under a steady stream of starts and ends
+        (a rollout) they waited milliseconds at a time, stalling the event loop that serves
+        the engine. ``dirs`` are reused only once both are done. After ``drain`` (the pool is
+        closing) they run at once, here."""
+        if not dirs:
+            return
+
+        def work() -> None:
+            self.kill(dirs)
+            self.release(dirs)  # thawed: a frozen process dies of SIGKILL all the same
+
+        try:
+            self._teardown.submit(work)
+        except RuntimeError:  # drained: the pool is closing
+            work()
+
+    def drain(self) -> None:
+        """Wait until every ``end`` handed to the teardown thread is done (blocking: call it
+        from a worker thread) and stop the thread; later ends run where they are called."""
+        self._teardown.shutdown(wait=True)
 
     def _freezer(self, dirs: list[str]) -> int | None:
         return next((self._states[d] for d in dirs if d in self._states), None)

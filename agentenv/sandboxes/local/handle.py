@@ -47,10 +47,7 @@ class _Worker:
             pidfd_signal(self.reaper_fd, signal.SIGKILL)
             os.close(self.reaper_fd)
             self.reaper_fd = None
-        if self.cgroups:
-            cgroups.kill(self.cgroups)  # whatever is in its cgroup, by the kernel's own list
-        if self.cgroups:
-            cgroups.release(self.cgroups)  # thaws: a frozen process would not die
+        cgroups.end(self.cgroups)  # whatever is left in its cgroups, by the kernel's own list
         if self.uid is not None:
             uids.release(self.uid, self.pidfd)
         else:
