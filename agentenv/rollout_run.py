@@ -78,12 +78,10 @@ class RolloutJob:
         written with other settings (:func:`~agentenv.options.resume_settings`) at once."""
         from .engines.embedded import check_model_dir
         from .env import bind_tool_format
-        from .formats import get_format
         from .models.native import default_model_for
         from .options import resume_settings
 
-        pinned = get_format(env.tool_format).name if env.tool_format is not None else None
-        model = Path(options.engine.model) if options.engine.model else default_model_for(pinned)
+        model = Path(options.engine.model) if options.engine.model else default_model_for(env.tool_format)
         check_model_dir(model)  # with --engine openai: the tokenizer/chat template to use
         format_warning = bind_tool_format(env, model)  # before any prompt is written
         config = options.rollout.for_env(env)

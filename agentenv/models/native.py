@@ -94,11 +94,13 @@ def _dir_format(path: Path) -> NativeFormat:
     return NativeFormat(fmt, why or "no tool syntax in its files")
 
 
-def default_model_for(tool_format: str | None) -> Path:
+def default_model_for(tool_format: Any = None) -> Path:
     """The bundled model a run uses without ``--model``: the one whose own tool format is
-    ``tool_format`` (an environment's pinned format) when one is, else the default model."""
+    ``tool_format`` (an environment's pinned format: a format's id or the format itself) when
+    one is, else the default model."""
     from . import BUNDLED, default_model
 
+    tool_format = getattr(tool_format, "name", tool_format)
     if tool_format is not None:
         for path in BUNDLED.values():
             if native_format(path).name == tool_format:

@@ -81,7 +81,6 @@ class Trainer:
     # -- setup -------------------------------------------------------------------------------
     async def _open(self, stack: AsyncExitStack, sampling_seed: int) -> None:
         from ..engines.embedded import check_model_dir
-        from ..formats import get_format
         from ..models.native import default_model_for
         from ..registry import make
 
@@ -91,8 +90,7 @@ class Trainer:
         if self._env is None:
             self._env = make(cfg.env.env, **cfg.env.env_kwargs)
             stack.push_async_callback(self._env.aclose)
-        pinned = get_format(self._env.tool_format).name if self._env.tool_format is not None else None
-        model = Path(cfg.engine.model) if cfg.engine.model else default_model_for(pinned)
+        model = Path(cfg.engine.model) if cfg.engine.model else default_model_for(self._env.tool_format)
         check_model_dir(model)
         self.model_dir = model
         self._eval_env = self._env

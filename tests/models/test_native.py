@@ -18,6 +18,7 @@ from agentenv.envs.retool_math import HERMES_PROMPT, SYSTEM_PROMPT, RetoolMathEn
 from agentenv.formats import HermesFormat, ReToolFormat
 from agentenv.models import BUNDLED, default_model
 from agentenv.models.families import LLAMA3_TEMPLATE, QWEN3_TEMPLATE
+from agentenv.formats import get_format
 from agentenv.models.native import NativeFormat, default_model_for, native_format
 from agentenv.reactor import Reactor
 
@@ -30,6 +31,7 @@ def test_the_bundled_models_declare_their_format():
 
 def test_without_a_model_a_run_takes_the_bundled_model_that_speaks_the_pinned_format():
     assert default_model_for("hermes") == BUNDLED["tiny-hermes"]
+    assert default_model_for(get_format("hermes")) == BUNDLED["tiny-hermes"]  # an environment's pinned format
     assert default_model_for("retool") == default_model_for(None) == default_model() == BUNDLED["tiny-retool"]
     assert default_model_for("llama3-json") == BUNDLED["tiny-retool"]  # none speaks it: the default, and a warning
 
