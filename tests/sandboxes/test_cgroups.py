@@ -7,7 +7,6 @@ machine's pid 1 reaps no orphan: an orphan's zombie would keep its cgroup busy f
 from __future__ import annotations
 
 import os
-import re
 import threading
 from pathlib import Path
 
@@ -46,17 +45,14 @@ async def test_a_sessions_directories_carry_its_limits_one_per_hierarchy(cgroups
         dirs = by_hierarchy(cgroups, capped)
         assert set(dirs) == {"pids", "memory", "cpu", "freeze"} and len(capped) == 4
         # Under the pool's own parent, except cpu: each session beside the host's processes.
-        # One random tag names a session's directories: no count of the pool's sessions in it.
-        tag = dirs["pids"].name
-        assert re.fullmatch(r"s[0-9a-f]{16}", tag) and dirs["pids"] == cgroups.bases["pids"] / cgroups.name / tag
-        assert dirs["cpu"] == cgroups.bases["cpu"] / f"{cgroups.name}.{tag}"
-        assert dirs["freeze"] == cgroups.bases["freeze"] / cgroups.name / tag
+        assert dirs["cpu"] == cgroups.bases["cpu"] / f"{cgroups.name}.s1"
+        assert dirs["pids"] == cgroups.bases["pids"] / cgroups.name / "s1"
         assert (dirs["pids"] / "pids.max").read_text().strip() == "7"
         assert int((dirs["memory"] / "memory.limit_in_bytes").read_text()) == 64 << 20
         period = int((dirs["cpu"] / "cpu.cfs_period_us").read_text())
         assert int((dirs["cpu"] / "cpu.cfs_quota_us").read_text()) == int(0.5 * period)
         other = by_hierarchy(cgroups, plain)
-        assert other["pids"].name != tag and not set(plain) & set(capped)
+        assert other["cpu"].name.endswith(".s2") and not set(plain) & set(capped)
         assert int((other["cpu"] / "cpu.cfs_quota_us").read_text()) == -1  # no cap: an equal share only
         assert (other["pids"] / "pids.max").read_text().strip() == str(Limits().pids)
     finally:
@@ -104,29 +100,26 @@ async def test_a_frozen_session_runs_nothing_still_dies_to_sigkill_and_is_thawed
     events = by_hierarchy(cgroups, dirs)["freeze"] / "cgroup.events"
     proc = await member(dirs)
     try:
-        assert not cgroups.frozen(dirs)
-        os.write(cgroups.self_freezer(dirs), b"1")  # as the session's worker does after each answer
-        await until(lambda: cgroups.frozen(dirs), "the session frozen")
-        assert "frozen 1" in events.read_text()
+        assert cgroups.freeze(dirs)
+        await until(lambda: "frozen 1" in events.read_text(), "the session frozen")
         assert cgroups.thaw(dirs)
         await until(lambda: "frozen 0" in events.read_text(), "the session thawed")
-        assert not cgroups.frozen(dirs)
-        os.write(cgroups.self_freezer(dirs), b"1")
-        await until(lambda: cgroups.frozen(dirs), "the session frozen again")
+        assert cgroups.freeze(dirs)
+        await until(lambda: "frozen 1" in events.read_text(), "the session frozen again")
         proc.kill()  # v2's freezer lets SIGKILL through: a frozen session dies with its parent
         with anyio.fail_after(DEADLINE_S):
             assert await proc.wait() == -9
     finally:
         cgroups.release(dirs)  # reused by the next session, which must not start frozen
     assert "frozen 0" in events.read_text()
-    assert cgroups.self_freezer([]) is None and not cgroups.frozen([]) and not cgroups.thaw([])  # none: said so
+    assert not cgroups.freeze([]) and not cgroups.thaw([])  # no freezer: said so
 
 
 async def test_end_kills_and_takes_a_frozen_sessions_directories_back_off_the_event_loop(cgroups, monkeypatch):
     dirs = await cgroups.acquire(LIMITS)
     events = by_hierarchy(cgroups, dirs)["freeze"] / "cgroup.events"
     procs = [await member(dirs), await member(dirs, new_session=True)]
-    os.write(cgroups.self_freezer(dirs), b"1")
+    assert cgroups.freeze(dirs)
     await until(lambda: "frozen 1" in events.read_text(), "the session frozen")
     where: list[str] = []
     kill = cgroups.kill
@@ -197,7 +190,7 @@ async def test_a_host_without_the_hierarchies_or_a_name_in_use(tmp_path, cgroups
     taken.mkdir(parents=True)
     try:
         with pytest.raises(SandboxError, match=f"cannot set up cgroup {taken}"):
-            cgroups.create(LIMITS, "s1")
+            cgroups.create(LIMITS, 1)
         made = [base / (f"{cgroups.name}.s1" if ctl == "cpu" else f"{cgroups.name}/s1")
                 for ctl, base in cgroups.bases.items() if ctl != "freeze"]
         assert len(made) == 3 and not [d for d in made if d.exists()]

@@ -105,24 +105,20 @@ async def test_pidfd_signal_reaches_its_process_until_it_is_reaped():
         os.close(fd)
 
 
-async def test_a_session_that_froze_itself_is_seen_frozen_and_thawed_and_one_that_never_freezes_is_left(
-        cgroups, uids):
+async def test_freeze_and_thaw_a_session_that_freezes_and_not_one_that_does_not(cgroups, uids):
     dirs = await cgroups.acquire(LIMITS)
     events = next(os.path.join(d, "cgroup.events") for d in dirs if os.path.exists(os.path.join(d, "cgroup.events")))
     worker, wfd = await started(dirs)
     try:
         w = _Worker(await stream(), worker.pid, wfd, None, dirs, None, freezes=True)
-        assert not w.froze(cgroups) and not w.frozen  # running: not frozen until it freezes itself
-        os.write(cgroups.self_freezer(dirs), b"1")  # what its worker writes after each answer
-        await until(lambda: w.froze(cgroups), "the session seen frozen")
-        assert w.frozen and "frozen 1" in open(events).read()
-        assert w.thaw(cgroups) and not w.frozen and w.thaw(cgroups)  # twice: still thawed
+        assert w.freeze(cgroups) and w.frozen and w.freeze(cgroups)  # twice: still frozen
+        await until(lambda: "frozen 1" in open(events).read(), "the session frozen")
+        assert w.thaw(cgroups) and not w.frozen and w.thaw(cgroups)
         await until(lambda: "frozen 0" in open(events).read(), "the session thawed")
-        assert not w.froze(cgroups)
         used = w.cpu(cgroups)
         assert used is not None and used[0] >= 0
         steady = _Worker(w.stream, worker.pid, -1, None, dirs, None, freezes=False)
-        assert steady.froze(cgroups) and not steady.frozen  # background processes allowed: never frozen
+        assert steady.freeze(cgroups) and not steady.frozen  # background processes allowed: never frozen
         assert "frozen 0" in open(events).read()
         assert _Worker(w.stream, worker.pid, -1, None, [], None, freezes=False).cpu(cgroups) is None
         w.end(cgroups, uids)

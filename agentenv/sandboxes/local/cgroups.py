@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,8 +14,6 @@ import anyio
 import psutil
 
 from agentenv.errors import SandboxError
-
-from .isolation import clone_tree
 
 if TYPE_CHECKING:
     from .limits import Limits
@@ -35,11 +32,9 @@ def _alive(pid: int) -> bool:
 class _Cgroups:
     """Per-session cgroup directories: v1 ``pids`` and ``memory`` and v2 (``freeze``) under a parent unique to this
     pool (``agentenv-<pid>-<random>``, so two pools in one process never share a limit), and
-    ``cpu`` directly at the hierarchy's root (``agentenv-<pid>-<random>.<tag>``), so that each
+    ``cpu`` directly at the hierarchy's root (``agentenv-<pid>-<random>.s<n>``), so that each
     session competes for CPU as one entity beside the host's own processes, whatever number
-    of processes it starts. ``<tag>`` is random: a session that learns its own directory's
-    name (``self_freezer``) learns nothing of the host. Directories left by a dead process are
-    reaped at start.
+    of processes it starts. Directories left by a dead process are reaped at start.
 
     A closed session's directories are reused, with the same limits, once no process is left
     in them (``pids.current`` is 0: not even a zombie): making and removing cgroups takes the
@@ -64,17 +59,10 @@ class _Cgroups:
             if (base / "cgroup.controllers").exists() and os.access(base, os.W_OK):
                 self.bases["freeze"] = base
                 break
-        self.n = 0  # sets made so far
+        self.n = 0
         self.free: deque[list[str]] = deque()  # released sets, oldest first
         self.broken: list[list[str]] = []
-        self._states: dict[str, int] = {}  # v2 dir -> its open cgroup.freeze (the host's thaw)
-        self._events: dict[str, int] = {}  # v2 dir -> its open cgroup.events (whether it is frozen)
-        self._selves: dict[str, int] = {}  # v2 dir -> the cgroup.freeze its sessions freeze themselves with
-        # A detached copy of this pool's v2 directory, which ``_selves`` are opened through;
-        # made with the first session's directories (``create``, in worker threads).
-        self._tree: int | None = None
-        self._tree_lock = threading.Lock()
-        self.freezer_error: str | None = None  # why sessions here cannot freeze themselves
+        self._states: dict[str, int] = {}  # v2 dir -> its open cgroup.freeze
         self._kills: dict[str, int] = {}  # v2 dir -> its open cgroup.kill (where the kernel has one)
         # Ended sessions' cgroup writes (``end``), one after another, off the event loop.
         self._teardown = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentenv-cgroups")
@@ -83,12 +71,11 @@ class _Cgroups:
     def missing(self) -> list[str]:
         return [ctl for ctl in (*self.CONTROLLERS, "freeze") if ctl not in self.bases]
 
-    def create(self, limits: Limits, tag: str | None = None) -> list[str]:
-        """New directories named ``tag``, by default a fresh random one (in a worker thread)."""
+    def create(self, limits: Limits, n: int) -> list[str]:
+        """New directories, numbered ``n`` (in a worker thread: touches nothing shared)."""
         dirs = []
-        tag = tag or f"s{secrets.token_hex(8)}"
         for ctl, base in self.bases.items():
-            d = base / f"{self.name}.{tag}" if ctl == "cpu" else base / self.name / tag
+            d = base / f"{self.name}.s{n}" if ctl == "cpu" else base / self.name / f"s{n}"
             try:
                 d.mkdir(parents=True)  # never exist_ok: a name in use is someone else's limit
                 dirs.append(str(d))
@@ -97,7 +84,7 @@ class _Cgroups:
                 elif ctl == "memory":
                     (d / "memory.limit_in_bytes").write_text(str(limits.memory_mb * 1024 * 1024))
                 elif ctl == "freeze":
-                    self._open_freezer(d)
+                    self._states[str(d)] = os.open(d / "cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC)
                     self._open_kill(str(d))
                 elif limits.cpus > 0:
                     period = int((d / "cpu.cfs_period_us").read_text())
@@ -118,7 +105,7 @@ class _Cgroups:
                 return dirs
             self.broken.append(dirs)  # unreadable: removed at close
         self.n += 1
-        return await anyio.to_thread.run_sync(self.create, limits)
+        return await anyio.to_thread.run_sync(self.create, limits, self.n)
 
     def release(self, dirs: list[str]) -> None:
         """A session is over (its processes killed, perhaps not gone yet): reuse its dirs,
@@ -152,55 +139,23 @@ class _Cgroups:
         from a worker thread) and stop the thread; later ends run where they are called."""
         self._teardown.shutdown(wait=True)
 
-    def _open_freezer(self, d: Path) -> None:
-        """Open ``d``'s freezer files: the host's ``cgroup.freeze`` (to thaw) and
-        ``cgroup.events`` (to see it frozen), and the session's own ``cgroup.freeze``.
+    def _freezer(self, dirs: list[str]) -> int | None:
+        return next((self._states[d] for d in dirs if d in self._states), None)
 
-        A session freezes itself, with the last write of each answer (``worker.serve``): the
-        host then only reads that it is frozen, where a write of its own would wake the
-        session's sleeping worker on another CPU to stop it (most of a write's cost, on each
-        call's path). The session's file is opened here, by the host, through a detached copy
-        of this pool's v2 directory: the path it shows the session (``/proc/self/fd``) is its
-        directory's random name alone, and nothing above."""
-        with self._tree_lock:
-            if self._tree is None and self.freezer_error is None:
-                try:
-                    self._tree = clone_tree(str(d.parent))
-                except OSError as exc:
-                    self.freezer_error = f"no detached copy of {d.parent}: {exc}"
-        self._states[str(d)] = os.open(d / "cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC)
-        self._events[str(d)] = os.open(d / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
-        if self._tree is not None:
-            self._selves[str(d)] = os.open(f"{d.name}/cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC, dir_fd=self._tree)
-
-    def _first(self, fds: dict[str, int], dirs: list[str]) -> int | None:
-        return next((fds[d] for d in dirs if d in fds), None)
-
-    def self_freezer(self, dirs: list[str]) -> int | None:
-        """The ``cgroup.freeze`` a session in ``dirs`` freezes itself with (write ``1``; the
-        host's ``thaw`` lets it run again); None where it has none (``freezer_error``).
-
-        It can do no more with it than stop itself, which only holds up its own call until the
-        call's deadline: once ``frozen`` says so, nothing of it runs to write ``0``, and a write
-        of ``0`` from a thread while it freezes lands before ``frozen`` can say so."""
-        return self._first(self._selves, dirs)
-
-    def frozen(self, dirs: list[str]) -> bool:
-        """Whether every process and thread of the session is stopped (``cgroup.events``:
-        each in the freezer, none inside a system call): nothing of it runs until ``thaw``."""
-        fd = self._first(self._events, dirs)
-        try:
-            return fd is not None and os.pread(fd, 64, 0).endswith(b"frozen 1\n")
-        except OSError:
-            return False
+    def freeze(self, dirs: list[str]) -> bool:
+        """Stop every process and thread in the session (it runs nothing until ``thaw``);
+        False if it has no freezer or the write failed."""
+        return self._set_frozen(dirs, b"1")
 
     def thaw(self, dirs: list[str]) -> bool:
-        """Let a frozen session run again; False if it has no freezer or the write failed."""
-        fd = self._first(self._states, dirs)
+        return self._set_frozen(dirs, b"0")
+
+    def _set_frozen(self, dirs: list[str], state: bytes) -> bool:
+        fd = self._freezer(dirs)
         if fd is None:
             return False
         try:
-            os.write(fd, b"0")
+            os.write(fd, state)
         except OSError:
             return False
         return True
@@ -268,8 +223,7 @@ class _Cgroups:
     def remove(self, dirs: list[str]) -> bool:
         ok = True
         for d in dirs:
-            for fd in (self._states.pop(d, None), self._events.pop(d, None), self._selves.pop(d, None),
-                       self._kills.pop(d, None)):
+            for fd in (self._states.pop(d, None), self._kills.pop(d, None)):
                 if fd is not None:
                     os.close(fd)
             try:
@@ -289,10 +243,6 @@ class _Cgroups:
         return not left
 
     def remove_roots(self) -> None:
-        with self._tree_lock:
-            if self._tree is not None:
-                os.close(self._tree)
-                self._tree = None
         for ctl, base in self.bases.items():
             if ctl != "cpu":
                 self.remove([str(base / self.name)])

@@ -124,9 +124,9 @@ def _end_background(_waitpid=os.waitpid, _kill=os.kill, _nohang=os.WNOHANG, _sig
 
 
 def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: dict,
-            cgroups: list[str] | None = None, parent_fd: int | None = None, freezer: int = -1) -> None:
+            cgroups: list[str] | None = None, parent_fd: int | None = None) -> None:
     try:
-        after_call = _confine(sock, limits, isolate, workdir, cgroups, parent_fd, freezer)
+        after_call = _confine(sock, limits, isolate, workdir, cgroups, parent_fd)
     except BaseException as exc:  # noqa: BLE001 - a session that cannot be confined never runs code
         why = json.dumps({"violation": f"the session could not be confined: {type(exc).__name__}: {exc}"[:1000]})
         try:
@@ -136,7 +136,7 @@ def _worker(sock: socket.socket, limits: dict, isolate: bool, workdir: str, ns: 
             pass
         os._exit(1)
     try:
-        worker.serve(sock.makefile("rb", buffering=0), sock.makefile("wb", buffering=0), ns, after_call, freezer)
+        worker.serve(sock.makefile("rb", buffering=0), sock.makefile("wb", buffering=0), ns, after_call)
     finally:
         os._exit(0)  # never back into the fork server's loop
 
@@ -175,10 +175,9 @@ def _yield_on_wake() -> None:
 
 
 def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgroups: list[str] | None,
-             parent_fd: int | None = None, freezer: int = -1):
+             parent_fd: int | None = None):
     """Confine this new session process. ``parent_fd``: a pidfd of the process that forked it
-    (an isolated session, pid 1 of its namespace, cannot ask for its parent's pid).
-    ``freezer``: its own ``cgroup.freeze``, kept open for ``worker.serve``."""
+    (an isolated session, pid 1 of its namespace, cannot ask for its parent's pid)."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     _name(b"sbx-session")
     os.setsid()  # its own process group: kill(0, ...) from user code reaches nothing outside
@@ -195,10 +194,8 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    if freezer >= 0:
-        os.set_inheritable(freezer, False)
     start = 3
-    for keep in sorted({sock.fileno(), *(fd for fd in (parent_fd, freezer) if fd is not None and fd >= 0)}):
+    for keep in sorted({sock.fileno(), parent_fd if parent_fd is not None else sock.fileno()}):
         os.closerange(start, keep)
         start = keep + 1
     os.closerange(start, 65536)
@@ -226,18 +223,17 @@ def _confine(sock: socket.socket, limits: dict, isolate: bool, workdir: str, cgr
     return None if limits.get("background") or os.getpid() != 1 else _end_background
 
 
-def _spawn(sock: socket.socket, req: dict, ns: dict,
-           freezer: int = -1) -> tuple[int, int | None, list[int], str | None]:
+def _spawn(sock: socket.socket, req: dict, ns: dict) -> tuple[int, int | None, list[int], str | None]:
     """Fork a session; returns its worker's pid, its reaper's (unisolated), a pidfd of each
     and the working directory this server removes once the session is gone (unisolated). A
     pidfd is opened here, by the parent, before ``_reap`` can free the pid: the host signals
     only through it, so a pid the kernel has reused can never be hit."""
     if req["isolate"]:
-        return _spawn_isolated(sock, req, ns, freezer)
+        return _spawn_isolated(sock, req, ns)
     return _spawn_unisolated(sock, req, ns)
 
 
-def _spawn_isolated(sock: socket.socket, req: dict, ns: dict, freezer: int) -> tuple[int, None, list[int], None]:
+def _spawn_isolated(sock: socket.socket, req: dict, ns: dict) -> tuple[int, None, list[int], None]:
     """One fork, into a new pid namespace; the worker isolates itself (``_confine``)."""
     if not ISOLATED or PIDNS_FD is None:
         raise OSError("isolated sessions start from an isolated template")
@@ -250,7 +246,7 @@ def _spawn_isolated(sock: socket.socket, req: dict, ns: dict, freezer: int) -> t
         isolation.leave_pid_namespace(PIDNS_FD)
         raise
     if pid == 0:
-        _worker(sock, req["limits"], True, "/tmp", ns, req.get("cgroups", []), me, freezer)
+        _worker(sock, req["limits"], True, "/tmp", ns, req.get("cgroups", []), me)
     os.close(me)
     try:
         isolation.leave_pid_namespace(PIDNS_FD)
@@ -511,13 +507,10 @@ def serve_control(ctrl: socket.socket, ns: dict) -> None:
                 # The socket object owns the session socket's fd from here (closed once, here:
                 # a second close, when it is collected, could hit the next request's socket).
                 sock = socket.socket(fileno=fds.pop(0))
-                freezer = fds.pop(0) if req.get("freezer") and fds else -1  # the session's own cgroup.freeze
                 try:
-                    pid, reaper, pidfds, workdir = _spawn(sock, req, ns, freezer)
+                    pid, reaper, pidfds, workdir = _spawn(sock, req, ns)
                 finally:
                     sock.close()
-                    if freezer >= 0:
-                        os.close(freezer)
                 try:
                     socket.send_fds(ctrl, [json.dumps({"pid": pid, "reaper": reaper}).encode()], pidfds)
                 finally:

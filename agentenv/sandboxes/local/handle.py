@@ -58,13 +58,12 @@ class _Worker:
         """The session's CPU seconds and seconds spent waiting for a CPU (None: unknown)."""
         return cgroups.cpu(self.cgroups) if self.cgroups else None
 
-    def froze(self, cgroups: _Cgroups) -> bool:
-        """Whether the session froze itself after its answer (its worker does so with its last
-        write), or is not frozen between calls at all: then nothing of it runs until the next
-        call (threads, timers, signal handlers, processes started after the call's sweep)."""
+    def freeze(self, cgroups: _Cgroups) -> bool:
+        """Between calls: nothing of the session runs (threads, timers, signal handlers,
+        processes started after the call's sweep); False if it could not be frozen."""
         if not self.freezes or self.frozen:
             return True
-        self.frozen = cgroups.frozen(self.cgroups)
+        self.frozen = cgroups.freeze(self.cgroups)
         return self.frozen
 
     def thaw(self, cgroups: _Cgroups) -> bool:

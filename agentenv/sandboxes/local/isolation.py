@@ -95,10 +95,9 @@ def _setattr(path: str, flags: int, attr_set: int, attr_clr: int) -> None:
                         ctypes.sizeof(attr)), f"mount_setattr({path})")
 
 
-def clone_tree(path: str) -> int:
+def _clone_tree(path: str) -> int:
     """A detached copy of the mount at ``path`` (with its submounts), to attach elsewhere later
-    even after ``path`` itself has been covered. A file opened through it names its path from
-    the copy's root (``/proc/self/fd``), nothing above ``path``."""
+    even after ``path`` itself has been covered."""
     fd = libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC | AT_RECURSIVE)
     _check(fd, f"open_tree({path})")
     return fd
@@ -145,15 +144,15 @@ def _sources(keep: list[str]) -> dict[str, int | str]:
         if os.path.islink(d):
             out[d] = os.readlink(d)
         elif os.path.isdir(d):
-            out[d] = clone_tree(d)
+            out[d] = _clone_tree(d)
     kept = [d for d, src in out.items() if isinstance(src, int)]
     under = lambda p, d: p == d or p.startswith(d.rstrip("/") + "/")  # noqa: E731
     for k in keep:
         if not any(under(k, d) for d in kept):
-            out[k] = clone_tree(k)
+            out[k] = _clone_tree(k)
     for d in SYS_KEEP:
         if os.path.isdir(d):
-            out[d] = clone_tree(d)
+            out[d] = _clone_tree(d)
     return out
 
 
@@ -254,7 +253,7 @@ def enter_session(tmp_mb: int, shm_mb: int) -> None:
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
     # The Python installation may live under /tmp (a virtualenv in a temporary checkout): its
     # read-only view is taken before the private /tmp covers it and put back inside, read-only.
-    kept = [(path, clone_tree(path)) for path in _kept_under_tmp()]
+    kept = [(path, _clone_tree(path)) for path in _kept_under_tmp()]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
     for path, fd in kept:
         os.makedirs(path, 0o755, exist_ok=True)

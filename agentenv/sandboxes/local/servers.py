@@ -236,9 +236,9 @@ class _ForkServers:
         """Kill every process of ``worker`` and take its cgroups and uid back."""
         worker.end(self._cgroups, self._uids)
 
-    def froze(self, worker: _Worker) -> bool:
-        """Whether ``worker`` froze itself after its answer, or never freezes (``_Worker.froze``)."""
-        return worker.froze(self._cgroups)
+    def freeze(self, worker: _Worker) -> bool:
+        """Stop everything ``worker`` runs until :meth:`thaw`; False if it could not be."""
+        return worker.freeze(self._cgroups)
 
     def thaw(self, worker: _Worker) -> bool:
         """Let ``worker`` run again after :meth:`freeze`; False if it could not be."""
@@ -250,12 +250,6 @@ class _ForkServers:
 
     async def _spawn_from(self, server: _Control) -> _Worker:
         cgroups = await self._cgroups.acquire(self.limits)
-        freezes = self.isolate and not self.limits.background and "freeze" in self._cgroups.bases
-        freezer = self._cgroups.self_freezer(cgroups) if freezes else None  # handed to the session
-        if freezes and freezer is None:
-            self._cgroups.release(cgroups)
-            raise SandboxError("cannot start a sandbox worker that freezes between calls: "
-                               f"{self._cgroups.freezer_error}")
         try:
             uid = await self._uids.acquire_soon() if self.isolate else None
         except BaseException:
@@ -265,7 +259,7 @@ class _ForkServers:
         limits.update(uid=uid if uid is not None else -1, gid=uid if uid is not None else -1)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         req = {"op": "spawn", "limits": limits, "isolate": self.isolate, "cgroups": cgroups,
-               "max_output": self.max_output, "freezer": freezer is not None}
+               "max_output": self.max_output}
         if not self.isolate:
             if self._workdirs is None:
                 self._workdirs = tempfile.mkdtemp(prefix="agentenv-sbx-")
@@ -273,7 +267,7 @@ class _ForkServers:
         fds: list[int] = []
         try:
             try:
-                resp, fds = await server.request(req, [theirs.fileno(), *([freezer] if freezer is not None else [])])
+                resp, fds = await server.request(req, [theirs.fileno()])
             finally:
                 theirs.close()
             if "error" in resp or len(fds) != (1 if self.isolate else 2):
@@ -287,6 +281,7 @@ class _ForkServers:
                 self._uids.release(uid, None, reusable=False)
             raise
         stream = await anyio.abc.UNIXSocketStream.from_socket(mine)
+        freezes = self.isolate and not self.limits.background and "freeze" in self._cgroups.bases
         return _Worker(stream, resp["pid"], fds[0], fds[1] if len(fds) > 1 else None, cgroups, uid, freezes)
 
     # -- templates -------------------------------------------------------------------------

@@ -12,19 +12,16 @@ or thaw one), which the fork-server pool (``servers.py``) implements.
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
 import secrets
 import signal
 import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol, TypeVar
+from typing import Callable, Protocol
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import SocketAttribute, TaskGroup
 
 from agentenv.errors import SandboxError
@@ -33,8 +30,6 @@ from ..base import ExecResult, Session
 from .frames import FrameReader, send_all
 from .handle import _Worker
 from .protocol import ERROR_CAP, HEADER, MAX_REQUEST, VIOLATION, frame_cap
-
-T = TypeVar("T")
 
 #: Session starts :meth:`_SessionPool.prepare` keeps in flight (two template servers fork
 #: them; 8 at a time reach ~400 starts/s on 2 idle cores).
@@ -55,9 +50,8 @@ class Workers(Protocol):
     def end(self, worker: _Worker) -> None:
         """Kill every process of ``worker`` and take back what it held."""
 
-    def froze(self, worker: _Worker) -> bool:
-        """Whether ``worker`` froze itself after its answer (it runs nothing until :meth:`thaw`),
-        or is one that is never frozen."""
+    def freeze(self, worker: _Worker) -> bool:
+        """Stop everything ``worker`` runs until :meth:`thaw`; False if it could not be."""
 
     def thaw(self, worker: _Worker) -> bool:
         """Let ``worker`` run again; False if it could not be."""
@@ -82,40 +76,6 @@ class CallSettings:
 
 #: The most kill graces code interrupted at its deadline gets, on a machine too busy to run it.
 GRACE_STRETCH = 4
-#: A session that has not frozen itself when its answer is read is looked at again in the event
-#: loop's next passes, then after naps of these many seconds, doubling up to the most
-#: (``LocalSession._settle``).
-SETTLE_PASSES, SETTLE_FIRST, SETTLE_MOST = 3, 50e-6, 2e-3
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _Itimerspec(ctypes.Structure):
-    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-CLOCK_MONOTONIC, TFD_NONBLOCK, TFD_CLOEXEC = 1, os.O_NONBLOCK, os.O_CLOEXEC
-
-
-async def _nap(seconds: float) -> None:
-    """Sleep ``seconds``, to the microsecond: the event loop's own timers wake it to the
-    millisecond at best (``epoll_wait``), so a short nap waits on a ``timerfd`` instead."""
-    fd = _libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
-    if fd < 0:
-        await anyio.sleep(seconds)
-        return
-    try:
-        ns = max(1000, int(seconds * 1e9))
-        spec = _Itimerspec(_Timespec(0, 0), _Timespec(ns // 1_000_000_000, ns % 1_000_000_000))
-        if _libc.timerfd_settime(fd, 0, ctypes.byref(spec), None) < 0:
-            await anyio.sleep(seconds)
-            return
-        await anyio.wait_readable(fd)
-    finally:
-        os.close(fd)
 
 
 def _clean(s: str | None, cap: int | None = None) -> str | None:
@@ -247,17 +207,17 @@ class LocalSession(Session):
             return "eof"
         return await self._reader.read(seq, self._settings.frame_cap, self._past, just_sent)
 
-    async def _within_graces(self, wait: Callable[[], Awaitable[T]]) -> T | None:
-        """What ``wait()`` returns if it does within the kill grace; None if not. A grace the
-        session spent mostly waiting for a CPU it did not get (a machine too busy to run it:
-        little CPU used, much time runnable) gave it no chance, so another follows, up to
-        ``GRACE_STRETCH`` graces in all. A session that used the CPU (its own processes
-        included) or slept is not waiting for the machine."""
+    async def _after_interrupt(self, seq: int) -> dict | str | None:
+        """The answer of code interrupted at its deadline; None if it did not stop within the
+        kill grace. A grace the session spent mostly waiting for a CPU it did not get (a machine
+        too busy to run it: little CPU used, much time runnable) gave the code no chance to
+        unwind, so another follows, up to ``GRACE_STRETCH`` graces in all. A session that used
+        the CPU (its own processes included) or slept is not waiting for the machine."""
         grace = self._settings.kill_grace
         before = self._cpu()
         for _ in range(GRACE_STRETCH):
             with anyio.move_on_after(grace):
-                return await wait()
+                return await self._read_frame(seq)
             after = self._cpu()
             if before is None or after is None:
                 return None
@@ -266,35 +226,6 @@ class LocalSession(Session):
                 return None
             before = after
         return None
-
-    async def _after_interrupt(self, seq: int) -> dict | str | None:
-        """The answer of code interrupted at its deadline; None if it did not stop in time
-        (``_within_graces``)."""
-        return await self._within_graces(lambda: self._read_frame(seq))
-
-    async def _settle(self, w: _Worker) -> bool:
-        """Whether the session froze itself after its answer (``worker.serve``), or never
-        freezes: it runs nothing until the next call. The freeze is the worker's next write
-        after its answer and is nearly always done by the time the host has read the answer;
-        one not done yet is looked for again, at growing intervals (the kernel's notice of it,
-        on ``cgroup.events``, comes at most once per 10 ms), within the kill grace
-        (``_within_graces``). False: it did not freeze (its code closed or replaced the
-        descriptor, or hooked the worker and never returned), and the caller kills it."""
-        if self._workers.froze(w):
-            return True
-
-        async def frozen() -> bool:
-            for _ in range(SETTLE_PASSES):  # its worker is on another CPU, a moment from it
-                await anyio.lowlevel.checkpoint()
-                if self._workers.froze(w):
-                    return True
-            delay = SETTLE_FIRST  # or it waits for this CPU: give it up a while
-            while not self._workers.froze(w):
-                await _nap(delay)
-                delay = min(2 * delay, SETTLE_MOST)
-            return True
-
-        return bool(await self._within_graces(frozen))
 
     def _cpu(self) -> tuple[float, float] | None:
         return self._workers.cpu(self._worker) if self._worker is not None else None
@@ -389,7 +320,7 @@ class LocalSession(Session):
             await self._kill()
             return ExecResult("error", error=f"SandboxError: {resp}; the session was killed and will be replaced",
                               duration_s=elapsed, state_lost=True)
-        if not await self._settle(w):  # it could run between calls: not kept
+        if not self._workers.freeze(w):  # it could run between calls: not kept
             await self._kill()
         return _result(resp, cap, elapsed, timeout if late else None)
 

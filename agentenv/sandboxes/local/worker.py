@@ -171,19 +171,12 @@ def _write_all(fd: int, data: bytes, _write=os.write) -> None:
         view = view[_write(fd, view):]
 
 
-def serve(rf, wf, ns: dict, after_call=None, freezer: int = -1, _dumps=json.dumps, _pack=HEADER.pack,
-          _write=os.write) -> None:
+def serve(rf, wf, ns: dict, after_call=None, _dumps=json.dumps, _pack=HEADER.pack) -> None:
     """Answer framed requests on (rf, wf) until EOF. ``after_call`` runs after each call's
     code, once its answer is serialised and just before it is written (the sandbox uses it to
     end the call's background processes): code hooked into the serialisation (a wrapped
     ``json.dumps``, an exception's ``__repr__``) runs before the sweep, never after it. The
-    serialiser, header packer and writers are the ones this module captured at import.
-
-    ``freezer``: the session's own ``cgroup.freeze``. Written ``1`` right after each answer,
-    it stops the whole session, this process included, until the host thaws it for the next
-    call; the host waits for that before it returns the answer (``LocalSession._settle``). Code
-    that keeps it from happening (closing or replacing the descriptor, a hook that never
-    returns) only holds up its own call, and its session is killed."""
+    serialiser, header packer and writer are the ones this module captured at import."""
     signal.signal(signal.SIGINT, _Interrupted.handler)
     me, out = os.getpid(), wf.fileno()
     while True:
@@ -205,11 +198,6 @@ def serve(rf, wf, ns: dict, after_call=None, freezer: int = -1, _dumps=json.dump
             _write_all(out, frame)
         except (OSError, KeyboardInterrupt):
             break
-        if freezer >= 0:
-            try:
-                _write(freezer, b"1")
-            except (OSError, KeyboardInterrupt):
-                pass  # the host sees it did not freeze, and kills the session
 
 
 def main() -> None:
