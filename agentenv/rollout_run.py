@@ -195,8 +195,8 @@ def run(job: RolloutJob) -> int:
 
 @dataclass
 class RunResult:
-    """How a run ended: its exit status (1: programs held back), the stats summary it
-    reported and the lines it wrote."""
+    """How a run ended: its exit status (1: programs held back, or no trajectory scored: the
+    reward failed for every one), the stats summary it reported and the lines it wrote."""
 
     code: int
     summary: dict[str, Any]
@@ -314,10 +314,13 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
                         startup=source.startup, extra=source.rows(), weights=weights(job.env))
     total = summary["programs"] if job.resume is not None else None
     console.print(summary_table(rows, writer.written, job.out, total=total))
+    none_scored = writer.written > 0 and len(writer.reward_errors) == writer.written
     if writer.reward_errors:
-        console.print(f"[bold yellow]warning:[/] the reward failed for {len(writer.reward_errors)} of "
+        console.print(("[bold red]error:[/]" if none_scored else "[bold yellow]warning:[/]")
+                      + f" the reward failed for {len(writer.reward_errors)} of "
                       f"{counted(writer.written, 'trajectory', 'trajectories')} (reward None, finish_reason "
-                      f"error:reward); first error: {writer.reward_errors[0]}")
+                      f"error:reward); first error: {writer.reward_errors[0]}"
+                      + ("; nothing was scored, so the run exits 1" if none_scored else ""))
     if job.judge is not None and (note := job.judge.stats.warning()):
         console.print(f"[bold yellow]warning:[/] {note}")
     if writer.held_back:
@@ -328,7 +331,7 @@ def _report(job: RolloutJob, source: GroupSource, writer: Any, console: Any) -> 
                       + (f", nor are the {len(waiting)} finished samples of their groups, held in the log so "
                          "that each group is scored whole" if waiting else "")
                       + ". Run the same command with --resume to finish them from their last completed turn.")
-    return RunResult(1 if writer.held_back else 0, summary, writer.written)
+    return RunResult(1 if writer.held_back or none_scored else 0, summary, writer.written)
 
 
 def check_out(out: Path) -> None:
@@ -340,7 +343,7 @@ def check_out(out: Path) -> None:
     if out.is_dir():
         raise AgentEnvError(f"--out {out} is a directory; give a file path, e.g. {out / 'rollouts.jsonl'}")
     if not out.parent.exists():
-        raise AgentEnvError(f"output directory does not exist: {out.parent}")
+        raise AgentEnvError(f"output directory does not exist: {out.parent} (make it first: mkdir -p {out.parent})")
     if not out.parent.is_dir():
         raise AgentEnvError(f"--out {out}: {out.parent} is not a directory")
     for path in (out, Path(f"{out}.log")):

@@ -541,15 +541,35 @@ class BrokenReward(RetoolMathEnv):
         raise RuntimeError("grader is down")
 
 
+class HalfBrokenReward(RetoolMathEnv):
+    """The reward fails for the first task's samples only."""
+
+    async def reward(self, task, trajectory):
+        if task.id == self.tasks(1, seed=0)[0].id:
+            raise RuntimeError("grader is down")
+        return await super().reward(task, trajectory)
+
+
 @pytest.mark.slow
-def test_failing_rewards_are_warned_about_and_start_up_is_in_the_wall_time(tmp_path):
+def test_a_reward_failing_for_every_trajectory_is_an_error_and_start_up_is_in_the_wall_time(tmp_path):
     out = tmp_path / "r.jsonl"
     r = agentenv("rollout", "--env", "tests.test_cli:BrokenReward", "--tasks", "2", "--group-size", "2",
                  "--max-new-tokens", "64", "--no-progress", "--out", str(out))
+    assert r.returncode == 1, r.stderr[-2000:]  # nothing scored: a script must not go on to train on it
+    text = " ".join(r.stderr.split())
+    assert "error: the reward failed for 4 of 4 trajectories" in text and "grader is down" in text
+    assert "nothing was scored, so the run exits 1" in text and "with start-up" in text
+    assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [None] * 4  # kept as data
+
+
+@pytest.mark.slow
+def test_a_reward_failing_for_some_trajectories_is_a_warning(tmp_path):
+    out = tmp_path / "r.jsonl"
+    r = agentenv("rollout", "--env", "tests.test_cli:HalfBrokenReward", "--tasks", "2", "--group-size", "2",
+                 "--max-new-tokens", "64", "--no-progress", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     text = " ".join(r.stderr.split())
-    assert "warning: the reward failed for 4 of 4 trajectories" in text and "grader is down" in text
-    assert "with start-up" in text
+    assert "warning: the reward failed for 2 of 4 trajectories" in text and "exits 1" not in text
 
 
 @pytest.mark.parametrize("module, args, message", [
