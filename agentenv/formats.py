@@ -51,6 +51,7 @@ class ToolRequest:
 class MalformedCall:
     reason: str
     raw: str = ""
+    name: str = ""  # the tool the call named, where it named one
 
 
 Parsed = ToolRequest | MalformedCall
@@ -191,9 +192,10 @@ def _request(obj: Any, body: str, tool_names: Sequence[str], key: str) -> Parsed
         except json.JSONDecodeError:
             pass
     if not isinstance(args, dict):
-        return MalformedCall(f'"{key}" must be a JSON object', body[:200])
+        return MalformedCall(f'"{key}" must be a JSON object', body[:200], obj["name"])
     if obj["name"] not in tool_names:
-        return MalformedCall(f"unknown tool {obj['name']!r}; available: {', '.join(tool_names)}")
+        return MalformedCall(f"unknown tool {obj['name']!r}; available: {', '.join(tool_names)}", body[:200],
+                             obj["name"])
     return ToolRequest(obj["name"], args)
 
 

@@ -248,7 +248,7 @@ async def _run_call(ctx: ProgramContext, call: Any, turn: int, traj: Trajectory,
     start = time.perf_counter()
     if isinstance(call, MalformedCall):
         text = ctx.fmt.error_text(call)
-        traj.tool_calls.append(ToolCall(turn, "", {"raw": call.raw}, text, "malformed", 0.0, call.reason))
+        traj.tool_calls.append(ToolCall(turn, call.name, {"raw": call.raw}, text, "malformed", 0.0, call.reason))
         return text
     tool = ctx.tools[call.name]
     problem = tool.check_arguments(call.arguments)

@@ -45,6 +45,17 @@ def test_hermes_malformed_calls_are_data(text, reason):
     assert reason in call.reason
 
 
+@pytest.mark.parametrize("text, name", [
+    ('<tool_call>{"name": "mul", "arguments": {}}</tool_call>', "mul"),  # unknown: the row says which
+    ('<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>', "add"),
+    ('<tool_call>{"arguments": {}}</tool_call>', ""),  # it named none
+])
+def test_a_malformed_call_keeps_the_tool_it_named_and_its_text(text, name):
+    (call,) = HermesFormat().parse(text, ["add"])
+    assert isinstance(call, MalformedCall) and call.name == name
+    assert call.raw == text.removeprefix("<tool_call>").removesuffix("</tool_call>")
+
+
 def test_hermes_parses_several_calls_and_string_arguments():
     text = ('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
             '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>')
