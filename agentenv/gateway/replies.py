@@ -25,8 +25,9 @@ class Reply:
     content: str | None
     #: ``{"id", "name", "arguments"}`` (arguments a JSON object) for each parsed call.
     calls: list[dict[str, Any]] = field(default_factory=list)
-    #: Why each malformed call was not returned as a call (its text is in ``content``).
-    malformed: list[str] = field(default_factory=list)
+    #: Each malformed call, not returned as a call (its text is in ``content``): why, and the
+    #: tool it named where it named one.
+    malformed: list[MalformedCall] = field(default_factory=list)
 
     def openai_calls(self) -> list[dict[str, Any]]:
         """The calls as OpenAI's ``tool_calls`` (arguments a JSON string)."""
@@ -76,14 +77,15 @@ def parse_reply(fmt: ToolFormat, text: str, tool_names: list[str], tool_choice: 
     if not tool_names or tool_choice == "none":
         return Reply(text)
     parsed = fmt.parse(text, tool_names)
-    bad = [p.reason if isinstance(p, MalformedCall) else f"the arguments of {p.name!r} hold NaN, Infinity or a number "
-           "past a double's range, which JSON cannot carry"
+    bad = [p if isinstance(p, MalformedCall) else
+           MalformedCall(f"the arguments of {p.name!r} hold NaN, Infinity or a number past a double's range, "
+                         "which JSON cannot carry", name=p.name)
            for p in parsed if isinstance(p, MalformedCall) or not _standard_json(p.arguments)]
     if bad:
         return Reply(text, [], bad)
     unmet = _unmet_choice(tool_choice, [p.name for p in parsed])
     if unmet is not None:
-        return Reply(text, [], [unmet])
+        return Reply(text, [], [MalformedCall(unmet)])
     if not parsed:
         return Reply(text)
     calls = [{"id": f"{call_id}_{j}", "name": p.name, "arguments": p.arguments}

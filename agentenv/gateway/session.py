@@ -223,8 +223,9 @@ class ProgramSession:
                                     gen.latency_s, gen.weight_version))
         for call in reply.calls:
             self.tool_calls.append(ToolCall(n, call["name"], call["arguments"], "", "ok", 0.0))
-        for reason in reply.malformed:
-            self.tool_calls.append(ToolCall(n, "", {"raw": (reply.content or "")[:200]}, "", "malformed", 0.0, reason))
+        for bad in reply.malformed:
+            self.tool_calls.append(ToolCall(n, bad.name, {"raw": (reply.content or "")[:200]}, "", "malformed", 0.0,
+                                            bad.reason))
 
 
 #: Engine requests in a row that may end aborted with no token sampled before the call fails

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from agentenv.formats import HermesFormat, Llama3JsonFormat
+from agentenv.formats import HermesFormat, Llama3JsonFormat, MalformedCall
 from agentenv.gateway.replies import Reply, parse_reply
 
 HERMES = HermesFormat()
@@ -32,10 +32,10 @@ def test_a_malformed_call_is_content_with_its_reason_and_no_calls():
     unknown = CALL.replace('"add"', '"mul"')
     reply = parse_reply(HERMES, "ok " + unknown, ["add"])
     assert reply.content == "ok " + unknown and reply.calls == []
-    assert reply.malformed == ["unknown tool 'mul'; available: add"]
+    assert [(m.reason, m.name) for m in reply.malformed] == [("unknown tool 'mul'; available: add", "mul")]
     # One bad call among good ones: the turn is not half-executed, all of it is content.
     reply = parse_reply(HERMES, CALL + "<tool_call>{not json</tool_call>", ["add"])
-    assert reply.calls == [] and len(reply.malformed) == 1 and "not valid JSON" in reply.malformed[0]
+    assert reply.calls == [] and len(reply.malformed) == 1 and "not valid JSON" in reply.malformed[0].reason
 
 
 def test_a_llama3_call_is_the_whole_turn_so_it_shows_no_content():
@@ -55,8 +55,8 @@ def test_a_call_whose_arguments_hold_nan_or_infinity_is_malformed_not_nonstandar
     for number in ("NaN", "Infinity", "-Infinity", "1e400"):
         text = CALL.replace("3}", number + "}")
         reply = parse_reply(HERMES, text, ["add"])
-        assert reply == Reply(text, [], ["the arguments of 'add' hold NaN, Infinity or a number past a double's range, "
-                                         "which JSON cannot carry"])
+        assert reply == Reply(text, [], [MalformedCall("the arguments of 'add' hold NaN, Infinity or a number past "
+                                                       "a double's range, which JSON cannot carry", name="add")])
     assert parse_reply(HERMES, CALL.replace("3}", "1e308}"), ["add"]).calls[0]["arguments"] == {"a": 2, "b": 1e308}
 
 
@@ -64,12 +64,12 @@ def test_a_turn_that_does_not_meet_a_required_or_named_tool_choice_is_content_wi
     required, named = "required", {"type": "function", "function": {"name": "add"}}
     text = "The sum is 5."
     assert parse_reply(HERMES, text, ["add"], required) == Reply(
-        text, [], ['tool_choice "required" asks for a tool call; the model made none'])
+        text, [], [MalformedCall('tool_choice "required" asks for a tool call; the model made none')])
     assert parse_reply(HERMES, text, ["add", "mul"], named) == Reply(
-        text, [], ["tool_choice asks for calls of 'add' only; the model called none"])
+        text, [], [MalformedCall("tool_choice asks for calls of 'add' only; the model called none")])
     mul = CALL.replace('"add"', '"mul"')
     assert parse_reply(HERMES, CALL + mul, ["add", "mul"], named) == Reply(
-        CALL + mul, [], ["tool_choice asks for calls of 'add' only; the model called 'add', 'mul'"])
+        CALL + mul, [], [MalformedCall("tool_choice asks for calls of 'add' only; the model called 'add', 'mul'")])
     # Met: the calls are returned as under "auto".
     for choice in (required, named):
         auto = parse_reply(HERMES, CALL, ["add", "mul"], call_id="c")
