@@ -393,13 +393,6 @@ async def test_a_malformed_call_is_content_and_data_not_an_error(tok):
     assert t.metadata["gateway"]["malformed_tool_calls"] == 1
 
 
-async def test_a_call_of_a_tool_not_offered_is_recorded_with_the_name_the_model_gave(tok):
-    unknown = '<tool_call>\n{"name": "mul", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-    trajs = await collect(Calc(), ScriptedEngine(lambda p, n: unknown, tok), n=1, group=1)
-    (call,) = trajs[0].tool_calls
-    assert (call.name, call.status) == ("mul", "malformed") and "unknown tool 'mul'" in call.error
-    assert '"name": "mul"' in call.arguments["raw"]
-
 
 class Streamer(Calc):
     async def agent(self, task, client, model):

@@ -333,6 +333,16 @@ async def test_a_malformed_call_is_content_and_a_recorded_tool_call(tok):
     assert call.status == "malformed" and call.arguments == {"raw": "<tool_call>{oops</tool_call>"}
 
 
+async def test_a_call_of_a_tool_not_offered_is_recorded_with_the_name_the_model_gave(tok):
+    unknown = '<tool_call>{"name": "mul", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    s = session(tok, lambda p, n: unknown)
+    answer = await s.complete(chat(*FIRST), "main")
+    assert answer.reply.content == unknown and answer.reply.calls == []
+    (call,) = s.tool_calls
+    assert (call.name, call.status) == ("mul", "malformed") and "unknown tool 'mul'" in call.error
+    assert call.arguments == {"raw": unknown}
+
+
 async def test_the_journal_logs_each_call_and_a_replay_answers_from_it_until_a_request_differs(tok, tmp_path):
     log = Journal.create(tmp_path / "events.jsonl", {})
     live = session(tok, journal=log)
